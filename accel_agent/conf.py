@@ -1,0 +1,140 @@
+"""oslo.config options of accel-agent.
+
+Option names follow Nova's (``[devices] enabled_mdev_types``, ``[mdev_<type>]``
+groups) so that an operator's existing ``nova.conf`` fragment works unchanged.
+The per-type groups are dynamic: they exist only for enabled types and are
+registered by :func:`register_dynamic_opts` once the enabled list is known.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+
+from oslo_config import cfg
+
+CONF = cfg.CONF
+
+MDEV_CLASS_REGEX = r"^(VGPU|CUSTOM_[A-Z0-9_]+)$"
+
+default_opts = [
+    cfg.StrOpt(
+        "host",
+        default=socket.gethostname(),
+        sample_default="<hostname>",
+        help="Name of this compute host. It is the name of the root resource provider "
+        "and the prefix of every per-GPU provider name (<host>_pci_0000_84_00_0).",
+    ),
+    cfg.StrOpt(
+        "sysfs_root",
+        default="/sys",
+        help="Directory shaped like /sys that holds class/mdev_bus and bus/mdev. Point "
+        "it at a simulated host (accelctl simulate mount DIR) for demos and tests.",
+    ),
+    cfg.StrOpt(
+        "state_dir",
+        default="/var/lib/accel-agent",
+        help="Directory for the agent's crash-safe state (the mdev ledger).",
+    ),
+]
+
+devices_opts = [
+    cfg.ListOpt(
+        "enabled_mdev_types",
+        default=[],
+        deprecated_name="enabled_vgpu_types",
+        help="""
+The mdev types the agent manages, in order of preference.
+
+Empty: manage nothing and report no inventory. One type without a
+[mdev_<type>] section: that type on every parent that offers it. Several
+types: give each a [mdev_<type>] section with device_addresses; the first
+type whose section has no device_addresses becomes the default for every
+parent not listed elsewhere, and any later address-less type is ignored
+with a warning. The same address given to two types (or twice to one)
+refuses to start.
+""",
+    ),
+]
+
+api_opts = [
+    cfg.StrOpt(
+        "socket_path",
+        default="/run/accel-agent/api.sock",
+        help="Unix socket of the local HTTP/JSON API.",
+    ),
+    cfg.StrOpt(
+        "socket_group",
+        default="",
+        help="Group that owns the API socket (mode 0660). Empty: the agent's own group.",
+    ),
+]
+
+libvirt_opts = [
+    cfg.StrOpt(
+        "uri",
+        default="qemu:///system",
+        help="libvirt connection URI, used to check that no domain references an mdev "
+        "before it is removed and for live migration.",
+    ),
+]
+
+
+def _dynamic_opts(mdev_type: str) -> list[cfg.Opt]:
+    return [
+        cfg.ListOpt(
+            "device_addresses",
+            default=[],
+            deprecated_group=f"vgpu_{mdev_type}",
+            help=f"Parents (PCI addresses such as 0000:84:00.0 or 84:00.0, or a virtual "
+            f"parent name such as mtty) that offer {mdev_type}. Empty: {mdev_type} is the "
+            "default type when it is the first such type in enabled_mdev_types.",
+        ),
+        cfg.StrOpt(
+            "mdev_class",
+            default="VGPU",
+            regex=MDEV_CLASS_REGEX,
+            max_length=255,
+            help="Placement resource class of the inventory of these parents.",
+        ),
+        cfg.IntOpt(
+            "max_instances",
+            min=1,
+            help="Most mdevs of this type per physical GPU (SR-IOV VFs of one card "
+            "share it). Unset: what the hardware offers.",
+        ),
+    ]
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    conf.register_opts(default_opts)
+    conf.register_opts(devices_opts, group="devices")
+    conf.register_opts(api_opts, group="api")
+    conf.register_opts(libvirt_opts, group="libvirt")
+
+
+def register_dynamic_opts(conf: cfg.ConfigOpts, types: Iterable[str] | None = None) -> None:
+    """Register ``[mdev_<type>]`` for each enabled type (idempotent)."""
+    for mdev_type in types if types is not None else conf.devices.enabled_mdev_types:
+        group = f"mdev_{mdev_type}"
+        for opt in _dynamic_opts(mdev_type):
+            if group not in conf or opt.dest not in conf[group]:
+                conf.register_opt(opt, group=group)
+
+
+def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    """Entry point of ``oslo-config-generator`` (namespace accel_agent).
+
+    The per-type group is shown once, as ``mdev_$(mdev_type)`` (Nova writes
+    ``mdev_$(MDEV_TYPE)``; the generator lower-cases group names).
+    """
+    return [
+        ("DEFAULT", default_opts),
+        ("devices", devices_opts),
+        ("mdev_$(mdev_type)", _dynamic_opts("$(mdev_type)")),
+        ("api", api_opts),
+        ("libvirt", libvirt_opts),
+    ]
+
+
+register_opts(CONF)

@@ -1,0 +1,249 @@
+"""One exception base and one small class per failure (the os-vif pattern).
+
+Every class carries a ``msg_fmt`` rendered with the keyword arguments given
+at raise time, so a message always names the offending value and callers can
+still read the values back from ``exc.kwargs``.  Classes are grouped by the
+layer that raises them; add new ones at the end of their group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AccelAgentException(Exception):
+    """Base of every error the agent raises on purpose."""
+
+    msg_fmt = "An unknown error occurred."
+
+    def __init__(self, message: str | None = None, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        if message is None:
+            try:
+                message = self.msg_fmt % kwargs
+            except (KeyError, TypeError, ValueError):
+                # A wrong kwarg set is a programming error; keep the template
+                # so the failure is still visible instead of masking it.
+                message = f"{self.msg_fmt} ({kwargs!r})"
+        self.message = message
+        super().__init__(message)
+
+
+# --- configuration -----------------------------------------------------------------
+
+
+class InvalidConfig(AccelAgentException):
+    msg_fmt = "Invalid configuration: %(reason)s"
+
+
+class InvalidMdevConfig(InvalidConfig):
+    # Nova's wording ("Invalid configuration for mdev-capable devices: ...")
+    # is kept so that operators' log searches keep working.
+    msg_fmt = "Invalid configuration for mdev-capable devices: %(reason)s"
+
+
+class DuplicateDeviceAddress(InvalidMdevConfig):
+    msg_fmt = (
+        "Invalid configuration for mdev-capable devices: duplicate types for PCI ID "
+        "%(address)s: configured for %(first_type)s and for %(second_type)s"
+    )
+
+
+class InvalidDeviceAddress(InvalidMdevConfig):
+    msg_fmt = (
+        "Invalid configuration for mdev-capable devices: incorrect device address: "
+        "%(address)s%(where)s"
+    )
+
+
+class InvalidMdevClass(InvalidMdevConfig):
+    msg_fmt = (
+        "Invalid configuration for mdev-capable devices: mdev_class %(mdev_class)s of "
+        "type %(mdev_type)s must match ^(VGPU|CUSTOM_[A-Z0-9_]+)$"
+    )
+
+
+class ConfigErrors(InvalidConfig):
+    """Every configuration error found in one pass, so that an operator fixes
+    them all at once instead of one restart per mistake."""
+
+    msg_fmt = "%(summary)s"
+
+    def __init__(self, errors: list[AccelAgentException]) -> None:
+        self.errors = list(errors)
+        super().__init__(summary="\n".join(e.message for e in self.errors))
+
+
+class ConfigWarningAsError(InvalidMdevConfig):
+    """A policy warning promoted to an error by ``--strict``."""
+
+    msg_fmt = "%(warning)s"
+
+
+# --- sysfs / device model -------------------------------------------------------
+
+
+class InvalidPciAddress(AccelAgentException):
+    msg_fmt = "Invalid PCI address %(address)r: expected DDDD:BB:SS.F or BB:SS.F"
+
+
+class SysfsRootNotFound(AccelAgentException):
+    msg_fmt = "sysfs root %(root)s does not exist or is not a directory"
+
+
+class ParentNotFound(AccelAgentException):
+    msg_fmt = "mdev parent %(parent)s not found under %(root)s"
+
+
+class MdevTypeNotSupported(AccelAgentException):
+    msg_fmt = "mdev parent %(parent)s does not offer type %(mdev_type)s"
+
+
+class MdevNotFound(AccelAgentException):
+    msg_fmt = "mediated device %(uuid)s not found"
+
+
+# --- privileged sysfs writes (errno mapping) -------------------------------------
+
+
+class PrivilegedInputRejected(AccelAgentException):
+    msg_fmt = "Refused privileged request: %(reason)s"
+
+
+class MdevAlreadyExists(AccelAgentException):
+    msg_fmt = "mediated device %(uuid)s already exists (EEXIST)"
+
+
+class MdevCreateInvalid(AccelAgentException):
+    msg_fmt = "kernel refused to create %(uuid)s of type %(mdev_type)s on %(parent)s (EINVAL)"
+
+
+class InsufficientCapacity(AccelAgentException):
+    msg_fmt = "insufficient capacity for type %(mdev_type)s on %(parents)s: %(reason)s"
+
+
+class ParentGone(AccelAgentException):
+    msg_fmt = "mdev parent %(parent)s is going away or gone (ENODEV)"
+
+
+class MdevRemoveTimeout(AccelAgentException):
+    msg_fmt = (
+        "removing mediated device %(uuid)s did not finish within %(timeout)s s; "
+        "a VM probably still holds it"
+    )
+
+
+class SysfsWriteFailed(AccelAgentException):
+    msg_fmt = "writing %(path)s failed: %(error)s"
+
+
+# --- lifecycle / ledger ------------------------------------------------------------
+
+
+class LedgerError(AccelAgentException):
+    msg_fmt = "mdev ledger error: %(reason)s"
+
+
+class LedgerSchemaTooNew(LedgerError):
+    msg_fmt = (
+        "mdev ledger %(path)s has schema version %(found)s, newer than this agent "
+        "understands (%(supported)s); refusing to touch it"
+    )
+
+
+class MdevInUse(AccelAgentException):
+    msg_fmt = "mediated device %(uuid)s is in use: %(reason)s"
+
+
+class ForeignMdev(AccelAgentException):
+    msg_fmt = (
+        "mediated device %(uuid)s was not created by the agent; adopt it first "
+        "(accelctl adopt %(uuid)s)"
+    )
+
+
+class RecoveryTypeNotConfigured(AccelAgentException):
+    msg_fmt = (
+        "cannot recreate mdev %(uuid)s of instance %(instance)s: type %(mdev_type)s is no "
+        "longer configured for parent %(parent)s"
+    )
+
+
+class InvalidInstanceId(AccelAgentException):
+    msg_fmt = "Invalid instance id %(instance)r: %(reason)s"
+
+
+# --- libvirt XML / migration -----------------------------------------------------------
+
+
+class InvalidDomainXML(AccelAgentException):
+    msg_fmt = "Invalid domain XML: %(reason)s"
+
+
+class UnmappedMdevUUID(AccelAgentException):
+    # Nova's message text, so that existing alerting keeps matching.
+    msg_fmt = (
+        "Unable to find the destination mediated device UUID to use for this source "
+        "mdev UUID : %(uuid)s"
+    )
+
+
+class NonInjectiveMapping(AccelAgentException):
+    msg_fmt = "mdev UUID mapping is not injective: %(target)s is the target of %(sources)s"
+
+
+class MigrationVersionTooOld(AccelAgentException):
+    msg_fmt = (
+        "%(side)s host cannot live-migrate mediated devices: %(component)s %(found)s is "
+        "older than the required %(required)s"
+    )
+
+
+class MigrationTypesUnsupported(AccelAgentException):
+    msg_fmt = "destination host does not support mdev types: %(types)s"
+
+
+class MigrationClaimNotFound(AccelAgentException):
+    msg_fmt = "no migration claim for instance %(instance)s"
+
+
+# --- API / reporting ------------------------------------------------------------------
+
+
+class ApiError(AccelAgentException):
+    msg_fmt = "API error %(status)s: %(message)s"
+
+
+class AgentNotRunning(AccelAgentException):
+    msg_fmt = "accel-agent is not running (no API socket at %(socket)s)"
+
+
+class PlacementError(AccelAgentException):
+    msg_fmt = "Placement error: %(reason)s"
+
+
+# --- libvirt XML (appended) -------------------------------------------------------------
+
+
+class InvalidMdevUUID(AccelAgentException):
+    # ``where`` says which input held it (" in the mapping", ...), ``reason`` what is wrong.
+    msg_fmt = "Invalid mdev UUID %(uuid)r%(where)s: %(reason)s"
+
+
+# --- simulator (appended) -----------------------------------------------------------------
+
+
+class SimulatorSpecInvalid(AccelAgentException):
+    msg_fmt = "Invalid simulated host spec: %(reason)s"
+
+
+class SimulatorError(AccelAgentException):
+    msg_fmt = "Simulator error: %(reason)s"
+
+
+class FuseUnavailable(SimulatorError):
+    msg_fmt = "FUSE is not available: %(reason)s"
+
+
+class SimulatorNotRunning(SimulatorError):
+    msg_fmt = "no simulator is serving %(mountpoint)s (control socket %(socket)s): %(reason)s"

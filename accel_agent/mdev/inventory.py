@@ -1,0 +1,176 @@
+"""Inventory per physical GPU: the numbers Placement and orchestrators see.
+
+DESIGN.md §5.  For each physical GPU and the type configured for its
+parents: ``total = existing mdevs of that type + available_instances``,
+summed over the parents on that GPU (one parent for a PF or a virtual
+parent, every VF for NVIDIA SR-IOV), then capped by the per-GPU limit:
+``[mdev_<type>] max_instances`` and, for VFs, the type's own
+``max_instance=`` from ``description``.  Each VF reads 0 or 1, so summing
+the VFs' 1s would promise 16 where the card holds 4 (Nova bug 2041519).
+The cap never goes below the mdevs that already exist: a GPU that hosts
+in-use mdevs is never zeroed (Nova zeroes it, which deletes the provider
+under running guests).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from accel_agent.mdev.policy import MdevPolicy
+from accel_agent.sysfs import address
+from accel_agent.sysfs.model import HostSnapshot, Parent
+
+LOG = logging.getLogger(__name__)
+
+# Custom because os-traits has no standard trait for this agent; the
+# OWNER_NOVA / OWNER_CYBORG pattern tells other services whose providers these are.
+OWNER_TRAIT = "CUSTOM_OWNER_ACCEL_AGENT"
+
+
+def type_trait(mdev_type: str) -> str:
+    """``nvidia-35`` -> ``CUSTOM_MDEV_NVIDIA_35`` (Placement trait syntax)."""
+    return "CUSTOM_MDEV_" + re.sub(r"[^A-Z0-9]", "_", mdev_type.upper())
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    name: str
+    parent_provider: str
+    # The device the provider stands for: the mdev parent itself, or the
+    # physical function for a group of SR-IOV VF parents.
+    parent_device: str
+    parent_devices: tuple[str, ...]
+    pci_address: str | None
+    physical_gpu: str
+    numa_node: int | None
+    mdev_type: str
+    resource_class: str
+    total: int
+    used: int
+    traits: tuple[str, ...]
+
+    def inventory_record(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "reserved": 0,
+            "min_unit": 1,
+            "max_unit": self.total,
+            "step_size": 1,
+            "allocation_ratio": 1.0,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "parent_provider": self.parent_provider,
+            "parent_device": self.parent_device,
+            "parent_devices": list(self.parent_devices),
+            "pci_address": self.pci_address,
+            "physical_gpu": self.physical_gpu,
+            "numa_node": self.numa_node,
+            "mdev_type": self.mdev_type,
+            "resource_class": self.resource_class,
+            "inventory": self.inventory_record(),
+            "used": self.used,
+            "traits": list(self.traits),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    host: str
+    providers: tuple[Provider, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "providers": [p.to_dict() for p in self.providers]}
+
+    def provider(self, name: str) -> Provider | None:
+        return next((p for p in self.providers if p.name == name), None)
+
+
+def _group_limit(members: list[Parent], mdev_type: str, configured: int | None) -> int | None:
+    limits = [configured] if configured is not None else []
+    if any(p.physfn for p in members):
+        # Per-VF counters say nothing of the card: trust the type's own limit.
+        limits += [
+            m for p in members if (m := p.types[mdev_type].max_instance) is not None
+        ]
+    return min(limits) if limits else None
+
+
+def compute_inventory(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    host: str,
+    free_uuids: Iterable[str] = (),
+) -> Inventory:
+    """Providers for every physical GPU whose parents offer their configured type.
+
+    ``free_uuids``: mdevs the agent owns and has not assigned; they are
+    capacity in ``total`` but not ``used``.  Every other existing mdev of the
+    type (assigned, or foreign) is used.
+    """
+    free = set(free_uuids)
+    warnings: list[str] = []
+    groups: dict[tuple[str, str], list[Parent]] = defaultdict(list)
+    for parent in sorted(snapshot.parents.values(), key=lambda p: p.name):
+        mdev_type = policy.type_for(parent)
+        if mdev_type is None:
+            continue
+        if mdev_type not in parent.types:
+            # The default type simply does not apply to parents that lack it;
+            # an explicitly listed parent that lacks its type is a mistake.
+            if (parent.pci_address or parent.name) in policy.parent_types:
+                warnings.append(
+                    f"parent {parent.name} is configured for type {mdev_type} which it does "
+                    f"not offer (it offers: {', '.join(sorted(parent.types)) or 'nothing'}); "
+                    "no provider"
+                )
+            continue
+        groups[(parent.physical_gpu, mdev_type)].append(parent)
+
+    types_per_gpu: dict[str, int] = defaultdict(int)
+    for gpu, _type in groups:
+        types_per_gpu[gpu] += 1
+
+    providers: list[Provider] = []
+    for (gpu, mdev_type), members in groups.items():
+        type_config = policy.config_of(mdev_type)
+        assert type_config is not None  # type_for only returns configured types
+        existing = [m for p in members for m in snapshot.mdevs_on(p.name, mdev_type)]
+        available = sum(p.types[mdev_type].available_instances for p in members)
+        limit = _group_limit(members, mdev_type, type_config.max_instances)
+        extra = available if limit is None else min(available, max(limit - len(existing), 0))
+        total = len(existing) + extra
+        if total == 0:
+            LOG.debug("no capacity for %s on %s: no provider", mdev_type, gpu)
+            continue
+        suffix = address.provider_suffix(gpu)
+        if types_per_gpu[gpu] > 1:
+            # Two types on one card (VFs configured apart): keep names unique.
+            suffix += "_" + re.sub(r"[^A-Za-z0-9_-]", "_", mdev_type)
+        single = members[0] if len(members) == 1 and members[0].name == gpu else None
+        providers.append(
+            Provider(
+                name=f"{host}_{suffix}",
+                parent_provider=host,
+                parent_device=single.name if single else gpu,
+                parent_devices=tuple(p.name for p in members),
+                pci_address=gpu if address.is_pci_address(gpu) else None,
+                physical_gpu=gpu,
+                numa_node=members[0].numa_node,
+                mdev_type=mdev_type,
+                resource_class=type_config.mdev_class,
+                total=total,
+                used=sum(1 for m in existing if m.uuid not in free),
+                traits=tuple(sorted({type_trait(mdev_type), OWNER_TRAIT})),
+            )
+        )
+    providers.sort(key=lambda p: p.name)
+    return Inventory(host=host, providers=tuple(providers), warnings=tuple(warnings))

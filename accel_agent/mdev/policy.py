@@ -1,0 +1,236 @@
+"""Which mdev type goes on which parent: Nova's semantics, made stricter.
+
+Nova (research/nova.md §3, §11) walks ``enabled_mdev_types`` in order: a type
+with ``device_addresses`` applies to exactly those parents; the first type
+without addresses is the default for every other parent; later address-less
+types are ignored with a warning; one address given twice refuses to start.
+
+What we do better (DESIGN.md §3): addresses are normalised (case, ``BB:SS.F``)
+before matching and before the duplicate check, the duplicate message names
+both types, every error is collected so ``check-config`` prints them all, and
+the default type's ``mdev_class`` is honoured (Nova reports it as VGPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from oslo_config import cfg
+
+from accel_agent import conf as agent_conf
+from accel_agent import exception
+from accel_agent.sysfs import address
+from accel_agent.sysfs.model import HostSnapshot, Parent
+from accel_agent.sysfs.scanner import MDEV_BUS
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TypeConfig:
+    mdev_type: str
+    # Normalised parent names (PCI addresses lower-case long form).
+    device_addresses: tuple[str, ...]
+    mdev_class: str
+    max_instances: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class MdevPolicy:
+    # Effective types in configured order; ignored address-less types are
+    # not here (Nova drops them from its supported list too).
+    types: tuple[TypeConfig, ...] = ()
+    parent_types: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    default_type: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    def type_for(self, parent: Parent | str) -> str | None:
+        """The configured type of a parent, explicit or default."""
+        key = parent if isinstance(parent, str) else (parent.pci_address or parent.name)
+        key = address.normalise_parent(key)
+        return self.parent_types.get(key, self.default_type)
+
+    def config_of(self, mdev_type: str) -> TypeConfig | None:
+        return next((t for t in self.types if t.mdev_type == mdev_type), None)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.types)
+
+
+def _virtual_parent_name(sysfs_root: str, name: str) -> str | None:
+    """Resolve a configured non-PCI parent: ``mtty`` (our form, the mdev_bus
+    link name) or Nova's libvirt form ``mtty_mtty`` (devices/virtual/mtty/mtty)."""
+    if not address.is_virtual_parent_name(name):
+        return None
+    if os.path.lexists(os.path.join(sysfs_root, MDEV_BUS, name)):
+        return name
+    virtual = os.path.join(sysfs_root, "devices", "virtual", *name.split("_"))
+    if "_" in name and os.path.isdir(virtual):
+        return os.path.basename(virtual)
+    return None
+
+
+def _read_type_options(
+    conf: cfg.ConfigOpts, mdev_type: str, errors: list[exception.AccelAgentException]
+) -> tuple[list[str], str, int | None]:
+    group = conf[f"mdev_{mdev_type}"]
+    addresses = list(group.device_addresses or [])
+    try:
+        mdev_class = group.mdev_class
+    except (ValueError, cfg.ConfigFileValueError):
+        raw = _raw_value(conf, f"mdev_{mdev_type}", "mdev_class")
+        errors.append(exception.InvalidMdevClass(mdev_class=raw, mdev_type=mdev_type))
+        mdev_class = "VGPU"
+    try:
+        max_instances = group.max_instances
+    except (ValueError, cfg.ConfigFileValueError):
+        raw = _raw_value(conf, f"mdev_{mdev_type}", "max_instances")
+        errors.append(
+            exception.InvalidMdevConfig(
+                reason=f"max_instances {raw} of type {mdev_type} must be an integer >= 1"
+            )
+        )
+        max_instances = None
+    return addresses, mdev_class, max_instances
+
+
+def _raw_value(conf: cfg.ConfigOpts, group: str, option: str) -> str:
+    """The value as written in the file, for error messages."""
+    # oslo.config's validation error does not always carry the value; the
+    # parsed namespace does (last file wins, like oslo.config itself).
+    try:
+        values, _location = conf._namespace._get_file_value([(group, option)])
+        return str(values[-1] if isinstance(values, list) else values)
+    except Exception:  # pragma: no cover - best effort for a message only
+        return "(unreadable)"
+
+
+def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
+    """Resolve the configuration into a :class:`MdevPolicy`.
+
+    Raises ConfigErrors listing every error.  Needs the sysfs root only to
+    accept virtual parent names (``mtty``), like Nova's check of
+    ``/sys/devices/virtual``.
+    """
+    conf = conf or agent_conf.CONF
+    enabled = list(conf.devices.enabled_mdev_types or [])
+    agent_conf.register_dynamic_opts(conf, enabled)
+    errors: list[exception.AccelAgentException] = []
+    warnings: list[str] = []
+    types: list[TypeConfig] = []
+    owner_of: dict[str, str] = {}
+    default_type: str | None = None
+    seen_types: set[str] = set()
+
+    for mdev_type in enabled:
+        if mdev_type in seen_types:
+            warnings.append(f"mdev type {mdev_type} is listed twice in enabled_mdev_types")
+            continue
+        seen_types.add(mdev_type)
+        raw_addresses, mdev_class, max_instances = _read_type_options(conf, mdev_type, errors)
+        if not raw_addresses:
+            if default_type is None:
+                default_type = mdev_type
+                types.append(TypeConfig(mdev_type, (), mdev_class, max_instances))
+            else:
+                warnings.append(
+                    f"Mdev type default already set to {default_type} so {mdev_type} "
+                    "will not be used."
+                )
+            continue
+        parents: list[str] = []
+        for raw in raw_addresses:
+            parent = _normalise_configured(conf.sysfs_root, raw, mdev_type, errors)
+            if parent is None:
+                continue
+            if parent in owner_of:
+                errors.append(
+                    exception.DuplicateDeviceAddress(
+                        address=parent, first_type=owner_of[parent], second_type=mdev_type
+                    )
+                )
+                continue
+            owner_of[parent] = mdev_type
+            parents.append(parent)
+        types.append(TypeConfig(mdev_type, tuple(parents), mdev_class, max_instances))
+
+    warnings.extend(_unused_sections(conf, set(enabled)))
+    if errors:
+        raise exception.ConfigErrors(errors)
+    for warning in warnings:
+        LOG.warning("%s", warning)
+    return MdevPolicy(
+        types=tuple(types),
+        parent_types=MappingProxyType(owner_of),
+        default_type=default_type,
+        warnings=tuple(warnings),
+    )
+
+
+def _normalise_configured(
+    sysfs_root: str, raw: str, mdev_type: str, errors: list[exception.AccelAgentException]
+) -> str | None:
+    text = raw.strip()
+    if address.is_pci_address(text):
+        return address.parse_pci_address(text)
+    virtual = _virtual_parent_name(sysfs_root, text)
+    if virtual is not None:
+        return virtual
+    errors.append(
+        exception.InvalidDeviceAddress(
+            address=raw,
+            where=f" (in [mdev_{mdev_type}] device_addresses; expected a PCI address such "
+            "as 0000:84:00.0 or 84:00.0, or the name of a virtual mdev parent under "
+            f"{os.path.join(sysfs_root, MDEV_BUS)})",
+        )
+    )
+    return None
+
+
+def _unused_sections(conf: cfg.ConfigOpts, enabled: set[str]) -> list[str]:
+    """``[mdev_X]`` sections for types that are not enabled are silently
+    ignored by Nova; say so instead."""
+    try:
+        sections = conf.list_all_sections()
+    except Exception:  # pragma: no cover - not parsed from files
+        return []
+    found = []
+    for section in sections:
+        for prefix in ("mdev_", "vgpu_"):
+            if section.startswith(prefix) and section[len(prefix) :] not in enabled:
+                found.append(
+                    f"section [{section}] is ignored: type {section[len(prefix):]} is not in "
+                    "[devices] enabled_mdev_types"
+                )
+    return sorted(set(found))
+
+
+def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
+    """What the config says that the host cannot honour (warnings; errors
+    under ``--strict``): addresses that are no mdev parent and default types
+    that no parent offers.  A listed parent that lacks its type is reported
+    by the inventory, which skips it."""
+    warnings: list[str] = []
+    by_key = {(p.pci_address or p.name): p for p in snapshot.parents.values()}
+    for type_config in policy.types:
+        for parent_name in type_config.device_addresses:
+            parent = by_key.get(parent_name)
+            if parent is None:
+                warnings.append(
+                    f"{parent_name} (configured for {type_config.mdev_type}) is not an "
+                    f"mdev parent on this host"
+                )
+        offered = any(
+            type_config.mdev_type in p.types and policy.type_for(p) == type_config.mdev_type
+            for p in snapshot.parents.values()
+        )
+        if not offered and not type_config.device_addresses:
+            warnings.append(
+                f"default type {type_config.mdev_type} is offered by no unlisted parent"
+            )
+    return warnings
