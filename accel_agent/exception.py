@@ -247,3 +247,44 @@ class FuseUnavailable(SimulatorError):
 
 class SimulatorNotRunning(SimulatorError):
     msg_fmt = "no simulator is serving %(mountpoint)s (control socket %(socket)s): %(reason)s"
+
+
+# --- ledger (appended) --------------------------------------------------------------------
+
+
+class LedgerConflict(LedgerError):
+    # A state transition the ledger refuses (settle a row that is not being
+    # created, remove an assigned mdev, record a UUID twice, ...).
+    msg_fmt = "mdev ledger refuses to %(action)s %(uuid)s: %(reason)s"
+
+
+class MdevAlreadyAssigned(LedgerConflict):
+    msg_fmt = "mediated device %(uuid)s is already assigned to %(owner_kind)s %(owner)s"
+
+
+# --- Placement reporting (appended) -------------------------------------------------------
+
+
+class PlacementUnavailable(PlacementError):
+    # Nothing can be synchronised: connection refused, timeout, 5xx, auth refused.
+    msg_fmt = "Placement unavailable: %(reason)s"
+
+
+class PlacementRootProviderNotFound(PlacementError):
+    msg_fmt = (
+        "root provider %(host)s not found in Placement; it is created by nova-compute, "
+        "or by the agent with [placement] create_root_provider = true"
+    )
+
+
+class PlacementRequestFailed(PlacementError):
+    msg_fmt = (
+        "Placement %(method)s %(url)s returned %(status)s %(code)s: %(detail)s "
+        "(request %(request_id)s)"
+    )
+
+
+class PlacementGenerationConflict(PlacementRequestFailed):
+    # Someone else changed the provider between our read and our write
+    # (placement.concurrent_update, and the *.inuse races): refetch and redrive.
+    pass
