@@ -11,7 +11,9 @@ from oslo_config import cfg
 from accel_agent import conf as agent_conf
 
 
-def make_conf(ini: str, sysfs_root: str | None = None, directory: str | None = None) -> cfg.ConfigOpts:
+def make_conf(
+    ini: str, sysfs_root: str | None = None, directory: str | None = None
+) -> cfg.ConfigOpts:
     """A fresh ConfigOpts parsed from ``ini`` (a real file, like production)."""
     text = textwrap.dedent(ini)
     if sysfs_root is not None:

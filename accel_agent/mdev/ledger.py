@@ -1,0 +1,668 @@
+"""The mdev ledger: every mdev the agent owns, crash-safe, in SQLite.
+
+``<state_dir>/ledger.sqlite3`` (directory 0700, file 0600), WAL mode with
+``synchronous=FULL`` so a returned commit survives a power cut, schema
+versioned by ``PRAGMA user_version`` and migrated in one transaction.
+
+The manager's protocol (DESIGN.md §5) is "intent before every sysfs write,
+settled after", so a crash at any instant is repaired at the next start:
+
+* create:  ``record_create_intent`` (state ``creating``) -> privileged create
+  -> ``settle_created`` (``present``).  After a crash a ``creating`` row is
+  compared with sysfs: the mdev exists -> settle it, else ``forget`` it.
+* remove:  ``release`` -> ``record_remove_intent`` (``removing``) ->
+  privileged remove -> ``forget``.  After a crash: still in sysfs -> redo the
+  remove (or ``cancel_remove``), gone -> ``forget``.
+* allocate N (all or nothing): ``begin_intent`` -> ``reserve`` free rows and
+  ``record_create_intent`` new ones under that intent -> sysfs creates ->
+  ``assign`` all N and ``finish_intent`` in ONE transaction.  A crash before
+  that transaction leaves no assignment, only an intent whose rows
+  ``pending_intents``/``unsettled`` list for recovery to settle or drop.
+
+Assignments live in their own table whose primary key is the mdev UUID: the
+database itself makes a second owner impossible, and triggers refuse to
+assign an mdev that is not ``present`` or to change the state of an
+assigned one.  ``with ledger.transaction():`` is ``BEGIN IMMEDIATE``: two
+processes (agent and an offline ``accelctl``) serialise on SQLite's write
+lock, and threads of one process on the ledger's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accel_agent import exception
+
+LOG = logging.getLogger(__name__)
+
+LEDGER_FILENAME = "ledger.sqlite3"
+MAX_ID_LEN = 255
+
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class MdevState(enum.StrEnum):
+    CREATING = "creating"  # intent: the sysfs create may or may not have happened
+    PRESENT = "present"  # settled: exists (free unless assigned)
+    REMOVING = "removing"  # intent: the sysfs remove may or may not have happened
+
+
+class OwnerKind(enum.StrEnum):
+    INSTANCE = "instance"
+    CLAIM = "claim"  # a live-migration destination claim, expires
+
+
+class IntentKind(enum.StrEnum):
+    ALLOCATE = "allocate"
+    RELEASE = "release"
+    CLAIM = "claim"
+    RECOVER = "recover"
+
+
+@dataclass(frozen=True, slots=True)
+class MdevRecord:
+    uuid: str
+    parent: str
+    mdev_type: str
+    state: MdevState
+    owner: str | None
+    owner_kind: OwnerKind | None
+    claim_expires_at: float | None
+    intent_id: int | None
+    adopted: bool
+    created_at: float
+    updated_at: float
+
+    @property
+    def assigned(self) -> bool:
+        return self.owner is not None
+
+    @property
+    def free(self) -> bool:
+        """Reusable now: present, unowned, not reserved by an operation."""
+        return self.state is MdevState.PRESENT and self.owner is None and self.intent_id is None
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    id: int
+    kind: IntentKind
+    owner: str | None
+    created_at: float
+    uuids: tuple[str, ...]  # the rows this operation reserved or is creating/removing
+
+
+# --- schema ------------------------------------------------------------------------
+
+Migration = Callable[[sqlite3.Connection], None]
+
+_V1 = (
+    """CREATE TABLE intents (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL CHECK (kind IN ('allocate', 'release', 'claim', 'recover')),
+        owner TEXT CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 255),
+        created_at REAL NOT NULL
+    )""",
+    """CREATE TABLE mdevs (
+        uuid TEXT PRIMARY KEY NOT NULL CHECK (length(uuid) = 36 AND uuid = lower(uuid)),
+        parent TEXT NOT NULL CHECK (length(parent) BETWEEN 1 AND 255),
+        mdev_type TEXT NOT NULL CHECK (length(mdev_type) BETWEEN 1 AND 255),
+        state TEXT NOT NULL CHECK (state IN ('creating', 'present', 'removing')),
+        intent_id INTEGER REFERENCES intents(id) ON DELETE SET NULL,
+        adopted INTEGER NOT NULL DEFAULT 0 CHECK (adopted IN (0, 1)),
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    )""",
+    "CREATE INDEX mdevs_by_parent_type ON mdevs (parent, mdev_type, state)",
+    "CREATE INDEX mdevs_by_intent ON mdevs (intent_id)",
+    # PRIMARY KEY (uuid): one owner per mdev, enforced by the database.
+    # ON DELETE RESTRICT: an assigned mdev cannot be forgotten.
+    """CREATE TABLE assignments (
+        uuid TEXT PRIMARY KEY NOT NULL REFERENCES mdevs (uuid) ON DELETE RESTRICT,
+        owner TEXT NOT NULL CHECK (length(owner) BETWEEN 1 AND 255),
+        owner_kind TEXT NOT NULL CHECK (owner_kind IN ('instance', 'claim')),
+        claim_expires_at REAL,
+        assigned_at REAL NOT NULL,
+        CHECK ((owner_kind = 'claim') = (claim_expires_at IS NOT NULL))
+    )""",
+    "CREATE INDEX assignments_by_owner ON assignments (owner)",
+    """CREATE TRIGGER assign_only_present BEFORE INSERT ON assignments
+       WHEN (SELECT state FROM mdevs WHERE uuid = NEW.uuid) IS NOT 'present'
+       BEGIN SELECT RAISE(ABORT, 'only a present mdev can be assigned'); END""",
+    """CREATE TRIGGER assigned_stays_present BEFORE UPDATE OF state ON mdevs
+       WHEN NEW.state != 'present'
+            AND EXISTS (SELECT 1 FROM assignments WHERE uuid = NEW.uuid)
+       BEGIN SELECT RAISE(ABORT, 'release an assigned mdev before changing its state'); END""",
+)
+
+
+def _migrate_v0_to_v1(conn: sqlite3.Connection) -> None:
+    # Statement by statement: executescript() would COMMIT the migration's
+    # transaction halfway.
+    for statement in _V1:
+        conn.execute(statement)
+
+
+# MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
+MIGRATIONS: tuple[Migration, ...] = (_migrate_v0_to_v1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_SELECT = """
+    SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind,
+           a.claim_expires_at, m.intent_id, m.adopted, m.created_at, m.updated_at
+    FROM mdevs m LEFT JOIN assignments a ON a.uuid = m.uuid
+"""
+_ORDER = " ORDER BY m.created_at, m.uuid"
+
+
+# --- validation ----------------------------------------------------------------------
+
+
+def validate_instance_id(value: Any) -> str:
+    """Instance ids come from API callers; they become ledger keys and log text."""
+    if not isinstance(value, str):
+        raise exception.InvalidInstanceId(instance=value, reason="not a string")
+    if not value or not value.strip():
+        raise exception.InvalidInstanceId(instance=value, reason="empty")
+    if len(value) > MAX_ID_LEN:
+        raise exception.InvalidInstanceId(
+            instance=value, reason=f"longer than {MAX_ID_LEN} characters"
+        )
+    if "\x00" in value or not value.isprintable():
+        raise exception.InvalidInstanceId(
+            instance=value, reason="contains NUL or non-printable characters"
+        )
+    return value
+
+
+def _validate_uuid(value: Any) -> str:
+    if not isinstance(value, str) or not _UUID_RE.fullmatch(value):
+        raise exception.InvalidMdevUUID(
+            uuid=value, where=" for the ledger", reason="expected lowercase 8-4-4-4-12 hex"
+        )
+    return value
+
+
+def _validate_name(what: str, value: Any) -> str:
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_ID_LEN
+        or not value.isprintable()
+    ):
+        raise exception.LedgerError(reason=f"invalid {what} {value!r}")
+    return value
+
+
+# --- the ledger ----------------------------------------------------------------------
+
+
+class Ledger:
+    """One SQLite connection, safe to share between the threads of one process."""
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        migrations: Sequence[Migration] = MIGRATIONS,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / LEDGER_FILENAME
+        self._clock = clock
+        self._migrations = tuple(migrations)
+        self._lock = threading.RLock()
+        self._depth = 0
+        _ensure_private_dir(self.state_dir)
+        # Create the file 0600 ourselves: SQLite would use 0644 & ~umask,
+        # and its -wal/-shm files copy the main file's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        try:
+            self._conn = sqlite3.connect(
+                self.path,
+                timeout=busy_timeout,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # guarded by self._lock
+            )
+        except sqlite3.Error as err:
+            raise exception.LedgerError(reason=f"cannot open {self.path}: {err}") from err
+        try:
+            # Refuse a newer schema before anything writes to the file
+            # (switching the journal mode rewrites the header).
+            self._check_version(self._user_version())
+            self._setup_connection()
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @classmethod
+    def from_conf(cls, conf: Any = None, **kwargs: Any) -> Ledger:
+        """The ledger under ``[DEFAULT] state_dir``."""
+        if conf is None:
+            from accel_agent import conf as agent_conf
+
+            conf = agent_conf.CONF
+        return cls(conf.state_dir, **kwargs)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- connection, transactions, schema ---------------------------------------------
+
+    def _setup_connection(self) -> None:
+        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise exception.LedgerError(reason=f"{self.path}: cannot enable WAL (got {mode})")
+        # FULL: fsync the WAL at every commit; NORMAL could lose the last
+        # commits on power loss, i.e. forget an mdev we just created.
+        self._conn.execute("PRAGMA synchronous = FULL")
+        self._conn.execute("PRAGMA foreign_keys = ON")
+
+    def _user_version(self) -> int:
+        return int(self._execute("PRAGMA user_version").fetchone()[0])
+
+    def _check_version(self, found: int) -> None:
+        if found > len(self._migrations):
+            raise exception.LedgerSchemaTooNew(
+                path=str(self.path), found=found, supported=len(self._migrations)
+            )
+
+    def _migrate(self) -> None:
+        if self._user_version() == len(self._migrations):
+            return  # the usual case: opening needs no write lock
+        with self.transaction():
+            # Re-read under the write lock: another process may have migrated.
+            found = self._user_version()
+            self._check_version(found)
+            for version in range(found, len(self._migrations)):
+                LOG.info("Migrating mdev ledger %s to schema %d", self.path, version + 1)
+                self._migrations[version](self._conn)
+                # Part of the same transaction: a failed migration leaves the
+                # old version and the old schema.
+                self._conn.execute(f"PRAGMA user_version = {version + 1:d}")
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._user_version()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT; nested uses become savepoints.
+
+        IMMEDIATE takes the write lock at BEGIN, so a read-then-write here
+        can never interleave with another process's; it waits up to
+        ``busy_timeout`` for the lock, then raises LedgerError.
+        """
+        with self._lock:
+            savepoint = f"sp{self._depth}" if self._depth else None
+            self._execute(f"SAVEPOINT {savepoint}" if savepoint else "BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._depth -= 1
+                if savepoint:
+                    self._conn.execute(f"ROLLBACK TO {savepoint}")
+                    self._conn.execute(f"RELEASE {savepoint}")
+                else:
+                    self._conn.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            try:
+                self._execute(f"RELEASE {savepoint}" if savepoint else "COMMIT")
+            except BaseException:
+                if not savepoint and self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.IntegrityError as err:
+            # The API checks first and raises precise errors; reaching a
+            # constraint means a bug or a hand-edited file, never user input.
+            raise exception.LedgerError(reason=f"{self.path}: constraint failed: {err}") from err
+        except sqlite3.Error as err:
+            raise exception.LedgerError(reason=f"{self.path}: {err}") from err
+
+    def check_integrity(self) -> str:
+        """``ok`` or SQLite's list of problems."""
+        with self._lock:
+            rows = self._execute("PRAGMA integrity_check").fetchall()
+        return "\n".join(str(r[0]) for r in rows)
+
+    # --- reading ------------------------------------------------------------------
+
+    @staticmethod
+    def _record(row: Sequence[Any]) -> MdevRecord:
+        return MdevRecord(
+            uuid=row[0],
+            parent=row[1],
+            mdev_type=row[2],
+            state=MdevState(row[3]),
+            owner=row[4],
+            owner_kind=OwnerKind(row[5]) if row[5] is not None else None,
+            claim_expires_at=row[6],
+            intent_id=row[7],
+            adopted=bool(row[8]),
+            created_at=row[9],
+            updated_at=row[10],
+        )
+
+    def _select(self, where: str = "", params: Sequence[Any] = ()) -> list[MdevRecord]:
+        sql = _SELECT + (f" WHERE {where}" if where else "") + _ORDER
+        with self._lock:
+            return [self._record(r) for r in self._execute(sql, params).fetchall()]
+
+    def get(self, uuid: str) -> MdevRecord | None:
+        rows = self._select("m.uuid = ?", (_validate_uuid(uuid),))
+        return rows[0] if rows else None
+
+    def _require(self, uuid: str) -> MdevRecord:
+        record = self.get(uuid)
+        if record is None:
+            raise exception.MdevNotFound(uuid=uuid)
+        return record
+
+    def all(self) -> list[MdevRecord]:
+        return self._select()
+
+    def in_state(self, state: MdevState) -> list[MdevRecord]:
+        return self._select("m.state = ?", (MdevState(state).value,))
+
+    def unsettled(self) -> list[MdevRecord]:
+        """Rows whose sysfs write may or may not have happened (creating/removing)."""
+        return self._select("m.state IN ('creating', 'removing')")
+
+    def assigned(self) -> list[MdevRecord]:
+        return self._select("a.owner IS NOT NULL")
+
+    def by_owner(self, owner: str, owner_kind: OwnerKind | None = None) -> list[MdevRecord]:
+        validate_instance_id(owner)
+        if owner_kind is None:
+            return self._select("a.owner = ?", (owner,))
+        return self._select("a.owner = ? AND a.owner_kind = ?", (owner, OwnerKind(owner_kind)))
+
+    def free_of_type(self, parent: str, mdev_type: str) -> list[MdevRecord]:
+        """Present, unassigned, unreserved mdevs of ``mdev_type`` on ``parent``."""
+        return self._select(
+            "m.parent = ? AND m.mdev_type = ? AND m.state = 'present' "
+            "AND a.uuid IS NULL AND m.intent_id IS NULL",
+            (parent, mdev_type),
+        )
+
+    def claims(self) -> list[MdevRecord]:
+        return self._select("a.owner_kind = 'claim'")
+
+    def expired_claims(self, now: float | None = None) -> list[MdevRecord]:
+        now = self._clock() if now is None else now
+        return self._select("a.owner_kind = 'claim' AND a.claim_expires_at <= ?", (now,))
+
+    def pending_intents(self) -> list[Intent]:
+        """Operations that began and never finished (a crash, or in flight)."""
+        with self._lock:
+            intents = self._execute(
+                "SELECT id, kind, owner, created_at FROM intents ORDER BY id"
+            ).fetchall()
+            members = self._execute(
+                "SELECT intent_id, uuid FROM mdevs WHERE intent_id IS NOT NULL ORDER BY uuid"
+            ).fetchall()
+        by_intent: dict[int, list[str]] = {}
+        for intent_id, uuid in members:
+            by_intent.setdefault(intent_id, []).append(uuid)
+        return [
+            Intent(i, IntentKind(kind), owner, created, tuple(by_intent.get(i, ())))
+            for i, kind, owner, created in intents
+        ]
+
+    # --- operations (intents) ------------------------------------------------------
+
+    def begin_intent(self, kind: IntentKind, owner: str | None = None) -> int:
+        if owner is not None:
+            validate_instance_id(owner)
+        with self.transaction():
+            cur = self._execute(
+                "INSERT INTO intents (kind, owner, created_at) VALUES (?, ?, ?)",
+                (IntentKind(kind).value, owner, self._clock()),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    def finish_intent(self, intent_id: int) -> None:
+        """Drop the intent; its rows stay, no longer reserved (FK ON DELETE SET NULL)."""
+        with self.transaction():
+            self._execute("DELETE FROM intents WHERE id = ?", (intent_id,))
+
+    def _require_intent(self, intent_id: int | None) -> None:
+        if intent_id is None:
+            return
+        row = self._execute("SELECT 1 FROM intents WHERE id = ?", (intent_id,)).fetchone()
+        if row is None:
+            raise exception.LedgerError(reason=f"no pending intent {intent_id}")
+
+    # --- operations (mdev rows) ----------------------------------------------------
+
+    def record_create_intent(
+        self, uuid: str, parent: str, mdev_type: str, *, intent_id: int | None = None
+    ) -> MdevRecord:
+        """Before the sysfs create write: a ``creating`` row."""
+        return self._insert(uuid, parent, mdev_type, MdevState.CREATING, False, intent_id,
+                            action="record a create intent for")
+
+    def adopt(self, uuid: str, parent: str, mdev_type: str) -> MdevRecord:
+        """Take ownership of an existing (foreign) mdev: it may then be reused or removed."""
+        return self._insert(uuid, parent, mdev_type, MdevState.PRESENT, True, None,
+                            action="adopt")
+
+    def _insert(
+        self,
+        uuid: str,
+        parent: str,
+        mdev_type: str,
+        state: MdevState,
+        adopted: bool,
+        intent_id: int | None,
+        *,
+        action: str,
+    ) -> MdevRecord:
+        _validate_uuid(uuid)
+        _validate_name("parent", parent)
+        _validate_name("mdev type", mdev_type)
+        with self.transaction():
+            existing = self.get(uuid)
+            if existing is not None:
+                raise exception.LedgerConflict(
+                    action=action, uuid=uuid, reason=f"already recorded ({existing.state})"
+                )
+            self._require_intent(intent_id)
+            now = self._clock()
+            self._execute(
+                "INSERT INTO mdevs (uuid, parent, mdev_type, state, intent_id, adopted, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (uuid, parent, mdev_type, state.value, intent_id, int(adopted), now, now),
+            )
+            return self._require(uuid)
+
+    def _set_state(self, uuid: str, state: MdevState, **extra: Any) -> None:
+        sets = ", ".join(["state = ?", "updated_at = ?", *(f"{k} = ?" for k in extra)])
+        self._execute(
+            f"UPDATE mdevs SET {sets} WHERE uuid = ?",
+            (state.value, self._clock(), *extra.values(), uuid),
+        )
+
+    def settle_created(self, uuid: str) -> MdevRecord:
+        """After the sysfs create succeeded (or recovery found the mdev): ``present``."""
+        with self.transaction():
+            record = self._require(uuid)
+            if record.state is not MdevState.CREATING:
+                raise exception.LedgerConflict(
+                    action="settle the creation of", uuid=uuid, reason=f"it is {record.state}"
+                )
+            self._set_state(uuid, MdevState.PRESENT)
+            return self._require(uuid)
+
+    def reserve(self, uuid: str, intent_id: int) -> MdevRecord:
+        """Hold a free mdev for an operation (allocate reusing it), so no one else takes it."""
+        with self.transaction():
+            record = self._require(uuid)
+            self._require_intent(intent_id)
+            if not record.free:
+                raise exception.LedgerConflict(
+                    action="reserve", uuid=uuid, reason="it is not free"
+                )
+            self._execute(
+                "UPDATE mdevs SET intent_id = ?, updated_at = ? WHERE uuid = ?",
+                (intent_id, self._clock(), uuid),
+            )
+            return self._require(uuid)
+
+    def assign(
+        self,
+        uuid: str,
+        owner: str,
+        *,
+        owner_kind: OwnerKind = OwnerKind.INSTANCE,
+        claim_expires_at: float | None = None,
+        intent_id: int | None = None,
+    ) -> MdevRecord:
+        """Give a present mdev to an instance (or a migration claim, with an expiry).
+
+        ``intent_id``: the operation that reserved it; a row reserved by
+        another operation is refused.
+        """
+        validate_instance_id(owner)
+        owner_kind = OwnerKind(owner_kind)
+        if (owner_kind is OwnerKind.CLAIM) != (claim_expires_at is not None):
+            raise exception.LedgerError(reason="a claim needs an expiry, an instance none")
+        with self.transaction():
+            record = self._require(uuid)
+            if record.owner is not None:
+                raise exception.MdevAlreadyAssigned(
+                    uuid=uuid, owner=record.owner, owner_kind=record.owner_kind
+                )
+            if record.state is not MdevState.PRESENT:
+                raise exception.LedgerConflict(
+                    action="assign", uuid=uuid, reason=f"it is {record.state}"
+                )
+            if record.intent_id is not None and record.intent_id != intent_id:
+                raise exception.LedgerConflict(
+                    action="assign", uuid=uuid,
+                    reason=f"it is reserved by operation {record.intent_id}",
+                )
+            now = self._clock()
+            # The checks above ran under the write lock, so the PRIMARY KEY
+            # and the trigger cannot fire here; they guard everything else.
+            self._execute(
+                "INSERT INTO assignments (uuid, owner, owner_kind, claim_expires_at, "
+                "assigned_at) VALUES (?, ?, ?, ?, ?)",
+                (uuid, owner, owner_kind.value, claim_expires_at, now),
+            )
+            self._execute("UPDATE mdevs SET updated_at = ? WHERE uuid = ?", (now, uuid))
+            return self._require(uuid)
+
+    def release(self, uuid: str) -> MdevRecord:
+        """Drop the mdev's owner, keeping the mdev (free for reuse).  Idempotent."""
+        with self.transaction():
+            record = self._require(uuid)
+            if record.owner is not None:
+                self._execute("DELETE FROM assignments WHERE uuid = ?", (uuid,))
+                self._execute(
+                    "UPDATE mdevs SET updated_at = ? WHERE uuid = ?", (self._clock(), uuid)
+                )
+            return self._require(uuid)
+
+    def release_owner(self, owner: str, owner_kind: OwnerKind | None = None) -> list[MdevRecord]:
+        """Release everything ``owner`` holds; returns the released rows."""
+        with self.transaction():
+            return [self.release(r.uuid) for r in self.by_owner(owner, owner_kind)]
+
+    def commit_claim(self, owner: str) -> list[MdevRecord]:
+        """A migration claim becomes the instance's allocation (no expiry)."""
+        validate_instance_id(owner)
+        with self.transaction():
+            self._execute(
+                "UPDATE assignments SET owner_kind = 'instance', claim_expires_at = NULL "
+                "WHERE owner = ? AND owner_kind = 'claim'",
+                (owner,),
+            )
+            return self.by_owner(owner, OwnerKind.INSTANCE)
+
+    def record_remove_intent(self, uuid: str, *, intent_id: int | None = None) -> MdevRecord:
+        """Before the sysfs remove write: ``removing``.  The mdev must be released first."""
+        with self.transaction():
+            record = self._require(uuid)
+            if record.owner is not None:
+                raise exception.LedgerConflict(
+                    action="remove", uuid=uuid,
+                    reason=f"it is assigned to {record.owner_kind} {record.owner}",
+                )
+            if record.state is MdevState.REMOVING:
+                return record  # a retried remove: the intent is already there
+            self._require_intent(intent_id)
+            self._set_state(uuid, MdevState.REMOVING, intent_id=intent_id)
+            return self._require(uuid)
+
+    def cancel_remove(self, uuid: str) -> MdevRecord:
+        """The remove did not happen and will not be retried: back to ``present``."""
+        with self.transaction():
+            record = self._require(uuid)
+            if record.state is not MdevState.REMOVING:
+                raise exception.LedgerConflict(
+                    action="cancel the removal of", uuid=uuid, reason=f"it is {record.state}"
+                )
+            self._set_state(uuid, MdevState.PRESENT, intent_id=None)
+            return self._require(uuid)
+
+    def forget(self, uuid: str) -> bool:
+        """Delete the row (after a remove, or a create that did not happen).
+
+        Refused for an assigned mdev.  Returns False when there was no row.
+        """
+        with self.transaction():
+            record = self.get(uuid)
+            if record is None:
+                return False
+            if record.owner is not None:
+                raise exception.LedgerConflict(
+                    action="forget", uuid=uuid,
+                    reason=f"it is assigned to {record.owner_kind} {record.owner}",
+                )
+            self._execute("DELETE FROM mdevs WHERE uuid = ?", (uuid,))
+            return True
+
+
+def _ensure_private_dir(path: Path) -> None:
+    """Create ``path`` 0700 if missing (an existing directory is left as is:
+    it may be shared, e.g. a misconfigured /tmp, and chmod-ing it would hurt)."""
+    if path.is_dir():
+        if path.stat().st_mode & 0o022:
+            LOG.warning("State directory %s is group- or world-writable", path)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        return
+    # mkdir's mode is filtered by the umask; 0700 is narrower than any
+    # umask leaves, but say it explicitly.
+    path.chmod(0o700)

@@ -1,0 +1,480 @@
+"""The only code of accel-agent that runs with privileges: two sysfs writes.
+
+One oslo.privsep context, ``sysfs_admin``, and two entrypoints: write a UUID
+to ``.../mdev_supported_types/<type>/create`` and write ``1`` to
+``bus/mdev/devices/<uuid>/remove``.  Everything else (scans, policy, ledger)
+runs unprivileged; reads are never privileged (os-vif's style, see
+research/cyborg-osacc-placement.md §3.4 and §7).
+
+Capabilities: **none** (``capabilities=[]``), the daemon keeps uid 0.
+    sysfs ``create``/``remove`` are ``--w------- root root``.  kernfs checks
+    them with ``generic_permission()`` at open(2) time, like any file: the
+    owner-write bit is enough for a process whose fsuid is the owner, so uid 0
+    needs no capability at all (CAP_DAC_OVERRIDE only matters for a file the
+    caller does not own or whose owner bit is clear).  The mdev core's
+    ``create_store()``/``remove_store()`` call no ``capable()``.  Checked on
+    this host (kernel 6.18): under ``setpriv --bounding-set=-all`` a uid-0
+    process with ``CapEff: 0000000000000000`` opens the root-owned 0200
+    ``/sys/bus/pci/drivers_probe`` with O_WRONLY (nothing written), while
+    uid 65534 gets EACCES.  End to end on a real mdev sysfs (Debian 6.1.0-56
+    kernel with the mtty sample driver under QEMU, research/mtty-lab.md):
+    this module's privsep daemon, ``CapEff``/``CapPrm`` 0, uid 0, created and
+    removed mtty mdevs and got EEXIST/ENOSPC/ENOENT mapped as documented.
+    tests/functional/test_privsep_daemon.py reads the running daemon's
+    ``CapEff``/``CapPrm`` (all threads) and proves the other half: a
+    root-owned ``create`` of mode 0000 gives EACCES in the daemon, i.e. it
+    really holds no CAP_DAC_OVERRIDE.
+    Why not "uid nobody + CAP_DAC_OVERRIDE" (a tempting alternative): that
+    writes *any* file on the host; uid 0 without capabilities cannot load
+    modules, mount, ptrace, chown, or bypass a permission bit.  What it can
+    still do is write root-owned files that have the owner-write bit, which is
+    why the entrypoints accept only validated names and confine the resolved
+    path to ``sysfs_root``.  The daemon never exec()s: an exec as uid 0 would
+    regain the full set under the kernel's root-exec rule.  A vendor driver
+    whose create path calls ``capable()`` (none known) can be given a
+    capability by the operator: ``[accel_agent_privileged] capabilities``.
+    Leave ``[accel_agent_privileged] user`` unset: another uid cannot write
+    the root-owned 0200 files without CAP_DAC_OVERRIDE.
+
+Inputs are validated before any filesystem access (even ``realpath``), by
+plain functions that unit tests call without the daemon.  ``sysfs_root``
+comes from the daemon's own configuration (it is started with the agent's
+``--config-file``), never from the caller.  The path is resolved with
+``realpath`` and must stay inside ``realpath(sysfs_root)``; between that check
+and the ``open`` only whoever can change the tree itself (root, for /sys)
+could swap a component, which is outside what a caller of the entrypoints
+controls (``O_NOFOLLOW`` still refuses a last component turned symlink).
+
+Errors cross the privsep channel by class name and ``args`` only, which would
+lose an ``AccelAgentException``'s ``kwargs``.  So the daemon side wraps them
+in :class:`_WireError` (class name, message, kwargs) and the public functions
+below rebuild the original class with its message and kwargs.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import re
+import shlex
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from oslo_config import cfg
+from oslo_privsep import priv_context
+
+from accel_agent import conf as agent_conf
+from accel_agent import exception
+from accel_agent.sysfs import address
+
+LOG = logging.getLogger(__name__)
+
+CFG_SECTION = "accel_agent_privileged"
+
+sysfs_admin = priv_context.PrivContext(
+    "accel_agent",
+    cfg_section=CFG_SECTION,
+    pypath=__name__ + ".sysfs_admin",
+    # See the module docstring: uid 0 writing root-owned 0200 files needs none.
+    capabilities=[],
+)
+
+# Canonical form only: the kernel names mdev directories "%pUl" (lower case),
+# so anything else would make the ledger and sysfs disagree on the name.
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TYPE_RE = re.compile(r"[A-Za-z0-9_.-]+")
+MAX_TYPE_LEN = 64
+MAX_PARENT_LEN = 64
+# A remove waits at most this long per call; the manager retries if needed.
+MAX_REMOVE_TIMEOUT = 3600.0
+
+
+# --- validation (no filesystem access) ---------------------------------------------
+
+
+def _reject(reason: str) -> exception.PrivilegedInputRejected:
+    return exception.PrivilegedInputRejected(reason=reason)
+
+
+def validate_uuid(value: Any) -> str:
+    """Return ``value`` if it is a canonical lowercase 8-4-4-4-12 UUID."""
+    # fullmatch, not match + "$": "$" also matches before a trailing newline.
+    if not isinstance(value, str) or not _UUID_RE.fullmatch(value):
+        raise _reject(f"mdev UUID {value!r} is not a canonical lowercase UUID")
+    return value
+
+
+def validate_mdev_type(value: Any) -> str:
+    """Return ``value`` if it is a plausible single-component type id."""
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_TYPE_LEN
+        or not _TYPE_RE.fullmatch(value)
+        or value in (".", "..")
+    ):
+        raise _reject(
+            f"mdev type {value!r} must match [A-Za-z0-9_.-]+, at most {MAX_TYPE_LEN} "
+            "characters, and not be . or .."
+        )
+    return value
+
+
+def validate_parent(value: Any) -> str:
+    """Return ``value`` if it is a canonical PCI address or a virtual parent name."""
+    if not isinstance(value, str) or not value or len(value) > MAX_PARENT_LEN:
+        raise _reject(f"mdev parent {value!r} is empty, not a string or too long")
+    # is_virtual_parent_name() uses re.match with "$", which tolerates a
+    # trailing newline; refuse every non-printable or blank character first.
+    if "/" in value or not value.isprintable() or any(c.isspace() for c in value):
+        raise _reject(f"mdev parent {value!r} contains '/', whitespace or control characters")
+    if address.is_pci_address(value):
+        canonical = address.parse_pci_address(value)
+        if canonical != value:
+            # The kernel names PCI parents in canonical form only; a
+            # non-canonical spelling would silently miss the directory.
+            raise _reject(f"mdev parent {value!r} is not canonical (use {canonical!r})")
+        return value
+    if address.is_virtual_parent_name(value):
+        return value
+    raise _reject(f"mdev parent {value!r} is neither a PCI address nor a parent name")
+
+
+def validate_timeout(value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_REMOVE_TIMEOUT
+    ):
+        raise _reject(f"remove timeout {value!r} must be a number in (0, {MAX_REMOVE_TIMEOUT}]")
+    return float(value)
+
+
+# --- path resolution (reads only) ------------------------------------------------
+
+
+def _real_root(sysfs_root: str) -> str:
+    root = os.path.realpath(sysfs_root)
+    if not os.path.isdir(root):
+        raise exception.SysfsRootNotFound(root=sysfs_root)
+    return root
+
+
+def _confine(root: str, relative: Sequence[str], basename: str, dirname: str) -> str:
+    """Resolve ``root/relative`` and refuse it unless it stays under ``root``.
+
+    The links under /sys/class/mdev_bus and /sys/bus/mdev/devices are
+    legitimately symlinks (``../../devices/...``), so resolution is allowed,
+    but only to a target inside the root whose last two components are the
+    ones we asked for (``<type>/create`` or ``<uuid>/remove``).
+    """
+    target = os.path.realpath(os.path.join(root, *relative))
+    if os.path.commonpath([root, target]) != root or target == root:
+        raise _reject(f"{os.path.join(*relative)} resolves to {target}, outside {root}")
+    if os.path.basename(target) != basename or (
+        os.path.basename(os.path.dirname(target)) != dirname
+    ):
+        raise _reject(
+            f"{os.path.join(*relative)} resolves to {target}, not .../{dirname}/{basename}"
+        )
+    return target
+
+
+def resolve_create_path(sysfs_root: str, parent: str, mdev_type: str) -> str:
+    """Validate, then return the resolved path of the type's ``create`` file."""
+    validate_parent(parent)
+    validate_mdev_type(mdev_type)
+    root = _real_root(sysfs_root)
+    rel = ("class", "mdev_bus", parent, "mdev_supported_types", mdev_type, "create")
+    return _confine(root, rel, "create", mdev_type)
+
+
+def resolve_remove_path(sysfs_root: str, uuid: str) -> str:
+    """Validate, then return the resolved path of the mdev's ``remove`` file."""
+    validate_uuid(uuid)
+    root = _real_root(sysfs_root)
+    return _confine(root, ("bus", "mdev", "devices", uuid, "remove"), "remove", uuid)
+
+
+# --- the writes ------------------------------------------------------------------
+
+
+def _write_once(path: str, data: bytes) -> None:
+    """Open an existing file (never create one), write once, close."""
+    # No O_CREAT: a missing file must fail, never appear.  O_NOFOLLOW: the
+    # path was resolved already, so a symlink here means it changed under us.
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        written = os.write(fd, data)
+    finally:
+        os.close(fd)
+    if written != len(data):
+        # sysfs stores consume the whole buffer or fail; anything else is not
+        # the kernel ABI we know, so do not pretend it worked.
+        raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+
+
+def _errno_text(err: OSError) -> tuple[str, str]:
+    name = errno.errorcode.get(err.errno or 0, str(err.errno))
+    return name, f"{name} ({os.strerror(err.errno)})" if err.errno else str(err)
+
+
+def _map_create_error(
+    err: OSError, root: str, path: str, parent: str, mdev_type: str, uuid: str
+) -> exception.AccelAgentException:
+    code = err.errno
+    name, text = _errno_text(err)
+    if code == errno.EEXIST:
+        return exception.MdevAlreadyExists(uuid=uuid)
+    if code == errno.EINVAL:
+        return exception.MdevCreateInvalid(uuid=uuid, mdev_type=mdev_type, parent=parent)
+    if code in (errno.ENOSPC, errno.EUSERS, errno.EDQUOT):
+        # mtty/i915 say ENOSPC, the mdev core EUSERS; EDQUOT for vendors that do.
+        return exception.InsufficientCapacity(mdev_type=mdev_type, parents=parent, reason=text)
+    if code == errno.ENODEV:
+        return exception.ParentGone(parent=parent)
+    if code == errno.ENOENT:
+        # Tell the two missing levels apart (a stat, no write); a dangling
+        # parent link is a parent that went away.
+        if not os.path.isdir(os.path.join(root, "class", "mdev_bus", parent)):
+            return exception.ParentNotFound(parent=parent, root=root)
+        return exception.MdevTypeNotSupported(parent=parent, mdev_type=mdev_type)
+    if code == errno.ELOOP:
+        return _reject(f"{path} became a symlink after it was resolved")
+    return exception.SysfsWriteFailed(path=path, error=text, errno=name)
+
+
+def write_create(sysfs_root: str, parent: str, mdev_type: str, uuid: str) -> None:
+    """Create mdev ``uuid`` of ``mdev_type`` on ``parent`` (undecorated)."""
+    validate_uuid(uuid)
+    path = resolve_create_path(sysfs_root, parent, mdev_type)
+    LOG.debug("Writing %s to %s", uuid, path)
+    try:
+        _write_once(path, uuid.encode("ascii"))
+    except OSError as err:
+        raise _map_create_error(
+            err, _real_root(sysfs_root), path, parent, mdev_type, uuid
+        ) from None
+    LOG.info("Created mediated device %s of type %s on %s", uuid, mdev_type, parent)
+
+
+def _map_remove_error(err: OSError, path: str, uuid: str) -> exception.AccelAgentException:
+    name, text = _errno_text(err)
+    if err.errno == errno.ENOENT:
+        return exception.MdevNotFound(uuid=uuid)
+    if err.errno == errno.ENODEV:
+        # Not on the mdev list any more, or its parent is unregistering.
+        return exception.ParentGone(parent=os.path.basename(os.path.dirname(os.path.dirname(path))))
+    if err.errno == errno.ELOOP:
+        return _reject(f"{path} became a symlink after it was resolved")
+    return exception.SysfsWriteFailed(path=path, error=text, errno=name)
+
+
+class _RemoveWriter:
+    """One blocking ``remove`` write, run in its own thread.
+
+    A write to ``remove`` of an mdev that a VM holds blocks in the kernel
+    (vfio_unregister_group_dev) until QEMU lets go, uninterruptibly after the
+    first signal.  The thread cannot be cancelled, so the caller waits with a
+    timeout and the thread is left to finish whenever the kernel allows; at
+    most one such thread exists per UUID (a retry waits on the same writer
+    rather than piling up threads and writes).
+    """
+
+    def __init__(self, uuid: str, path: str) -> None:
+        self.uuid = uuid
+        self.path = path
+        self.done = threading.Event()
+        self.error: exception.AccelAgentException | None = None
+        self.thread = threading.Thread(
+            target=self._run, name=f"mdev-remove-{uuid}", daemon=True
+        )
+
+    def _run(self) -> None:
+        try:
+            _write_once(self.path, b"1")
+        except OSError as err:
+            self.error = _map_remove_error(err, self.path, self.uuid)
+        except Exception as err:  # a bug must still release the waiters
+            self.error = exception.SysfsWriteFailed(path=self.path, error=repr(err), errno="")
+        finally:
+            with _pending_lock:
+                if _pending_removes.get(self.uuid) is self:
+                    del _pending_removes[self.uuid]
+            self.done.set()
+
+
+_pending_lock = threading.Lock()
+_pending_removes: dict[str, _RemoveWriter] = {}
+
+
+def write_remove(sysfs_root: str, uuid: str, timeout: float) -> None:
+    """Remove mdev ``uuid``; raise MdevRemoveTimeout after ``timeout`` s (undecorated).
+
+    On timeout the writer thread stays blocked in the kernel until the device
+    is released (then the removal completes on its own); this call returns.
+    """
+    timeout = validate_timeout(timeout)
+    path = resolve_remove_path(sysfs_root, uuid)
+    with _pending_lock:
+        writer = _pending_removes.get(uuid)
+        if writer is None:
+            writer = _RemoveWriter(uuid, path)
+            _pending_removes[uuid] = writer
+            LOG.debug("Writing 1 to %s", path)
+            writer.thread.start()
+        else:
+            LOG.warning("A remove of %s is still blocked in the kernel; waiting on it", uuid)
+    if not writer.done.wait(timeout):
+        raise exception.MdevRemoveTimeout(uuid=uuid, timeout=timeout)
+    if writer.error is not None:
+        raise writer.error
+    LOG.info("Removed mediated device %s", uuid)
+
+
+# --- crossing the privsep channel ------------------------------------------------
+
+
+class _WireError(Exception):
+    """Carries an AccelAgentException over privsep: (class name, message, kwargs).
+
+    oslo.privsep rebuilds a remote exception as ``cls(*exc.args)``; ours keep
+    only the message in ``args``, so the kwargs would be lost.  Never escapes
+    this module's public functions.
+    """
+
+
+def _primitive(value: Any) -> Any:
+    # msgpack carries these natively; anything else travels as its str().
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _to_wire(exc: exception.AccelAgentException) -> _WireError:
+    kwargs = {str(k): _primitive(v) for k, v in exc.kwargs.items()}
+    return _WireError(type(exc).__name__, exc.message, kwargs)
+
+
+def _from_wire(wire: _WireError) -> exception.AccelAgentException:
+    name, message, kwargs = wire.args
+    cls = getattr(exception, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, exception.AccelAgentException)):
+        return exception.AccelAgentException(f"{name}: {message}")
+    return cls(message, **kwargs)
+
+
+_R = TypeVar("_R")
+
+
+def _daemon_side(func: Callable[..., _R], *args: Any) -> _R:
+    try:
+        return func(*args)
+    except exception.AccelAgentException as exc:
+        raise _to_wire(exc) from None
+
+
+def _daemon_sysfs_root() -> str:
+    # The daemon's own CONF, parsed from the --config-file it was started with.
+    return str(agent_conf.CONF.sysfs_root)
+
+
+@sysfs_admin.entrypoint
+def _priv_create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
+    _daemon_side(write_create, _daemon_sysfs_root(), parent, mdev_type, uuid)
+
+
+@sysfs_admin.entrypoint
+def _priv_remove_mdev(uuid: str, timeout: float) -> None:
+    _daemon_side(write_remove, _daemon_sysfs_root(), uuid, timeout)
+
+
+def _call(entrypoint: Callable[..., None], *args: Any) -> None:
+    try:
+        entrypoint(*args)
+    except _WireError as wire:
+        raise _from_wire(wire) from None
+
+
+def create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
+    """Create mdev ``uuid`` of ``mdev_type`` on ``parent`` in the privsep daemon.
+
+    Raises PrivilegedInputRejected, MdevAlreadyExists (EEXIST), MdevCreateInvalid
+    (EINVAL), InsufficientCapacity (ENOSPC/EUSERS/EDQUOT), ParentGone (ENODEV),
+    ParentNotFound / MdevTypeNotSupported (ENOENT), SysfsWriteFailed (other).
+    """
+    _call(_priv_create_mdev, parent, mdev_type, uuid)
+
+
+def remove_mdev(uuid: str, timeout: float) -> None:
+    """Remove mdev ``uuid`` in the privsep daemon, waiting at most ``timeout`` s.
+
+    Raises PrivilegedInputRejected, MdevNotFound (ENOENT), ParentGone (ENODEV),
+    MdevRemoveTimeout (the write is still blocked: a VM holds the device),
+    SysfsWriteFailed (other).
+    """
+    _call(_priv_remove_mdev, uuid, timeout)
+
+
+# --- starting the daemon ---------------------------------------------------------
+
+
+def helper_command(
+    config_files: Sequence[str], config_dirs: Sequence[str] = (), as_root: bool | None = None
+) -> str:
+    """The command that starts privsep-helper with the agent's configuration.
+
+    oslo.privsep appends ``--privsep_context`` and ``--privsep_sock_path``.
+    The helper of this interpreter's environment is used (not whatever
+    ``privsep-helper`` is first on PATH); ``sudo`` only when we are not root.
+    """
+    helper = os.path.join(sys.prefix, "bin", "privsep-helper")
+    cmd = [helper]
+    if as_root is None:
+        as_root = os.geteuid() == 0
+    if not as_root:
+        cmd.insert(0, "sudo")
+    for path in config_files:
+        cmd += ["--config-file", os.path.abspath(path)]
+    for path in config_dirs:
+        cmd += ["--config-dir", os.path.abspath(path)]
+    return shlex.join(cmd)
+
+
+def start_privsep(
+    config_files: Sequence[str] | None = None, config_dirs: Sequence[str] | None = None
+) -> None:
+    """Start the privsep daemon now (ROOTWRAP method: exec privsep-helper).
+
+    Without arguments, the files CONF was parsed from are passed on.  An
+    operator's ``[accel_agent_privileged] helper_command`` wins over ours.
+    """
+    if config_files is None:
+        config_files = _conf_list("config_file")
+    if config_dirs is None:
+        config_dirs = _conf_list("config_dir")
+    cfg.CONF.set_default(
+        "helper_command", helper_command(config_files, config_dirs), group=CFG_SECTION
+    )
+    sysfs_admin.start(priv_context.Method.ROOTWRAP)
+
+
+def stop_privsep() -> None:
+    """Close the channel; the daemon exits when it sees EOF."""
+    sysfs_admin.stop()
+
+
+def _conf_list(name: str) -> list[str]:
+    try:
+        return list(getattr(cfg.CONF, name) or [])
+    except cfg.NoSuchOptError:
+        return []
+
+
+def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    """oslo.privsep's options under our section, for oslo-config-generator."""
+    return [(CFG_SECTION, list(priv_context.OPTS))]
