@@ -1,0 +1,122 @@
+"""``[placement]`` options: the reporter's own knobs plus keystoneauth1's.
+
+keystoneauth1's session, auth and adapter options live in the same group, as
+in Nova's ``[placement]``, so an operator can copy Nova's section verbatim.
+For a Placement running with ``auth_strategy = noauth2`` (tests, labs) use::
+
+    [placement]
+    enabled = true
+    auth_type = admin_token
+    endpoint = http://127.0.0.1:8778
+    token = admin
+
+``admin_token`` is keystoneauth1's built-in ``token_endpoint.Token`` plugin:
+it sends ``X-Auth-Token`` and uses ``endpoint`` for every request without a
+service catalog.  ``auth_type = none`` is no substitute: it sends no token,
+and noauth2 Placement answers 401 to that.
+
+keystoneauth1.loading costs about 0.1 s to import, so it is imported inside
+the functions that need it, never at module import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oslo_config import cfg
+
+GROUP = "placement"
+
+# Nova's defaults for the adapter: look Placement up in the catalog under this
+# service type, preferring the internal endpoint.
+_ADAPTER_DEFAULTS: dict[str, Any] = {
+    "service_type": "placement",
+    "valid_interfaces": ["internal", "public"],
+}
+# keystoneauth's own default is no timeout at all, which would let a hung
+# Placement stall the agent's periodic task forever.
+_SESSION_DEFAULTS: dict[str, Any] = {"timeout": 30}
+
+placement_opts = [
+    cfg.BoolOpt(
+        "enabled",
+        default=False,
+        help="Report one resource provider per physical GPU to OpenStack Placement.",
+    ),
+    cfg.BoolOpt(
+        "create_root_provider",
+        default=False,
+        help="Create the root provider (named [DEFAULT] host) when it does not exist. "
+        "Leave false when nova-compute runs on this host: it owns the root provider, "
+        "and the agent waits (and reports 'root provider <host> not found') until "
+        "Nova has created it.",
+    ),
+    cfg.IntOpt(
+        "sync_interval",
+        default=60,
+        min=1,
+        help="Seconds between two Placement synchronisations. Inventory changes "
+        "(mdevs created or removed, GPUs appearing) also trigger a sync.",
+    ),
+    cfg.IntOpt(
+        "max_conflict_retries",
+        default=4,
+        min=0,
+        help="How many times one provider's update is redriven from fresh data after "
+        "a generation conflict (409 placement.concurrent_update) within one sync. "
+        "After that the provider is reported as failed and retried at the next sync; "
+        "the other providers are synchronised regardless.",
+    ),
+    cfg.IntOpt(
+        "max_backoff",
+        default=600,
+        min=1,
+        help="Upper bound, in seconds, of the exponential back-off between attempts "
+        "while Placement keeps failing (the first retry waits sync_interval).",
+    ),
+]
+
+
+def _keystoneauth_opts() -> list[cfg.Opt]:
+    """keystoneauth1's session and adapter options with the agent's defaults."""
+    from keystoneauth1 import loading as ks_loading
+
+    session = ks_loading.get_session_conf_options()
+    adapter = ks_loading.get_adapter_conf_options(include_deprecated=False)
+    # The get_* functions build new Opt objects on each call, so changing their
+    # defaults here cannot leak into another service's registration.
+    cfg.set_defaults(session, **_SESSION_DEFAULTS)
+    cfg.set_defaults(adapter, **_ADAPTER_DEFAULTS)
+    return session + adapter
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    """Register ``[placement]`` on ``conf`` (idempotent)."""
+    from keystoneauth1 import loading as ks_loading
+
+    conf.register_opts(placement_opts, group=GROUP)
+    for opt in _keystoneauth_opts():
+        if GROUP not in conf or opt.dest not in conf[GROUP]:
+            conf.register_opt(opt, group=GROUP)
+    # auth_type / auth_section; a plugin's own options (endpoint, token,
+    # username, ...) are registered by keystoneauth when the plugin is loaded.
+    ks_loading.register_auth_conf_options(conf, GROUP)
+
+
+def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    """Entry point for ``oslo-config-generator``.
+
+    Shows the options of the two auth plugins an operator is expected to use:
+    ``password`` (Keystone) and ``admin_token`` (noauth2 Placement).
+    """
+    from keystoneauth1 import loading as ks_loading
+
+    opts: list[cfg.Opt] = [*placement_opts, *_keystoneauth_opts()]
+    opts += ks_loading.get_auth_common_conf_options()
+    for plugin in ("password", "admin_token"):
+        opts += ks_loading.get_auth_plugin_conf_options(plugin)
+    unique: dict[str, cfg.Opt] = {}
+    for opt in opts:
+        # Plugins share option names (auth-url, ...); the generator wants each once.
+        unique.setdefault(opt.dest, opt)
+    return [(GROUP, list(unique.values()))]

@@ -1,0 +1,511 @@
+"""PlacementReporter against a real OpenStack Placement (SQLite, noauth2) on 127.0.0.1.
+
+One server serves the module; every test uses its own host name, so its own
+root provider and subtree.  The outage test runs its own server, which it
+kills and restarts on the same port and database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from keystoneauth1 import adapter as ks_adapter
+from keystoneauth1 import session as ks_session
+from keystoneauth1 import token_endpoint
+from oslo_config import cfg
+
+from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
+from accel_agent.reporting import placement_opts
+from accel_agent.reporting.placement import (
+    MICROVERSION,
+    PlacementReporter,
+    adapter_for_endpoint,
+    provider_uuid,
+)
+from tests.functional.placement_fixture import PlacementServer, placement_available
+
+pytestmark = pytest.mark.skipif(
+    not placement_available(),
+    reason="openstack-placement is not installed (pip install openstack-placement)",
+)
+
+_hosts = itertools.count()
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+class CountingAdapter(ks_adapter.Adapter):
+    """Records every request the reporter sends; ``before`` runs just before one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str]] = []
+        self.before: Callable[[str, str], None] | None = None
+
+    def request(self, url: str, method: str, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.calls.append((method, url))
+        if self.before is not None:
+            self.before(method, url)
+        return super().request(url, method, **kwargs)
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [c for c in self.calls if c[0] != "GET"]
+
+
+def counting_adapter(endpoint: str) -> CountingAdapter:
+    session = ks_session.Session(auth=token_endpoint.Token(endpoint, "admin"), timeout=10)
+    return CountingAdapter(session, service_type="placement", default_microversion=MICROVERSION)
+
+
+class Admin:
+    """A second, independent Placement client: Nova, an operator, a rival writer."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.adapter = adapter_for_endpoint(endpoint)
+
+    def call(self, method: str, url: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> Any:
+        kwargs: dict[str, Any] = {"microversion": "1.39", "raise_exc": False}
+        if body is not None:
+            kwargs["json"] = body
+        resp = self.adapter.request(url, method, **kwargs)
+        assert resp.status_code in ok, f"{method} {url}: {resp.status_code} {resp.text}"
+        return resp.json() if resp.status_code == 200 else None
+
+    def create_provider(self, name: str, parent: str | None = None, traits: list[str] = ()) -> str:
+        body = {"name": name, **({"parent_provider_uuid": parent} if parent else {})}
+        rp_uuid = self.call("POST", "/resource_providers", body)["uuid"]
+        if traits:
+            self.set_traits(rp_uuid, list(traits))
+        return rp_uuid
+
+    def provider(self, name: str) -> dict[str, Any] | None:
+        found = self.call("GET", f"/resource_providers?name={name}")["resource_providers"]
+        return found[0] if found else None
+
+    def set_traits(self, rp_uuid: str, traits: list[str]) -> None:
+        for trait in traits:
+            if trait.startswith("CUSTOM_"):
+                self.call("PUT", f"/traits/{trait}", ok=(201, 204))
+        generation = self.call("GET", f"/resource_providers/{rp_uuid}")["generation"]
+        self.call(
+            "PUT",
+            f"/resource_providers/{rp_uuid}/traits",
+            {"resource_provider_generation": generation, "traits": traits},
+        )
+
+    def allocate(self, rp_uuid: str, resources: dict[str, int]) -> str:
+        consumer = str(uuid.uuid4())
+        self.call(
+            "PUT",
+            f"/allocations/{consumer}",
+            {
+                "allocations": {rp_uuid: {"resources": resources}},
+                "consumer_generation": None,
+                "project_id": str(uuid.uuid4()),
+                "user_id": str(uuid.uuid4()),
+                "consumer_type": "INSTANCE",
+            },
+            ok=(204,),
+        )
+        return consumer
+
+    def free(self, consumer: str) -> None:
+        self.call("DELETE", f"/allocations/{consumer}", ok=(204,))
+
+    def view(self, host: str) -> dict[str, Any]:
+        """The subtree under ``host`` in ``Inventory.to_dict()``'s vocabulary."""
+        root = self.provider(host)
+        assert root is not None
+        tree = self.call("GET", f"/resource_providers?in_tree={root['uuid']}")
+        providers = []
+        for rp in sorted(tree["resource_providers"], key=lambda r: r["name"]):
+            if rp["uuid"] == root["uuid"]:
+                continue
+            assert rp["parent_provider_uuid"] == root["uuid"]
+            base = f"/resource_providers/{rp['uuid']}"
+            inventories = self.call("GET", f"{base}/inventories")["inventories"]
+            providers.append(
+                {
+                    "name": rp["name"],
+                    "uuid": rp["uuid"],
+                    "parent_provider": host,
+                    "inventories": inventories,
+                    "traits": sorted(self.call("GET", f"{base}/traits")["traits"]),
+                }
+            )
+        return {"host": host, "providers": providers}
+
+
+def expected_view(inventory: Inventory) -> dict[str, Any]:
+    doc = inventory.to_dict()
+    return {
+        "host": doc["host"],
+        "providers": [
+            {
+                "name": p["name"],
+                "uuid": provider_uuid(p["name"]),
+                "parent_provider": p["parent_provider"],
+                "inventories": {p["resource_class"]: p["inventory"]},
+                "traits": sorted(p["traits"]),
+            }
+            for p in doc["providers"]
+        ],
+    }
+
+
+def gpu(
+    host: str, bus: str, *, total: int = 16, rc: str = "VGPU", mdev_type: str = "nvidia-35"
+) -> Provider:
+    address = f"0000:{bus}:00.0"
+    return Provider(
+        name=f"{host}_pci_0000_{bus}_00_0",
+        parent_provider=host,
+        parent_device=address,
+        parent_devices=(address,),
+        pci_address=address,
+        physical_gpu=address,
+        numa_node=0,
+        mdev_type=mdev_type,
+        resource_class=rc,
+        total=total,
+        used=0,
+        traits=tuple(sorted({type_trait(mdev_type), OWNER_TRAIT})),
+    )
+
+
+def inventory_of(host: str, *providers: Provider) -> Inventory:
+    return Inventory(host=host, providers=tuple(sorted(providers, key=lambda p: p.name)))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlacementServer]:
+    with PlacementServer(tmp_path_factory.mktemp("placement")) as running:
+        yield running
+
+
+@pytest.fixture
+def admin(server: PlacementServer) -> Admin:
+    return Admin(server.endpoint)
+
+
+@pytest.fixture
+def host(admin: Admin) -> str:
+    """A fresh compute host whose root provider "Nova" already created."""
+    name = f"compute{next(_hosts)}.example.org"
+    admin.create_provider(name, traits=["COMPUTE_NODE"])
+    return name
+
+
+def reporter_for(
+    endpoint: str, host: str, **kwargs: Any
+) -> tuple[PlacementReporter, CountingAdapter]:
+    adapter = counting_adapter(endpoint)
+    return PlacementReporter(adapter, host, **kwargs), adapter
+
+
+# --- tests ----------------------------------------------------------------------------
+
+
+def test_sync_reports_exactly_the_inventory_and_then_writes_nothing(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    root = admin.provider(host)
+    assert root is not None
+    # Nova's own child: not ours, never touched.
+    nova_child = admin.create_provider(f"{host}_nova_gpu", root["uuid"], ["HW_GPU_API_VULKAN"])
+    nova_generation = admin.call("GET", f"/resource_providers/{nova_child}")["generation"]
+    inventory = inventory_of(
+        host,
+        gpu(host, "84"),
+        gpu(host, "85", total=4, rc="CUSTOM_NVIDIA_GRID", mdev_type="nvidia-36"),
+    )
+    reporter, adapter = reporter_for(server.endpoint, host)
+
+    result = reporter.sync(inventory)
+
+    assert result.ok, result
+    assert sorted(result.created) == [p.name for p in inventory.providers]
+    view = admin.view(host)
+    ours = [p for p in view["providers"] if p["name"] != f"{host}_nova_gpu"]
+    assert {"host": host, "providers": ours} == expected_view(inventory)
+    assert admin.call("GET", f"/resource_providers/{nova_child}")["generation"] == nova_generation
+    assert reporter.health() == {
+        "enabled": True,
+        "state": "ok",
+        "last_success": reporter.health()["last_success"],
+        "last_error": None,
+        "consecutive_failures": 0,
+        "providers": 2,
+        "next_attempt_at": None,
+    }
+
+    adapter.calls.clear()
+    again = reporter.sync(inventory)
+    assert again.ok and not again.changed
+    assert adapter.writes() == [] and again.writes == 0
+    # Unchanged generations: the root lookup and the tree listing, nothing else.
+    assert len(adapter.calls) == 2
+
+    # A restarted agent (empty cache) reads everything but still writes nothing.
+    fresh, fresh_adapter = reporter_for(server.endpoint, host)
+    assert fresh.sync(inventory).ok
+    assert fresh_adapter.writes() == []
+
+
+def test_config_path_admin_token_against_noauth2(
+    server: PlacementServer, admin: Admin, tmp_path: Path
+) -> None:
+    conf_file = tmp_path / "accel-agent.conf"
+    conf_file.write_text(
+        textwrap.dedent(
+            f"""
+            [placement]
+            enabled = true
+            create_root_provider = true
+            max_conflict_retries = 2
+            auth_type = admin_token
+            endpoint = {server.endpoint}
+            token = admin
+            """
+        )
+    )
+    conf = cfg.ConfigOpts()
+    conf.register_opt(cfg.StrOpt("host", default="standalone.example.org"))
+    placement_opts.register_opts(conf)
+    conf(["--config-file", str(conf_file)], project="accel-agent", default_config_files=[])
+    reporter = PlacementReporter.from_conf(conf)
+    host = conf.host
+    inventory = inventory_of(host, gpu(host, "84", total=2))
+
+    result = reporter.sync(inventory)
+
+    assert result.ok, result
+    assert admin.view(host) == expected_view(inventory)
+    # The root the agent created is not its to delete, nor does it carry the owner trait.
+    root = admin.provider(host)
+    assert root is not None and root["uuid"] == provider_uuid(host)
+    assert admin.call("GET", f"/resource_providers/{root['uuid']}/traits")["traits"] == []
+
+
+def test_missing_root_provider_is_reported_and_retried(
+    server: PlacementServer, admin: Admin
+) -> None:
+    host = f"compute{next(_hosts)}.example.org"
+    clock = Clock()
+    reporter, _ = reporter_for(server.endpoint, host, clock=clock, sync_interval=60)
+    inventory = inventory_of(host, gpu(host, "84"))
+
+    result = reporter.sync(inventory)
+
+    assert not result.ok and result.attempted
+    assert f"root provider {host} not found" in (result.error or "")
+    health = reporter.health()
+    assert health["state"] == "failing" and health["consecutive_failures"] == 1
+    assert f"root provider {host} not found" in health["last_error"]
+    # Nova creates the compute node; the next attempt (after the back-off) succeeds.
+    admin.create_provider(host)
+    assert not reporter.sync(inventory).attempted
+    clock.now = reporter.next_attempt_at
+    assert reporter.sync(inventory).ok
+    assert admin.view(host) == expected_view(inventory)
+    assert reporter.health()["state"] == "ok"
+
+
+def test_foreign_provider_with_our_name_is_refused_others_synced(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    root = admin.provider(host)
+    assert root is not None
+    taken = gpu(host, "84")
+    foreign = admin.create_provider(taken.name, root["uuid"], ["COMPUTE_NODE"])
+    inventory = inventory_of(host, taken, gpu(host, "85"))
+    reporter, _ = reporter_for(server.endpoint, host)
+
+    result = reporter.sync(inventory)
+
+    assert not result.ok
+    assert list(result.failures) == [taken.name]
+    assert "not created by accel-agent" in result.failures[taken.name]
+    assert result.created == (gpu(host, "85").name,)
+    assert admin.call("GET", f"/resource_providers/{foreign}/inventories")["inventories"] == {}
+
+
+def test_concurrent_writer_is_redriven_and_converges(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    reporter, adapter = reporter_for(server.endpoint, host)
+    target = gpu(host, "84")
+    assert reporter.sync(inventory_of(host, target, gpu(host, "85"))).ok
+    target_uuid = provider_uuid(target.name)
+    raced: list[str] = []
+
+    def rival(method: str, url: str) -> None:
+        # Between the agent's read and its first write, another client changes
+        # the provider (and so its generation).
+        if method == "PUT" and url.startswith(f"/resource_providers/{target_uuid}") and not raced:
+            raced.append(url)
+            admin.set_traits(target_uuid, [*target.traits, "CUSTOM_RIVAL"])
+
+    adapter.before = rival
+    shrunk = inventory_of(host, gpu(host, "84", total=8), gpu(host, "85"))
+
+    result = reporter.sync(shrunk)
+
+    assert result.ok, result
+    assert raced and result.conflicts == 1
+    assert result.updated == (target.name,)
+    # The refetch saw the rival's trait and the agent restored its own set.
+    assert admin.view(host) == expected_view(shrunk)
+    adapter.before = None
+    adapter.calls.clear()
+    assert reporter.sync(shrunk).ok and adapter.writes() == []
+
+
+def test_writer_that_always_wins_fails_after_bounded_retries(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    reporter, adapter = reporter_for(server.endpoint, host, max_retries=2)
+    assert reporter.sync(inventory_of(host, gpu(host, "84"), gpu(host, "85"))).ok
+    contested = provider_uuid(gpu(host, "84").name)
+
+    def rival(method: str, url: str) -> None:
+        if method == "PUT" and url.startswith(f"/resource_providers/{contested}"):
+            # Toggle a trait: Placement does not bump the generation for a PUT
+            # that changes nothing, so the rival must really change something.
+            current = admin.call("GET", f"/resource_providers/{contested}/traits")["traits"]
+            admin.set_traits(contested, sorted(set(current) ^ {"CUSTOM_RIVAL"}))
+
+    adapter.before = rival
+    adapter.calls.clear()
+    wanted = inventory_of(host, gpu(host, "84", total=8), gpu(host, "85", total=8))
+
+    result = reporter.sync(wanted)
+
+    assert not result.ok and result.attempted
+    assert list(result.failures) == [gpu(host, "84").name]
+    assert "gave up after 3 attempts" in result.failures[gpu(host, "84").name]
+    assert result.conflicts == 2
+    contested_puts = [
+        c for c in adapter.writes() if c[1].startswith(f"/resource_providers/{contested}")
+    ]
+    assert len(contested_puts) == 3  # 1 attempt + max_retries redrives
+    assert result.updated == (gpu(host, "85").name,)  # the other provider was still synced
+    health = reporter.health()
+    assert health["state"] == "failing" and gpu(host, "84").name in health["last_error"]
+
+    adapter.before = None
+    assert reporter.sync(wanted, force=True).ok
+    assert admin.view(host) == expected_view(wanted)
+
+
+def test_removed_gpu_is_deleted_or_drained_until_free(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    reporter, adapter = reporter_for(server.endpoint, host)
+    a, b, c = gpu(host, "84"), gpu(host, "85", total=4), gpu(host, "86")
+    assert reporter.sync(inventory_of(host, a, b, c)).ok
+    b_uuid = provider_uuid(b.name)
+    consumer = admin.allocate(b_uuid, {"VGPU": 2})
+
+    result = reporter.sync(inventory_of(host, c))
+
+    assert result.ok, result
+    assert result.deleted == (a.name,)
+    assert result.drained == (b.name,)
+    names = [p["name"] for p in admin.view(host)["providers"]]
+    assert names == [b.name, c.name]
+    drained = admin.call("GET", f"/resource_providers/{b_uuid}/inventories")["inventories"]
+    assert drained == {"VGPU": {**b.inventory_record(), "reserved": 4}}
+    assert admin.call("GET", f"/allocations/{consumer}")["allocations"]  # untouched
+    adapter.calls.clear()
+    assert reporter.sync(inventory_of(host, c)).ok
+    assert adapter.writes() == []  # already drained: nothing to do while allocated
+
+    admin.free(consumer)
+    final = reporter.sync(inventory_of(host, c))
+
+    assert final.ok and final.deleted == (b.name,)
+    assert admin.view(host) == expected_view(inventory_of(host, c))
+    assert reporter.health()["providers"] == 1
+
+
+def test_total_and_resource_class_changes(server: PlacementServer, admin: Admin, host: str) -> None:
+    reporter, _ = reporter_for(server.endpoint, host)
+    assert reporter.sync(inventory_of(host, gpu(host, "84"))).ok
+    rp = provider_uuid(gpu(host, "84").name)
+
+    smaller = inventory_of(host, gpu(host, "84", total=8))
+    result = reporter.sync(smaller)
+    assert result.ok and result.updated == (gpu(host, "84").name,)
+    assert admin.view(host) == expected_view(smaller)
+
+    # VGPU -> CUSTOM_ while an instance holds VGPU: the old class stays, drained.
+    consumer = admin.allocate(rp, {"VGPU": 1})
+    custom = inventory_of(host, gpu(host, "84", total=8, rc="CUSTOM_NVIDIA_35"))
+    assert reporter.sync(custom).ok
+    inventories = admin.call("GET", f"/resource_providers/{rp}/inventories")["inventories"]
+    assert inventories == {
+        "CUSTOM_NVIDIA_35": gpu(host, "84", total=8).inventory_record(),
+        "VGPU": {**gpu(host, "84", total=8).inventory_record(), "reserved": 8},
+    }
+    admin.free(consumer)
+    assert reporter.sync(custom).ok
+    assert admin.view(host) == expected_view(custom)
+
+
+def test_placement_outage_backs_off_and_recovers_without_restart(tmp_path: Path) -> None:
+    with PlacementServer(tmp_path / "placement") as server:
+        admin = Admin(server.endpoint)
+        host = "outage.example.org"
+        admin.create_provider(host)
+        clock = Clock()
+        reporter, _ = reporter_for(
+            server.endpoint, host, clock=clock, sync_interval=10, max_backoff=25
+        )
+        assert reporter.sync(inventory_of(host, gpu(host, "84"))).ok
+        server.stop()  # SIGKILL, like a crash
+        wanted = inventory_of(host, gpu(host, "84", total=8), gpu(host, "85"))
+
+        failed = reporter.sync(wanted)
+
+        assert not failed.ok and failed.attempted
+        assert "Placement unavailable" in (failed.error or "")
+        health = reporter.health()
+        assert health["state"] == "failing" and health["consecutive_failures"] == 1
+        assert health["providers"] == 1  # what Placement last held
+        assert clock.now + 8 <= reporter.next_attempt_at <= clock.now + 10
+        skipped = reporter.sync(wanted)
+        assert not skipped.attempted and "backing off" in (skipped.error or "")
+        # Back-off doubles and is capped at max_backoff.
+        clock.now = reporter.next_attempt_at
+        assert not reporter.sync(wanted).ok
+        assert clock.now + 16 <= reporter.next_attempt_at <= clock.now + 20
+        clock.now = reporter.next_attempt_at
+        assert not reporter.sync(wanted).ok
+        assert clock.now + 20 <= reporter.next_attempt_at <= clock.now + 25
+        assert reporter.health()["consecutive_failures"] == 3
+
+        server.start()  # same port, same database
+        clock.now = reporter.next_attempt_at
+        recovered = reporter.sync(wanted)
+
+        assert recovered.ok, recovered
+        assert admin.view(host) == expected_view(wanted)
+        health = reporter.health()
+        assert health["state"] == "ok" and health["consecutive_failures"] == 0
+        assert health["providers"] == 2 and health["next_attempt_at"] is None

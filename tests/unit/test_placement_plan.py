@@ -1,0 +1,314 @@
+"""The pure planning half of the Placement reporter: desired vs actual -> actions."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oslo_config import cfg
+
+from accel_agent.exception import InvalidConfig
+from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
+from accel_agent.reporting import placement_opts
+from accel_agent.reporting.placement import (
+    CreateProvider,
+    DeleteProvider,
+    PlacementReporter,
+    ProviderState,
+    Refuse,
+    SetInventory,
+    SetTraits,
+    build_adapter,
+    describe_inventory_change,
+    plan,
+    plan_provider,
+    provider_uuid,
+    same_inventories,
+)
+
+ROOT = str(uuid.uuid4())
+HOST = "compute1"
+
+
+def gpu(bus: str = "84", *, total: int = 16, rc: str = "VGPU", traits: Any = None) -> Provider:
+    address = f"0000:{bus}:00.0"
+    return Provider(
+        name=f"{HOST}_pci_0000_{bus}_00_0",
+        parent_provider=HOST,
+        parent_device=address,
+        parent_devices=(address,),
+        pci_address=address,
+        physical_gpu=address,
+        numa_node=None,
+        mdev_type="nvidia-35",
+        resource_class=rc,
+        total=total,
+        used=0,
+        traits=traits if traits is not None else (type_trait("nvidia-35"), OWNER_TRAIT),
+    )
+
+
+def record(total: int, reserved: int = 0, **overrides: Any) -> dict[str, Any]:
+    return {
+        "total": total,
+        "reserved": reserved,
+        "min_unit": 1,
+        "max_unit": total,
+        "step_size": 1,
+        "allocation_ratio": 1.0,
+        **overrides,
+    }
+
+
+def state_of(
+    provider: Provider,
+    *,
+    inventories: dict[str, Any] | None = None,
+    traits: Any = None,
+    usages: dict[str, int] | None = None,
+    rp_uuid: str | None = None,
+) -> ProviderState:
+    """What Placement holds once ``provider`` was synced (overridable)."""
+    return ProviderState(
+        uuid=rp_uuid or provider_uuid(provider.name),
+        name=provider.name,
+        generation=7,
+        parent_uuid=ROOT,
+        inventories=inventories
+        if inventories is not None
+        else {provider.resource_class: provider.inventory_record()},
+        traits=frozenset(traits if traits is not None else provider.traits),
+        usages=usages or {},
+    )
+
+
+def test_provider_uuid_is_deterministic_and_name_specific() -> None:
+    assert provider_uuid("a") == provider_uuid("a") != provider_uuid("b")
+    assert uuid.UUID(provider_uuid("a")).version == 5
+
+
+def test_new_provider_created_traits_first_then_inventory() -> None:
+    desired = gpu()
+    actions = plan_provider(desired.name, desired, None, ROOT)
+    expected_uuid = provider_uuid(desired.name)
+    assert actions == [
+        CreateProvider(desired.name, expected_uuid, ROOT),
+        SetTraits(desired.name, expected_uuid, tuple(sorted(desired.traits)), frozenset()),
+        SetInventory(desired.name, expected_uuid, {"VGPU": record(16)}, {}),
+    ]
+    assert actions[0].describe() == f"created provider {desired.name} ({expected_uuid})"
+    assert actions[2].describe() == f"set inventory of {desired.name}: VGPU total 16"
+
+
+def test_in_sync_provider_needs_nothing() -> None:
+    desired = gpu()
+    # Placement may answer allocation_ratio as an int-valued float; still equal.
+    actual = state_of(desired, inventories={"VGPU": record(16, allocation_ratio=1)})
+    assert plan_provider(desired.name, desired, actual, ROOT) == []
+
+
+def test_owner_trait_always_reported() -> None:
+    desired = gpu(traits=(type_trait("nvidia-35"),))
+    actions = plan_provider(desired.name, desired, None, ROOT)
+    traits = next(a for a in actions if isinstance(a, SetTraits)).traits
+    assert OWNER_TRAIT in traits
+
+
+def test_total_change_updates_inventory_and_says_so() -> None:
+    desired = gpu(total=8)
+    actual = state_of(gpu(total=16))
+    [action] = plan_provider(desired.name, desired, actual, ROOT)
+    assert isinstance(action, SetInventory) and not action.warns
+    assert action.inventories == {"VGPU": record(8)}
+    assert action.describe() == (
+        f"updated inventory of {desired.name}: VGPU total 16 -> 8, max_unit 16 -> 8"
+    )
+
+
+def test_trait_change_replaces_the_set() -> None:
+    desired = gpu()
+    actual = state_of(desired, traits=(*desired.traits, "CUSTOM_OLD"))
+    [action] = plan_provider(desired.name, desired, actual, ROOT)
+    assert isinstance(action, SetTraits)
+    assert set(action.traits) == set(desired.traits)
+    assert action.describe() == f"updated traits of {desired.name}: -CUSTOM_OLD"
+
+
+def test_resource_class_change_without_allocations_replaces_the_class() -> None:
+    desired = gpu(rc="CUSTOM_NVIDIA_35")
+    [action] = plan_provider(desired.name, desired, state_of(gpu()), ROOT)
+    assert isinstance(action, SetInventory)
+    assert action.inventories == {"CUSTOM_NVIDIA_35": record(16)}
+
+
+def test_resource_class_change_keeps_allocated_class_drained() -> None:
+    desired = gpu(rc="CUSTOM_NVIDIA_35")
+    actual = state_of(gpu(), usages={"VGPU": 3})
+    [action] = plan_provider(desired.name, desired, actual, ROOT)
+    assert isinstance(action, SetInventory) and action.warns
+    assert action.inventories == {
+        "CUSTOM_NVIDIA_35": record(16),
+        "VGPU": record(16, reserved=16),
+    }
+    assert "VGPU kept, drained, while 3 allocated" in action.describe()
+    # Once written, nothing more happens until the allocations go.
+    settled = state_of(gpu(), inventories=dict(action.inventories), usages={"VGPU": 3})
+    assert plan_provider(desired.name, desired, settled, ROOT) == []
+    freed = state_of(gpu(), inventories=dict(action.inventories))
+    [final] = plan_provider(desired.name, desired, freed, ROOT)
+    assert isinstance(final, SetInventory)
+    assert final.inventories == {"CUSTOM_NVIDIA_35": record(16)}
+
+
+def test_total_below_allocations_is_written_with_a_warning() -> None:
+    desired = gpu(total=2)
+    [action] = plan_provider(desired.name, desired, state_of(gpu(), usages={"VGPU": 5}), ROOT)
+    assert isinstance(action, SetInventory) and action.warns
+    assert action.inventories == {"VGPU": record(2)}
+    assert "below the 5 allocated" in action.describe()
+
+
+def test_removed_provider_without_allocations_is_deleted() -> None:
+    actual = state_of(gpu())
+    assert plan_provider(actual.name, None, actual, ROOT) == [
+        DeleteProvider(actual.name, actual.uuid)
+    ]
+
+
+def test_removed_provider_with_allocations_is_drained_not_deleted() -> None:
+    actual = state_of(gpu(), usages={"VGPU": 2})
+    [action] = plan_provider(actual.name, None, actual, ROOT)
+    assert isinstance(action, SetInventory) and action.drain and action.warns
+    assert action.inventories == {"VGPU": record(16, reserved=16)}
+    assert action.describe().startswith(f"drained {actual.name}: 2 allocated")
+    drained = state_of(gpu(), inventories=dict(action.inventories), usages={"VGPU": 2})
+    assert plan_provider(actual.name, None, drained, ROOT) == []
+
+
+def test_returning_gpu_is_undrained() -> None:
+    desired = gpu()
+    drained = state_of(desired, inventories={"VGPU": record(16, reserved=16)}, usages={"VGPU": 1})
+    [action] = plan_provider(desired.name, desired, drained, ROOT)
+    assert isinstance(action, SetInventory)
+    assert action.inventories == {"VGPU": record(16)}
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_zero_total_is_never_written(exists: bool) -> None:
+    desired = gpu(total=0)
+    actual = state_of(gpu()) if exists else None
+    actions = plan_provider(desired.name, desired, actual, ROOT)
+    assert actions == (
+        [DeleteProvider(desired.name, provider_uuid(desired.name))] if exists else []
+    )
+    assert not any(
+        rec["total"] == 0
+        for a in actions
+        if isinstance(a, SetInventory)
+        for rec in a.inventories.values()
+    )
+
+
+def test_foreign_provider_is_never_touched() -> None:
+    foreign = state_of(gpu(), traits=("COMPUTE_NODE",), rp_uuid=str(uuid.uuid4()))
+    assert plan_provider(foreign.name, None, foreign, ROOT) == []
+    [refusal] = plan_provider(foreign.name, gpu(), foreign, ROOT)
+    assert isinstance(refusal, Refuse)
+    assert "not created by accel-agent" in refusal.describe()
+
+
+def test_own_uuid_without_owner_trait_is_adopted() -> None:
+    # Crash between POST /resource_providers and the traits PUT.
+    desired = gpu()
+    half = state_of(desired, inventories={}, traits=())
+    assert half.owned
+    actions = plan_provider(desired.name, desired, half, ROOT)
+    assert [type(a) for a in actions] == [SetTraits, SetInventory]
+
+
+def test_plan_covers_the_subtree_in_name_order() -> None:
+    keep, change, new = gpu("84"), gpu("85", total=4), gpu("86")
+    gone = state_of(gpu("83"))
+    actual = {
+        gone.name: gone,
+        keep.name: state_of(keep),
+        change.name: state_of(gpu("85")),
+    }
+    actions = plan([new, change, keep], actual, ROOT)
+    assert [(type(a).__name__, a.name) for a in actions] == [
+        ("DeleteProvider", gone.name),
+        ("SetInventory", change.name),
+        ("CreateProvider", new.name),
+        ("SetTraits", new.name),
+        ("SetInventory", new.name),
+    ]
+
+
+def test_inventory_comparison_and_description() -> None:
+    assert same_inventories({"VGPU": record(4)}, {"VGPU": record(4, allocation_ratio=1)})
+    assert not same_inventories({"VGPU": record(4)}, {"VGPU": record(4, reserved=1)})
+    assert not same_inventories({"VGPU": record(4)}, {"PGPU": record(4)})
+    text = describe_inventory_change({"VGPU": record(4)}, {"CUSTOM_X": record(2)})
+    assert text == "CUSTOM_X total 2 (new class); VGPU removed"
+
+
+def test_disabled_reporter_does_nothing_and_says_so() -> None:
+    reporter = PlacementReporter(None, HOST)
+    result = reporter.sync(Inventory(host=HOST, providers=(gpu(),)))
+    assert not result.attempted and result.ok
+    assert reporter.health() == {
+        "enabled": False,
+        "state": "disabled",
+        "last_success": None,
+        "last_error": None,
+        "consecutive_failures": 0,
+        "providers": 0,
+        "next_attempt_at": None,
+    }
+
+
+def test_options_register_and_list() -> None:
+    conf = cfg.ConfigOpts()
+    placement_opts.register_opts(conf)
+    placement_opts.register_opts(conf)  # idempotent
+    conf([], default_config_files=[])
+    assert conf.placement.enabled is False
+    assert conf.placement.create_root_provider is False
+    assert conf.placement.max_conflict_retries == 4
+    assert conf.placement.service_type == "placement"
+    assert conf.placement.timeout == 30
+    [(group, opts)] = placement_opts.list_opts()
+    names = [o.dest for o in opts]
+    assert group == "placement" and len(names) == len(set(names))
+    assert {"enabled", "sync_interval", "auth_type", "endpoint", "token", "password"} <= set(names)
+    assert PlacementReporter.from_conf(_with_host(conf)).health()["state"] == "disabled"
+
+
+def _with_host(conf: cfg.ConfigOpts) -> cfg.ConfigOpts:
+    conf.register_opt(cfg.StrOpt("host", default=HOST))
+    return conf
+
+
+def _conf_from(tmp_path: Path, ini: str) -> cfg.ConfigOpts:
+    path = tmp_path / "agent.conf"
+    path.write_text("[placement]\nenabled = true\n" + ini)
+    conf = cfg.ConfigOpts()
+    placement_opts.register_opts(conf)
+    conf(["--config-file", str(path)], default_config_files=[])
+    return conf
+
+
+def test_adapter_from_conf_needs_usable_auth(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfig, match="needs auth_type"):
+        build_adapter(_conf_from(tmp_path, ""))
+    with pytest.raises(InvalidConfig, match="auth_url"):
+        build_adapter(_conf_from(tmp_path, "auth_type = password\n"))
+    # Plugin options (endpoint, token) are read once keystoneauth loads the plugin.
+    conf = _conf_from(
+        tmp_path, "auth_type = admin_token\nendpoint = http://127.0.0.1:1\ntoken = admin\n"
+    )
+    adapter = build_adapter(conf)
+    assert adapter.service_type == "placement"
+    assert adapter.get_endpoint() == "http://127.0.0.1:1"  # no catalog lookup
