@@ -1,0 +1,50 @@
+"""A kernel-faithful simulated mdev host (research sysfs-mdevctl-kubevirt.md §1.9).
+
+* :mod:`.spec` - ``HostSpec`` and friends: a JSON-serialisable host description;
+* :mod:`.profiles` - ready-made hosts (``PROFILES``, ``build_spec``);
+* :mod:`.model` - ``SimulatedHost``: the reactive sysfs model (in-process, unit speed);
+* :mod:`.static` - ``materialise``: a real directory tree of the current state;
+* :mod:`.fusefs` / :mod:`.control` / :mod:`.daemon` - the FUSE front, its control
+  socket and process management;
+* :mod:`.cli` - ``accelctl simulate``; :mod:`.testing` - helpers for tests.
+
+Only the light modules are imported here: loading libfuse happens only when
+something is mounted.
+"""
+
+from accel_agent.simulator.model import (
+    BlockedRemove,
+    Event,
+    Handle,
+    MdevInfo,
+    SimulatedHost,
+    TreeEntry,
+)
+from accel_agent.simulator.profiles import PROFILES, build_spec
+from accel_agent.simulator.spec import (
+    POLICIES,
+    HostSpec,
+    MdevSpec,
+    ParentSpec,
+    PciDeviceSpec,
+    TypeSpec,
+)
+from accel_agent.simulator.static import materialise
+
+__all__ = [
+    "POLICIES",
+    "PROFILES",
+    "BlockedRemove",
+    "Event",
+    "Handle",
+    "HostSpec",
+    "MdevInfo",
+    "MdevSpec",
+    "ParentSpec",
+    "PciDeviceSpec",
+    "SimulatedHost",
+    "TreeEntry",
+    "TypeSpec",
+    "build_spec",
+    "materialise",
+]

@@ -1,0 +1,297 @@
+"""``accelctl simulate ...``: give any machine a simulated GPU host.
+
+``register(subparsers)`` adds the ``simulate`` command to accelctl's argparse
+parser; ``main()`` runs the same commands standalone (``python -m
+accel_agent.simulator``, which is also how ``mount`` starts its server).
+
+  simulate mount DIR [--profile P ...] [--gpus N] [--vfs N] [--parents N] [--types M]
+                     [--spec FILE.json] [--foreground] [--remove-timeout S] [--timeout S]
+  simulate umount DIR | reboot DIR | status DIR [--json]
+  simulate hold DIR UUID | release DIR UUID | unregister DIR PARENT | register DIR PARENT
+  simulate fail-next-create DIR ERRNO [--parent P] [--type T]
+  simulate materialise DIR [profile options]      (static tree, no process)
+  simulate spec [profile options]                 (print the JSON spec)
+  simulate profiles                               (list profiles and their options)
+
+Without ``--profile`` or ``--spec`` the host is the ``nvidia-pf`` profile.
+Exit status: 0 ok, 1 error (message on stderr), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from accel_agent import exception
+from accel_agent.simulator import control
+from accel_agent.simulator.profiles import PROFILES, build_spec, profile_options
+from accel_agent.simulator.spec import HostSpec
+
+DEFAULT_PROFILE = "nvidia-pf"
+
+
+def _fail(message: str) -> int:
+    print(f"accelctl simulate: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _spec(args: argparse.Namespace) -> HostSpec:
+    options = {"gpus": args.gpus, "vfs": args.vfs, "parents": args.parents, "types": args.types}
+    profiles = list(args.profile or [])
+    specs: list[HostSpec] = []
+    if args.spec:
+        specs.append(HostSpec.load(args.spec))
+    if not profiles and (not args.spec or any(v is not None for v in options.values())):
+        profiles = [DEFAULT_PROFILE]
+    if profiles:
+        specs.append(build_spec(profiles, **options))
+    return HostSpec.merge(specs)
+
+
+def _handled(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Every expected failure becomes one line on stderr and exit status 1."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except exception.AccelAgentException as exc:
+            return _fail(exc.message)
+        except OSError as exc:
+            return _fail(f"{exc.filename or ''}{': ' if exc.filename else ''}{exc.strerror}")
+    run.__name__ = func.__name__
+    run.__doc__ = func.__doc__
+    return run
+
+
+# ------------------------------------------------------------------ commands
+
+
+@_handled
+def cmd_mount(args: argparse.Namespace) -> int:
+    """Mount a simulated host; returns once the mount is live (or serves in the
+    foreground until stopped)."""
+    reason = control.fuse_unavailable_reason()
+    if reason:
+        return _fail(f"FUSE is not available: {reason}")
+    spec = _spec(args)
+    mp = control.canonical_mountpoint(args.directory)
+    if control.is_mounted(mp):
+        return _fail(f"{mp} is already a mountpoint")
+    if os.path.lexists(mp) and not os.path.isdir(mp):
+        return _fail(f"mountpoint {mp} is not a directory")
+    os.makedirs(mp, exist_ok=True)
+    if args.foreground:
+        # accelctl may have configured logging already (basicConfig is then a no-op):
+        # our logger's own level still lets the start/stop lines through.
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("accel_agent.simulator").setLevel(
+            logging.DEBUG if args.debug else logging.INFO)
+        control.serve(spec, mp, remove_block_timeout=args.remove_timeout, debug=args.debug)
+        return 0
+    from accel_agent.simulator import daemon
+
+    proc = daemon.spawn(spec, mp, remove_block_timeout=args.remove_timeout)
+    status = daemon.wait_mounted(proc, mp, timeout=args.timeout)
+    paths = control.instance_paths(mp)
+    print(f"mounted {', '.join(spec.profiles) or 'custom spec'} at {mp} "
+          f"(pid {status['pid']}, control {paths['socket']}, log {paths['log']})")
+    return 0
+
+
+@_handled
+def cmd_umount(args: argparse.Namespace) -> int:
+    from accel_agent.simulator import daemon
+
+    daemon.stop(args.directory, timeout=args.timeout)
+    return 0
+
+
+def _client(args: argparse.Namespace) -> control.SimulatorClient:
+    return control.SimulatorClient.for_mountpoint(args.directory)
+
+
+@_handled
+def cmd_reboot(args: argparse.Namespace) -> int:
+    _client(args).reboot()
+    return 0
+
+
+@_handled
+def cmd_hold(args: argparse.Namespace) -> int:
+    _client(args).hold(args.uuid)
+    return 0
+
+
+@_handled
+def cmd_release(args: argparse.Namespace) -> int:
+    _client(args).release(args.uuid)
+    return 0
+
+
+@_handled
+def cmd_unregister(args: argparse.Namespace) -> int:
+    _client(args).unregister(args.parent)
+    return 0
+
+
+@_handled
+def cmd_register(args: argparse.Namespace) -> int:
+    _client(args).register(args.parent)
+    return 0
+
+
+@_handled
+def cmd_fail_next_create(args: argparse.Namespace) -> int:
+    _client(args).fail_next_create(args.errno, args.parent, args.type_id)
+    return 0
+
+
+@_handled
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _client(args).status(counters=True)
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    print(f"mountpoint {status['mountpoint']}  pid {status['pid']}  "
+          f"mounted {'yes' if status['mounted'] else 'no'}  boot {status['boot_count']}  "
+          f"profiles {', '.join(status['profiles']) or '-'}")
+    for p in status["parents"]:
+        avail = " ".join(f"{t}={n}" for t, n in p.get("available", {}).items())
+        state = "" if p["registered"] else "  (unregistered)"
+        print(f"  {p['name']:<14} {p['policy']:<18} mdevs {p['mdevs']:<3} {avail}{state}")
+    for m in status["mdevs"]:
+        print(f"  mdev {m['uuid']} {m['parent']} {m['type_id']} group {m['iommu_group']}"
+              f"{'  held' if m['held'] else ''}")
+    for b in status["blocked_removes"]:
+        print(f"  blocked remove of {b['uuid']}: {b['outcome']}")
+    return 0
+
+
+@_handled
+def cmd_materialise(args: argparse.Namespace) -> int:
+    from accel_agent.simulator.static import materialise
+
+    root = materialise(_spec(args), args.directory)
+    print(root)
+    return 0
+
+
+@_handled
+def cmd_spec(args: argparse.Namespace) -> int:
+    print(_spec(args).to_json())
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    for name, builder in PROFILES.items():
+        opts = ", ".join(f"--{o}" for o in profile_options(name)) or "no options"
+        doc = (builder.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:<13} {opts:<22} {doc}")
+    return 0
+
+
+# ------------------------------------------------------------------ parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {value}")
+    return value
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="append", choices=sorted(PROFILES), metavar="PROFILE",
+                   help=f"host profile, repeatable ({', '.join(PROFILES)}); "
+                        f"default {DEFAULT_PROFILE}")
+    p.add_argument("--gpus", type=_positive, help="GPUs (nvidia-pf, nvidia-sriov)")
+    p.add_argument("--vfs", type=_positive, help="VFs per GPU (nvidia-sriov)")
+    p.add_argument("--parents", type=_positive, help="parents (synthetic)")
+    p.add_argument("--types", type=_positive, help="types per parent (synthetic)")
+    p.add_argument("--spec", metavar="FILE.json", help="a HostSpec JSON file (added to profiles)")
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    """The simulate actions, on ``parser`` (accelctl's ``simulate`` or main())."""
+    sub = parser.add_subparsers(dest="simulate_command", metavar="ACTION")
+
+    def usage(args: argparse.Namespace) -> int:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: an action is required", file=sys.stderr)
+        return 2
+
+    parser.set_defaults(func=usage)
+
+    def action(name: str, func: Callable[[argparse.Namespace], int], help_text: str,
+               directory: str | None = "mountpoint") -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if directory:
+            p.add_argument("directory", metavar="DIR", help=directory)
+        p.set_defaults(func=func)
+        return p
+
+    p = action("mount", cmd_mount, "mount a simulated host (FUSE) and return once it is live")
+    _spec_args(p)
+    p.add_argument("--foreground", action="store_true", help="serve in this process")
+    p.add_argument("--remove-timeout", type=_seconds, default=None,
+                   help="give up a remove blocked on a held mdev after S seconds "
+                        "(EINTR; default 60)")
+    p.add_argument("--timeout", type=_seconds, default=30.0,
+                   help="seconds to wait for the mount (default 30)")
+    p.add_argument("--debug", action="store_true", help="log every FUSE request (foreground)")
+    p = action("umount", cmd_umount, "stop the simulator and unmount")
+    p.add_argument("--timeout", type=_seconds, default=15.0)
+    action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes")
+    p = action("status", cmd_status, "show parents, counters and mdevs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    action("hold", cmd_hold, "mark an mdev as held by a VM (remove blocks)").add_argument("uuid")
+    action("release", cmd_release, "the VM releases the mdev").add_argument("uuid")
+    action("unregister", cmd_unregister,
+           "unregister a parent (its mdevs vanish)").add_argument("parent")
+    action("register", cmd_register, "register a parent again").add_argument("parent")
+    p = action("fail-next-create", cmd_fail_next_create,
+               "make the next matching create fail with ERRNO (e.g. ENOSPC)")
+    p.add_argument("errno")
+    p.add_argument("--parent")
+    p.add_argument("--type", dest="type_id")
+    p = action("materialise", cmd_materialise, "write a static tree (no process, no FUSE)",
+               directory="empty or new directory")
+    _spec_args(p)
+    _spec_args(action("spec", cmd_spec, "print the JSON spec of a host", directory=None))
+    action("profiles", cmd_profiles, "list the profiles", directory=None)
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``simulate`` to accelctl's subparsers (``func(args) -> exit code``)."""
+    parser = subparsers.add_parser(
+        "simulate", help="run a simulated mdev host (FUSE sysfs) for demos and tests",
+        description="Give any machine a simulated GPU host: a kernel-faithful mdev sysfs, "
+                    "mounted with FUSE (create/remove act like the kernel) or written as a "
+                    "static tree.")
+    add_commands(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accel-agent-simulator",
+                                     description="Simulated mdev host (sysfs model).")
+    add_commands(parser)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

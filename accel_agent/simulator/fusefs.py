@@ -1,0 +1,185 @@
+"""Serve a :class:`SimulatedHost` as a FUSE filesystem (mfusepy on libfuse3).
+
+Choices, and why:
+
+* **No kernel caching** (``entry_timeout=0``, ``attr_timeout=0``,
+  ``negative_timeout=0``, ``direct_io``): a write to ``create`` must make
+  ``bus/mdev/devices/<uuid>`` visible to the very next ``stat``, and counters
+  must be re-read on every ``read``, exactly like sysfs.  ``direct_io`` also
+  maps every ``write(2)`` to one ``store`` call (no page-cache merging), which
+  is what kernfs does.
+* **Errno pass-through**: the model raises ``OSError(errno)``; mfusepy turns
+  it into ``-errno`` for the kernel, so ``echo``/``os.write`` see EEXIST,
+  EINVAL, ENOSPC, EUSERS, ENODEV as on a real host.
+* **Multi-threaded loop**: a remove of a held mdev blocks its FUSE request
+  (the writer's ``write(2)`` blocks, as in the kernel) while other requests and
+  the control socket's ``release`` keep being served.
+* **default_permissions**: the kernel checks the mode bits itself, so a
+  non-root reader gets EACCES on ``create`` like on sysfs, while root passes
+  (CAP_DAC_OVERRIDE) and then gets the attribute's own EIO on a read of a
+  write-only file.  **allow_other** when running as root, so the agent's
+  unprivileged reader (another uid) can scan the tree; it needs root or
+  ``user_allow_other`` in /etc/fuse.conf, so it is off for non-root users.
+* ``O_TRUNC`` (shell ``>``) arrives as a truncate call and is accepted and
+  ignored, like sysfs does.  Creating new files gives EACCES, other namespace
+  changes EPERM, as sysfs does.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mfusepy
+
+from accel_agent.simulator.control import FSNAME, SUBTYPE
+from accel_agent.simulator.model import Handle, SimulatedHost
+from accel_agent.simulator.tree import oserror
+
+
+class SysfsOperations(mfusepy.Operations):
+    """mfusepy operations over a SimulatedHost.  Paths from FUSE are absolute
+    (``/class/mdev_bus``); the model takes them relative to its root."""
+
+    use_ns = True
+
+    def __init__(self, host: SimulatedHost, on_init: Callable[[], None] | None = None) -> None:
+        self._host = host
+        self._on_init = on_init
+        self._handles: dict[int, Handle] = {}
+        self._ids = itertools.count(1)
+        self._hlock = threading.Lock()
+        self._time = time.time_ns()
+
+    def init_with_config(self, conn_info: Any, config_3: Any) -> None:
+        if config_3 is not None:
+            # Also passed as -o options; set here too so the values cannot be lost
+            # in the option parsing of a different libfuse version.
+            config_3.entry_timeout = 0.0
+            config_3.attr_timeout = 0.0
+            config_3.negative_timeout = 0.0
+            config_3.direct_io = 1
+        if self._on_init is not None:
+            self._on_init()
+
+    # -- metadata ---------------------------------------------------------------
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        st = self._host.lstat(path)
+        t = self._time
+        return {"st_mode": st.mode, "st_nlink": st.nlink, "st_size": st.size,
+                "st_uid": 0, "st_gid": 0, "st_atime": t, "st_mtime": t, "st_ctime": t}
+
+    def readdir(self, path: str, fh: int) -> list[Any]:
+        entries = self._host.scandir(path)
+        here = {"st_mode": self._host.stat(path).mode}
+        # Giving the type bits lets scandir()'s is_dir()/is_symlink() answer
+        # without an extra lstat per entry.
+        return [(".", here, 0), ("..", here, 0),
+                *((name, {"st_mode": st.mode}, 0) for name, st in entries)]
+
+    def readlink(self, path: str) -> str:
+        return self._host.readlink(path)
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
+
+    # -- files ----------------------------------------------------------------------
+
+    def open(self, path: str, flags: int) -> int:
+        handle = self._host.open(path)
+        with self._hlock:
+            fh = next(self._ids)
+            self._handles[fh] = handle
+        return fh
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise oserror(errno.EBADF)
+        return handle
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return self._handle(fh).pread(size, offset)
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        # sysfs ignores the offset: every write(2) is one store() of its bytes.
+        return self._handle(fh).write(data)
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        if self._host.lstat(path).is_dir:
+            raise oserror(errno.EISDIR)
+        return 0
+
+    def release(self, path: str, fh: int) -> int:
+        with self._hlock:
+            self._handles.pop(fh, None)
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        return 0
+
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        self._host.lstat(path)
+        return 0
+
+    # -- namespace changes: refused like sysfs ---------------------------------------------
+
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        raise oserror(errno.EACCES)
+
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        raise oserror(errno.EACCES)
+
+    def mkdir(self, path: str, mode: int) -> int:
+        raise oserror(errno.EPERM)
+
+    def unlink(self, path: str) -> int:
+        raise oserror(errno.EPERM)
+
+    def rmdir(self, path: str) -> int:
+        raise oserror(errno.EPERM)
+
+    def rename(self, old: str, new: str) -> int:
+        raise oserror(errno.EPERM)
+
+    def symlink(self, target: str, source: str) -> int:
+        raise oserror(errno.EPERM)
+
+    def link(self, target: str, source: str) -> int:
+        raise oserror(errno.EPERM)
+
+    def chmod(self, path: str, mode: int) -> int:
+        raise oserror(errno.EPERM)
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        raise oserror(errno.EPERM)
+
+
+def mount(host: SimulatedHost, mountpoint: str, *, on_init: Callable[[], None] | None = None,
+          allow_other: bool | None = None, debug: bool = False) -> None:
+    """Serve ``host`` at ``mountpoint`` in the foreground until unmounted or
+    signalled (SIGTERM/SIGINT/SIGHUP end the loop and unmount).  Must run in the
+    main thread: libfuse installs its signal handlers there."""
+    if allow_other is None:
+        allow_other = os.geteuid() == 0
+    options: dict[str, Any] = {
+        "foreground": True,
+        "fsname": FSNAME,
+        "subtype": SUBTYPE,
+        "default_permissions": True,
+        "entry_timeout": 0,
+        "attr_timeout": 0,
+        "negative_timeout": 0,
+        "direct_io": True,
+    }
+    if allow_other:
+        options["allow_other"] = True
+    if debug:
+        options["debug"] = True
+    mfusepy.FUSE(SysfsOperations(host, on_init), mountpoint, **options)
