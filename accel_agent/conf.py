@@ -128,12 +128,19 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
     The per-type group is shown once, as ``mdev_$(mdev_type)`` (Nova writes
     ``mdev_$(MDEV_TYPE)``; the generator lower-cases group names).
     """
+    # Imported here: privileged pulls in oslo.privsep, which the plain CLI
+    # path does not need.
+    from accel_agent import privileged
+    from accel_agent.reporting import placement_opts
+
     return [
         ("DEFAULT", default_opts),
         ("devices", devices_opts),
         ("mdev_$(mdev_type)", _dynamic_opts("$(mdev_type)")),
         ("api", api_opts),
         ("libvirt", libvirt_opts),
+        *privileged.list_opts(),
+        *placement_opts.list_opts(),
     ]
 
 

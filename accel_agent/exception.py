@@ -169,6 +169,17 @@ class RecoveryTypeNotConfigured(AccelAgentException):
     )
 
 
+class InvalidAllocationRequest(AccelAgentException):
+    msg_fmt = "Invalid allocation request: %(reason)s"
+
+
+class InstanceAlreadyAllocated(AccelAgentException):
+    msg_fmt = (
+        "instance %(instance)s already holds %(count)s mdev(s); release it first to "
+        "allocate a different set"
+    )
+
+
 class InvalidInstanceId(AccelAgentException):
     msg_fmt = "Invalid instance id %(instance)r: %(reason)s"
 

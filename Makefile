@@ -1,0 +1,65 @@
+# accel-agent: `make demo` and `make test` work on a fresh Debian (bookworm) machine as root.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Debian packages: libvirt headers (libvirt-python builds against them; libvirt0 ships the
+# RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks.
+APT_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv fuse3 libfuse3-3 \
+	libxml2-utils systemd
+DEMO_DIR ?= /run/accel-agent-demo
+DEMO_SYSFS := $(DEMO_DIR)/sysfs
+DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
+PYTEST_ARGS ?=
+
+.PHONY: all deps venv demo test test-unit test-functional test-realkernel lint sample-config \
+	bench clean
+
+all: test
+
+deps: .stamps/apt
+.stamps/apt:
+	@mkdir -p .stamps
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install $$missing" >&2; exit 1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml constraints.txt .stamps/apt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	@touch $@
+
+demo: venv
+	@bash tools/demo.sh "$(DEMO_DIR)"
+
+test: venv
+	$(PY) -m ruff check .
+	$(PY) -m pytest tests/unit tests/functional $(PYTEST_ARGS)
+	@bash tests/realkernel/run.sh || exit $$?
+
+test-unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-functional: venv
+	$(PY) -m pytest tests/functional $(PYTEST_ARGS)
+
+test-realkernel: venv
+	@bash tests/realkernel/run.sh
+
+lint: venv
+	$(PY) -m ruff check .
+
+sample-config: venv
+	$(VENV)/bin/oslo-config-generator --config-file etc/oslo-config-generator/accel-agent.conf
+
+bench: venv
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache

@@ -1,0 +1,58 @@
+"""Human and JSON output of accelctl: aligned tables, stable JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO | None = None) -> None:
+    """Print an aligned table; numbers are right-aligned so columns of
+    counters read at a glance."""
+    out = out or sys.stdout
+    text_rows = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in text_rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    numeric = [
+        all(row[i].isdigit() or row[i] == "-" for row in text_rows) and bool(text_rows)
+        for i in range(len(headers))
+    ]
+
+    def fmt(cells: Sequence[str]) -> str:
+        parts = [
+            cell.rjust(widths[i]) if numeric[i] else cell.ljust(widths[i])
+            for i, cell in enumerate(cells)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out.write(fmt([h.upper() for h in headers]) + "\n")
+    for row in text_rows:
+        out.write(fmt(row) + "\n")
+
+
+def emit_json(document: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    json.dump(document, out, indent=2, sort_keys=False)
+    out.write("\n")
+
+
+def error(message: str) -> None:
+    """One error per line on stderr, as the CLI contract says."""
+    for line in str(message).splitlines() or [""]:
+        sys.stderr.write(f"error: {line}\n")
+
+
+def warning(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")

@@ -1,0 +1,78 @@
+"""JSON documents of the host's state (DESIGN.md §6).
+
+One builder per listing, shared by ``accelctl --json`` and the API so both
+always give the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from accel_agent.mdev.inventory import Inventory
+from accel_agent.mdev.policy import MdevPolicy
+from accel_agent.sysfs.model import HostSnapshot
+
+
+def types_document(snapshot: HostSnapshot, policy: MdevPolicy, host: str) -> dict[str, Any]:
+    parents = []
+    for parent in sorted(snapshot.parents.values(), key=lambda p: p.name):
+        types = []
+        for type_id in sorted(parent.types):
+            mdev_type = parent.types[type_id]
+            types.append(
+                {
+                    "type_id": type_id,
+                    "name": mdev_type.name,
+                    "description": mdev_type.description,
+                    "device_api": mdev_type.device_api,
+                    "available_instances": mdev_type.available_instances,
+                    "mdevs": len(snapshot.mdevs_on(parent.name, type_id)),
+                }
+            )
+        parents.append(
+            {
+                "name": parent.name,
+                "pci_address": parent.pci_address,
+                "physical_gpu": parent.physical_gpu,
+                "numa_node": parent.numa_node,
+                "driver": parent.driver,
+                "configured_type": policy.type_for(parent),
+                "types": types,
+            }
+        )
+    return {"host": host, "parents": parents}
+
+
+def mdevs_document(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    host: str,
+    owners: Mapping[str, str | None] | None = None,
+    owned: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Every mdev on the host.  ``owned``: UUIDs the agent created or adopted;
+    ``owners``: uuid -> instance.  Foreign mdevs are listed too: they use
+    capacity even though the agent never touches them."""
+    owned_set = set(owned)
+    owners = owners or {}
+    mdevs = []
+    for mdev in sorted(snapshot.mdevs.values(), key=lambda m: (m.parent, m.uuid)):
+        parent = snapshot.parents.get(mdev.parent)
+        mdevs.append(
+            {
+                "uuid": mdev.uuid,
+                "parent": mdev.parent,
+                "mdev_type": mdev.mdev_type,
+                "iommu_group": mdev.iommu_group,
+                "physical_gpu": parent.physical_gpu if parent else None,
+                "configured": parent is not None and policy.type_for(parent) == mdev.mdev_type,
+                "owned": mdev.uuid in owned_set,
+                "instance": owners.get(mdev.uuid),
+            }
+        )
+    return {"host": host, "mdevs": mdevs}
+
+
+def inventory_document(inventory: Inventory) -> dict[str, Any]:
+    return inventory.to_dict()

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `make demo`: the agent's main job on a simulated GPU host (no hardware needed).
+# Mounts a FUSE-simulated host, writes a config for it, validates it, lists the types and
+# reports the per-GPU inventory, then unmounts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEMO_DIR="${1:-/run/accel-agent-demo}"
+SYSFS="$DEMO_DIR/sysfs"
+CONF="$DEMO_DIR/accel-agent.conf"
+CTL=(.venv/bin/accelctl)
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; "$@"; }
+
+mkdir -p "$SYSFS" "$DEMO_DIR/state"
+"${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true
+trap '"${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true' EXIT
+
+step "Mount a simulated GPU host at $SYSFS"
+run "${CTL[@]}" simulate mount "$SYSFS" \
+	--profile nvidia-pf --profile nvidia-sriov --gpus 1 --vfs 4 --profile i915-gvtg --profile mtty
+
+cat >"$CONF" <<CONF
+[DEFAULT]
+host = demo-host
+sysfs_root = $SYSFS
+state_dir = $DEMO_DIR/state
+
+[devices]
+# nvidia-35 is the default type of every GPU not listed below.
+enabled_mdev_types = nvidia-35, nvidia-475, i915-GVTg_V5_4, mtty-2
+
+[mdev_nvidia-35]
+
+[mdev_nvidia-475]
+# A100-20C on the SR-IOV VFs: at most 2 per card, whatever the 4 VFs read.
+device_addresses = 41:00.4, 41:00.5, 41:00.6, 41:00.7
+mdev_class = CUSTOM_A100_20C
+
+[mdev_i915-GVTg_V5_4]
+device_addresses = 0000:00:02.0
+
+[mdev_mtty-2]
+device_addresses = mtty
+CONF
+step "Config ($CONF)"
+sed -n '/^\[devices\]/,$p' "$CONF"
+
+step "Validate the config against the host"
+run "${CTL[@]}" --config-file "$CONF" check-config
+
+step "mdev types offered by each parent"
+run "${CTL[@]}" --config-file "$CONF" types
+
+step "Inventory per physical GPU (what Placement receives)"
+run "${CTL[@]}" --config-file "$CONF" inventory
+
+step "A broken config is refused, naming the address and both types"
+cat >"$DEMO_DIR/broken.conf" <<CONF
+[DEFAULT]
+sysfs_root = $SYSFS
+[devices]
+enabled_mdev_types = nvidia-35, nvidia-36
+[mdev_nvidia-35]
+device_addresses = 0000:84:00.0
+[mdev_nvidia-36]
+device_addresses = 84:00.0
+CONF
+if run "${CTL[@]}" --config-file "$DEMO_DIR/broken.conf" check-config; then
+	echo "unexpected: the broken config passed" >&2
+	exit 1
+fi
+echo "(exit 1, as expected)"
+step "Done: the simulated host is unmounted on exit"
