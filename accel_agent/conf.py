@@ -36,6 +36,13 @@ default_opts = [
         default="/var/lib/accel-agent",
         help="Directory for the agent's crash-safe state (the mdev ledger).",
     ),
+    cfg.FloatOpt(
+        "remove_timeout",
+        default=30.0,
+        min=0.1,
+        help="Seconds to wait for an mdev remove. The kernel blocks the write while a VM "
+        "holds the device; past this the mdev is kept (free) and the error reported.",
+    ),
 ]
 
 devices_opts = [
@@ -75,7 +82,7 @@ libvirt_opts = [
         "uri",
         default="qemu:///system",
         help="libvirt connection URI, used to check that no domain references an mdev "
-        "before it is removed and for live migration.",
+        "before it is removed and for live migration. Empty: no libvirt on this host.",
     ),
 ]
 

@@ -4,7 +4,7 @@ the host, and say clearly what is wrong."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oslo_config import cfg
 
@@ -45,21 +45,70 @@ def load_config(
     return conf
 
 
+def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None):
+    """The lifecycle manager for this host: ledger in ``state_dir``, writes
+    through the privsep daemon (started with the same config files)."""
+    from accel_agent.mdev import domains, ledger, manager
+
+    policy = policy_mod.build_policy(conf)
+    uri = conf.libvirt.uri
+    return manager.MdevManager(
+        sysfs_root=conf.sysfs_root,
+        policy=policy,
+        host=conf.host,
+        ledger=ledger.Ledger(conf.state_dir),
+        writer=writer or manager.PrivsepWriter(),
+        domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
+        remove_timeout=conf.remove_timeout,
+        on_step=on_step,
+    )
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """What the ledger says, for read-only listings: empty when the agent
+    has never run here (a read must not create state)."""
+
+    owners: dict[str, str | None] = field(default_factory=dict)
+    free: frozenset[str] = frozenset()
+
+    @property
+    def owned(self) -> frozenset[str]:
+        return frozenset(self.owners)
+
+
+def read_ledger(state_dir: str) -> LedgerView:
+    from accel_agent.mdev import ledger
+
+    if not os.path.exists(os.path.join(state_dir, ledger.LEDGER_FILENAME)):
+        return LedgerView()
+    with ledger.Ledger(state_dir) as book:
+        records = book.all()
+    return LedgerView(
+        owners={r.uuid: r.owner for r in records},
+        free=frozenset(r.uuid for r in records if r.free),
+    )
+
+
 @dataclass(frozen=True)
 class HostState:
     policy: policy_mod.MdevPolicy
     snapshot: HostSnapshot
     host: str
+    ledger: LedgerView = field(default_factory=LedgerView)
 
-    def inventory(self, free_uuids: frozenset[str] = frozenset()) -> inventory_mod.Inventory:
-        return inventory_mod.compute_inventory(self.snapshot, self.policy, self.host, free_uuids)
+    def inventory(self) -> inventory_mod.Inventory:
+        return inventory_mod.compute_inventory(
+            self.snapshot, self.policy, self.host, self.ledger.free
+        )
 
 
-def host_state(conf: cfg.ConfigOpts) -> HostState:
-    """Policy (raises ConfigErrors) and a fresh scan of ``sysfs_root``."""
+def host_state(conf: cfg.ConfigOpts, with_ledger: bool = True) -> HostState:
+    """Policy (raises ConfigErrors), a fresh scan of ``sysfs_root`` and the ledger."""
     policy = policy_mod.build_policy(conf)
     snapshot = scanner.scan(conf.sysfs_root)
-    return HostState(policy=policy, snapshot=snapshot, host=conf.host)
+    view = read_ledger(conf.state_dir) if with_ledger else LedgerView()
+    return HostState(policy=policy, snapshot=snapshot, host=conf.host, ledger=view)
 
 
 def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:

@@ -95,7 +95,9 @@ def _render_types(args: argparse.Namespace, state: common.HostState) -> int:
 def _render_mdevs(args: argparse.Namespace, state: common.HostState) -> int:
     from accel_agent.reporting import views
 
-    document = views.mdevs_document(state.snapshot, state.policy, state.host)
+    document = views.mdevs_document(
+        state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned
+    )
     if args.json:
         output.emit_json(document)
         return EXIT_OK
@@ -134,6 +136,78 @@ def _render_inventory(args: argparse.Namespace, state: common.HostState) -> int:
         for p in inventory.providers
     ]
     output.table(("provider", "type", "class", "total", "used", "parents", "numa"), rows)
+    return EXIT_OK
+
+
+def _load_for_writes(args: argparse.Namespace):
+    """Mutating commands: the privileged helper reads sysfs_root from the
+    config files, so a command-line override would write somewhere else."""
+    if args.sysfs_root:
+        raise exception.InvalidConfig(
+            reason="--sysfs-root applies to read-only commands; set [DEFAULT] sysfs_root "
+            "in the config file for commands that create or remove mdevs"
+        )
+    return _load(args)
+
+
+def _print_allocation(args: argparse.Namespace, allocation) -> None:
+    if args.json:
+        output.emit_json(allocation.to_dict())
+        return
+    output.table(
+        ("uuid", "parent", "type"),
+        [(m.uuid, m.parent, m.mdev_type) for m in allocation.mdevs],
+    )
+
+
+def cmd_allocate(args: argparse.Namespace) -> int:
+    manager = common.build_manager(_load_for_writes(args))
+    allocation = manager.allocate(args.instance, args.count, args.parent, args.type)
+    _print_allocation(args, allocation)
+    return EXIT_OK
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    manager = common.build_manager(_load_for_writes(args))
+    released = manager.release(args.instance, remove=args.remove)
+    if args.json:
+        output.emit_json({"instance": args.instance, "released": released, "removed": args.remove})
+    elif released:
+        verb = "released and removed" if args.remove else "released"
+        print(f"{verb} {len(released)} mdev(s) of {args.instance}: {', '.join(released)}")
+    else:
+        print(f"instance {args.instance} holds no mdev; nothing to do")
+    return EXIT_OK
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    manager = common.build_manager(_load_for_writes(args))
+    record = manager.adopt(args.uuid)
+    print(f"adopted {record.uuid} ({record.mdev_type} on {record.parent})")
+    return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    manager = common.build_manager(_load_for_writes(args))
+    report = manager.recover()
+    if args.json:
+        output.emit_json(report.to_dict())
+        return EXIT_OK
+    for key, uuids in report.to_dict().items():
+        if uuids:
+            print(f"{key.replace('_', ' ')}: {', '.join(uuids)}")
+    print("recovery done: sysfs and the ledger agree")
+    return EXIT_OK
+
+
+def cmd_domain_xml(args: argparse.Namespace) -> int:
+    from accel_agent.libvirt_xml import domain_hostdevs_xml
+
+    manager = common.build_manager(_load(args))
+    allocation = manager.allocation(args.instance)
+    if not allocation.mdevs:
+        raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
+    print(domain_hostdevs_xml(allocation.uuids))
     return EXIT_OK
 
 
@@ -199,6 +273,61 @@ def build_parser() -> argparse.ArgumentParser:
         sub = subparsers.add_parser(name, help=text, description=text)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
         sub.set_defaults(func=_with_host_state(render))
+
+    allocate = subparsers.add_parser(
+        "allocate",
+        help="give an instance N mdevs (reuse free ones, else create), all or nothing",
+        description="Allocate COUNT mdevs of the configured type to INSTANCE. Free mdevs the "
+        "agent owns are reused first; new ones are created on the least used GPU that can "
+        "hold them all, else spread over GPUs. Nothing is left behind on failure. Asking "
+        "again for the same allocation returns it.",
+    )
+    allocate.add_argument("instance", metavar="INSTANCE", help="instance id (e.g. its UUID)")
+    allocate.add_argument("--count", type=int, required=True, metavar="N")
+    allocate.add_argument("--parent", metavar="ADDR", help="only this parent or physical GPU")
+    allocate.add_argument("--type", metavar="TYPE", help="only this mdev type")
+    allocate.add_argument("--json", action="store_true")
+    allocate.set_defaults(func=cmd_allocate)
+
+    release = subparsers.add_parser(
+        "release",
+        help="free an instance's mdevs (kept for reuse), or remove them",
+        description="Release the mdevs of INSTANCE. They stay, free for reuse, unless "
+        "--remove is given; an mdev a libvirt domain still references is never removed. "
+        "Releasing an instance that holds nothing succeeds.",
+    )
+    release.add_argument("instance", metavar="INSTANCE")
+    release.add_argument("--remove", action="store_true", help="also remove the mdevs")
+    release.add_argument("--json", action="store_true")
+    release.set_defaults(func=cmd_release)
+
+    adopt = subparsers.add_parser(
+        "adopt",
+        help="take ownership of a foreign mdev",
+        description="Record an existing mdev the agent did not create as owned, so it can "
+        "be allocated and removed. Foreign mdevs are otherwise never touched.",
+    )
+    adopt.add_argument("uuid", metavar="UUID")
+    adopt.set_defaults(func=cmd_adopt)
+
+    recover = subparsers.add_parser(
+        "recover",
+        help="make sysfs match the ledger (after a crash or a host reboot)",
+        description="Finish or undo operations a crash interrupted and re-create every "
+        "recorded mdev missing from sysfs with the same UUID, parent and type. Refuses, "
+        "changing nothing, when an assigned mdev's type is no longer configured for its "
+        "parent.",
+    )
+    recover.add_argument("--json", action="store_true")
+    recover.set_defaults(func=cmd_recover)
+
+    domain_xml = subparsers.add_parser(
+        "domain-xml",
+        help="libvirt <hostdev> XML of an instance's mdevs",
+        description="Print the <hostdev type='mdev'> elements for INSTANCE's mdevs.",
+    )
+    domain_xml.add_argument("instance", metavar="INSTANCE")
+    domain_xml.set_defaults(func=cmd_domain_xml)
 
     _register_optional(subparsers)
     return parser

@@ -1,0 +1,528 @@
+"""The one place that decides which mdevs exist and who holds them.
+
+DESIGN.md §5.  Every operation runs under one lock (a thread lock plus a
+file lock in ``state_dir``, so an offline ``accelctl`` and the daemon never
+interleave), starts from a fresh sysfs scan, and follows the ledger's
+protocol: intent before every sysfs write, settled after.  A crash at any
+instant leaves rows that :meth:`MdevManager.recover` can settle by comparing
+them with sysfs; the tests kill a real process at every step to prove it.
+
+* allocate: reuse free owned mdevs of the configured type, else create;
+  providers (physical GPUs) in a deterministic order, least used first, then
+  by name; one GPU if one can hold the whole request, else spread; all or
+  nothing (what this call created is removed again on failure).
+* release: idempotent; ``remove=True`` also removes the mdevs, except one
+  that a libvirt domain still references (kept, free, with a warning).
+* recover: finish or undo interrupted operations, re-create every recorded
+  mdev missing from sysfs with the same UUID on the same parent and type,
+  report foreign mdevs (never touched unless adopted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid as uuid_mod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from accel_agent import exception
+from accel_agent.mdev import inventory as inventory_mod
+from accel_agent.mdev.domains import DomainReferences, NoDomains
+from accel_agent.mdev.ledger import (
+    IntentKind,
+    Ledger,
+    MdevRecord,
+    MdevState,
+    OwnerKind,
+    validate_instance_id,
+)
+from accel_agent.mdev.policy import MdevPolicy
+from accel_agent.sysfs import address, scanner
+from accel_agent.sysfs.model import HostSnapshot
+
+LOG = logging.getLogger(__name__)
+
+MAX_COUNT = 64
+LOCK_NAME = "accel-agent-mdevs"
+
+
+class MdevWriter(Protocol):
+    """The privileged half: only these two writes need root."""
+
+    def create(self, parent: str, mdev_type: str, uuid: str) -> None: ...
+
+    def remove(self, uuid: str, timeout: float) -> None: ...
+
+
+class PrivsepWriter:
+    """Writes through the oslo.privsep daemon, started on first use with the
+    agent's own config files (the daemon reads ``sysfs_root`` from them)."""
+
+    def __init__(self) -> None:
+        from accel_agent import privileged
+
+        self._privileged = privileged
+
+    def _ensure_started(self) -> None:
+        if self._privileged.sysfs_admin.channel is None:
+            self._privileged.start_privsep()
+
+    def create(self, parent: str, mdev_type: str, uuid: str) -> None:
+        self._ensure_started()
+        self._privileged.create_mdev(parent, mdev_type, uuid)
+
+    def remove(self, uuid: str, timeout: float) -> None:
+        self._ensure_started()
+        self._privileged.remove_mdev(uuid, timeout)
+
+
+class DirectWriter:
+    """Same validation and writes, in this process: for unprivileged trees
+    (the simulator as its owner) and benchmarks.  Production uses privsep."""
+
+    def __init__(self, sysfs_root: str) -> None:
+        from accel_agent import privileged
+
+        self._privileged = privileged
+        self.sysfs_root = sysfs_root
+
+    def create(self, parent: str, mdev_type: str, uuid: str) -> None:
+        self._privileged.write_create(self.sysfs_root, parent, mdev_type, uuid)
+
+    def remove(self, uuid: str, timeout: float) -> None:
+        self._privileged.write_remove(self.sysfs_root, uuid, timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    instance: str
+    mdevs: tuple[MdevRecord, ...]
+
+    @property
+    def uuids(self) -> list[str]:
+        return [m.uuid for m in self.mdevs]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "mdevs": [
+                {"uuid": m.uuid, "parent": m.parent, "mdev_type": m.mdev_type}
+                for m in self.mdevs
+            ],
+        }
+
+
+@dataclass
+class RecoveryReport:
+    recreated: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
+    waiting_for_parent: list[str] = field(default_factory=list)
+    released_claims: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {k: sorted(v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    parent: str
+    reuse: str | None  # uuid of a free owned mdev, or None: create one
+
+
+class MdevManager:
+    def __init__(
+        self,
+        *,
+        sysfs_root: str,
+        policy: MdevPolicy,
+        host: str,
+        ledger: Ledger,
+        writer: MdevWriter,
+        domains: DomainReferences | None = None,
+        remove_timeout: float = 30.0,
+        on_step: Callable[[str], None] | None = None,
+    ) -> None:
+        self.sysfs_root = sysfs_root
+        self.policy = policy
+        self.host = host
+        self.ledger = ledger
+        self.writer = writer
+        self.domains = domains or NoDomains()
+        self.remove_timeout = remove_timeout
+        # Crash tests hook here to kill the process between two steps.
+        self._on_step = on_step or (lambda step: None)
+        self._thread_lock = threading.RLock()
+
+    # --- plumbing ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        from oslo_concurrency import lockutils
+
+        with self._thread_lock, lockutils.lock(
+            LOCK_NAME, external=True, lock_path=str(self.ledger.path.parent), do_log=False
+        ):
+            yield
+
+    def _step(self, name: str) -> None:
+        self._on_step(name)
+
+    def scan(self) -> HostSnapshot:
+        return scanner.scan(self.sysfs_root)
+
+    def set_policy(self, policy: MdevPolicy) -> None:
+        with self._thread_lock:
+            self.policy = policy
+
+    def free_uuids(self) -> frozenset[str]:
+        return frozenset(r.uuid for r in self.ledger.all() if r.free)
+
+    def inventory(self, snapshot: HostSnapshot | None = None) -> inventory_mod.Inventory:
+        snapshot = snapshot or self.scan()
+        return inventory_mod.compute_inventory(
+            snapshot, self.policy, self.host, self._free_present(snapshot)
+        )
+
+    def _free_present(self, snapshot: HostSnapshot) -> frozenset[str]:
+        return frozenset(u for u in self.free_uuids() if u in snapshot.mdevs)
+
+    # --- allocate ---------------------------------------------------------------------
+
+    def allocation(self, instance: str) -> Allocation:
+        validate_instance_id(instance)
+        return Allocation(instance, tuple(self.ledger.by_owner(instance, OwnerKind.INSTANCE)))
+
+    def allocate(
+        self,
+        instance: str,
+        count: int,
+        parent: str | None = None,
+        mdev_type: str | None = None,
+    ) -> Allocation:
+        """Give ``instance`` ``count`` mdevs, all or nothing.
+
+        Idempotent: asking again for what the instance already holds returns
+        it; asking for something different while it holds mdevs is refused.
+        """
+        validate_instance_id(instance)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
+            raise exception.InvalidAllocationRequest(
+                reason=f"count must be an integer from 1 to {MAX_COUNT}, not {count!r}"
+            )
+        wanted_parent = address.normalise_parent(parent) if parent else None
+        with self._locked():
+            held = self.ledger.by_owner(instance, OwnerKind.INSTANCE)
+            if held:
+                if len(held) == count and (
+                    wanted_parent is None or all(r.parent == wanted_parent for r in held)
+                ):
+                    return Allocation(instance, tuple(held))
+                raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
+            snapshot = self.scan()
+            chosen_type, slots = self._plan(snapshot, count, wanted_parent, mdev_type)
+            return self._execute(instance, chosen_type, slots)
+
+    def _plan(
+        self,
+        snapshot: HostSnapshot,
+        count: int,
+        wanted_parent: str | None,
+        wanted_type: str | None,
+    ) -> tuple[str, list[_Slot]]:
+        inventory = self.inventory(snapshot)
+        free_by_parent: dict[str, list[str]] = {}
+        for record in self.ledger.all():
+            if record.free and record.uuid in snapshot.mdevs:
+                free_by_parent.setdefault(record.parent, []).append(record.uuid)
+        candidates = []
+        for provider in inventory.providers:
+            if wanted_type and provider.mdev_type != wanted_type:
+                continue
+            members = list(provider.parent_devices)
+            if wanted_parent:
+                if wanted_parent in members:
+                    members = [wanted_parent]
+                elif wanted_parent != provider.physical_gpu:
+                    continue
+            candidates.append((provider, members))
+        if not candidates:
+            raise exception.InsufficientCapacity(
+                mdev_type=wanted_type or "any configured type",
+                parents=wanted_parent or "any configured parent",
+                reason="no configured parent offers it",
+            )
+        order = [t.mdev_type for t in self.policy.types]
+        best_short: tuple[str, int, list[str]] | None = None
+        for mdev_type in sorted({p.mdev_type for p, _ in candidates}, key=order.index):
+            ranked = sorted(
+                (c for c in candidates if c[0].mdev_type == mdev_type),
+                key=lambda c: (c[0].used, c[0].name),
+            )
+            per_provider = [
+                self._provider_slots(snapshot, provider, members, mdev_type, free_by_parent)
+                for provider, members in ranked
+            ]
+            # One GPU when one can hold it all (guest locality), else spread.
+            whole = next((s for s in per_provider if len(s) >= count), None)
+            if whole is not None:
+                return mdev_type, whole[:count]
+            spread = [slot for slots in per_provider for slot in slots]
+            if len(spread) >= count:
+                return mdev_type, spread[:count]
+            if best_short is None:
+                best_short = (mdev_type, len(spread), [p.name for p, _ in ranked])
+        assert best_short is not None
+        mdev_type, available, providers = best_short
+        raise exception.InsufficientCapacity(
+            mdev_type=mdev_type,
+            parents=", ".join(
+                sorted({m for p, ms in candidates if p.name in providers for m in ms})
+            ),
+            reason=f"{count} requested, {available} available",
+        )
+
+    def _provider_slots(
+        self,
+        snapshot: HostSnapshot,
+        provider: inventory_mod.Provider,
+        members: list[str],
+        mdev_type: str,
+        free_by_parent: dict[str, list[str]],
+    ) -> list[_Slot]:
+        slots = [_Slot(p, u) for p in members for u in sorted(free_by_parent.get(p, []))]
+        existing = sum(len(snapshot.mdevs_on(p, mdev_type)) for p in provider.parent_devices)
+        # ``total`` already holds the per-GPU caps (max_instances, VF budget).
+        creatable = provider.total - existing
+        for parent_name in members:
+            offered = snapshot.parents[parent_name].types[mdev_type].available_instances
+            take = max(0, min(offered, creatable))
+            slots += [_Slot(parent_name, None)] * take
+            creatable -= take
+        return slots
+
+    def _execute(self, instance: str, mdev_type: str, slots: list[_Slot]) -> Allocation:
+        intent = self.ledger.begin_intent(IntentKind.ALLOCATE, instance)
+        self._step("allocate.intent")
+        uuids: list[str] = []
+        created: list[str] = []
+        try:
+            for slot in slots:
+                if slot.reuse:
+                    self.ledger.reserve(slot.reuse, intent)
+                    uuids.append(slot.reuse)
+                    self._step("allocate.reserved")
+                    continue
+                new = str(uuid_mod.uuid4())
+                self.ledger.record_create_intent(new, slot.parent, mdev_type, intent_id=intent)
+                self._step("allocate.create_intent")
+                self.writer.create(slot.parent, mdev_type, new)
+                created.append(new)
+                self._step("allocate.created")
+                self.ledger.settle_created(new)
+                uuids.append(new)
+                self._step("allocate.settled")
+            with self.ledger.transaction():
+                for uuid in uuids:
+                    self.ledger.assign(uuid, instance, intent_id=intent)
+                self.ledger.finish_intent(intent)
+            self._step("allocate.assigned")
+        except BaseException:
+            self._roll_back(intent, created)
+            raise
+        records = tuple(self.ledger.by_owner(instance, OwnerKind.INSTANCE))
+        LOG.info(
+            "allocated %s to instance %s: %s",
+            len(records),
+            instance,
+            ", ".join(f"{r.uuid} on {r.parent}" for r in records),
+        )
+        return Allocation(instance, records)
+
+    def _roll_back(self, intent: int, created: list[str]) -> None:
+        """Undo a failed allocate: remove what it created, free what it reserved."""
+        for record in self.ledger.all():
+            if record.intent_id != intent:
+                continue
+            if record.state is MdevState.CREATING and record.uuid not in created:
+                self.ledger.forget(record.uuid)  # the create write never succeeded
+        for uuid in created:
+            try:
+                self._remove_owned(uuid)
+            except exception.AccelAgentException as exc:
+                # It stays recorded (free, owned): reusable, never leaked.
+                LOG.error("rollback could not remove mdev %s: %s", uuid, exc)
+                record = self.ledger.get(uuid)
+                if record is not None and record.state is MdevState.REMOVING:
+                    self.ledger.cancel_remove(uuid)
+                elif record is not None and record.state is MdevState.CREATING:
+                    self.ledger.settle_created(uuid)
+        self.ledger.finish_intent(intent)
+
+    def _remove_owned(self, uuid: str, intent: int | None = None) -> None:
+        self.ledger.record_remove_intent(uuid, intent_id=intent)
+        self._step("release.remove_intent")
+        # Already gone (ENOENT) reaches the goal too.
+        with contextlib.suppress(exception.MdevNotFound):
+            self.writer.remove(uuid, self.remove_timeout)
+        self._step("release.removed")
+        self.ledger.forget(uuid)
+        self._step("release.forgotten")
+
+    # --- release / adopt ------------------------------------------------------------
+
+    def release(self, instance: str, remove: bool = False) -> list[str]:
+        """Free (or remove) the instance's mdevs; returns their UUIDs.  Idempotent."""
+        validate_instance_id(instance)
+        with self._locked():
+            records = self.ledger.by_owner(instance, OwnerKind.INSTANCE)
+            if not records:
+                return []
+            intent = self.ledger.begin_intent(IntentKind.RELEASE, instance)
+            self.ledger.release_owner(instance, OwnerKind.INSTANCE)
+            self._step("release.released")
+            kept: list[str] = []
+            if remove:
+                referenced = self.domains.referenced_uuids()
+                if referenced is None:
+                    LOG.warning("cannot ask libvirt which mdevs domains use; removing anyway")
+                    referenced = set()
+                for record in records:
+                    if record.uuid in referenced:
+                        LOG.warning(
+                            "not removing mdev %s: a libvirt domain still references it",
+                            record.uuid,
+                        )
+                        kept.append(record.uuid)
+                        continue
+                    try:
+                        self._remove_owned(record.uuid, intent)
+                    except exception.MdevRemoveTimeout:
+                        self.ledger.cancel_remove(record.uuid)
+                        kept.append(record.uuid)
+                        LOG.error("mdev %s is still held; kept as a free mdev", record.uuid)
+            self.ledger.finish_intent(intent)
+            LOG.info(
+                "released %d mdev(s) of instance %s%s",
+                len(records),
+                instance,
+                " (removed)" if remove else "",
+            )
+            if remove and kept:
+                raise exception.MdevInUse(
+                    uuid=", ".join(kept),
+                    reason="released but not removed: a domain or a VM still holds it",
+                )
+            return [r.uuid for r in records]
+
+    def adopt(self, uuid: str) -> MdevRecord:
+        """Take ownership of a foreign mdev so the agent may reuse or remove it."""
+        text = uuid.strip().lower() if isinstance(uuid, str) else ""
+        if not scanner.is_canonical_uuid(text):
+            raise exception.InvalidMdevUUID(uuid=uuid, where="", reason="not a UUID")
+        with self._locked():
+            snapshot = self.scan()
+            mdev = snapshot.mdevs.get(text)
+            if mdev is None:
+                raise exception.MdevNotFound(uuid=text)
+            if mdev.mdev_type is None:
+                raise exception.MdevInUse(uuid=text, reason="its mdev_type cannot be read")
+            if self.ledger.get(text) is not None:
+                return self.ledger.get(text)  # type: ignore[return-value]
+            record = self.ledger.adopt(text, mdev.parent, mdev.mdev_type)
+            LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
+            return record
+
+    # --- recover ----------------------------------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Make sysfs and the ledger agree again (start-up, reboot, parent back).
+
+        Refuses, changing nothing, when an assigned mdev would have to be
+        re-created with a type the config no longer gives its parent.
+        """
+        report = RecoveryReport()
+        with self._locked():
+            snapshot = self.scan()
+            self._check_recreatable(snapshot)
+            self._settle_interrupted(snapshot, report)
+            for record in self.ledger.expired_claims():
+                self.ledger.release(record.uuid)
+                report.released_claims.append(record.uuid)
+            self._recreate_missing(snapshot, report)
+            owned = {r.uuid for r in self.ledger.all()}
+            report.foreign = sorted(u for u in snapshot.mdevs if u not in owned)
+        for uuid in report.foreign:
+            LOG.info("foreign mdev %s: reported and counted, never touched", uuid)
+        return report
+
+    def _check_recreatable(self, snapshot: HostSnapshot) -> None:
+        errors: list[exception.AccelAgentException] = []
+        for record in self.ledger.assigned():
+            if record.uuid in snapshot.mdevs or record.state is not MdevState.PRESENT:
+                continue
+            if self.policy.type_for(record.parent) != record.mdev_type:
+                errors.append(
+                    exception.RecoveryTypeNotConfigured(
+                        uuid=record.uuid,
+                        instance=record.owner,
+                        mdev_type=record.mdev_type,
+                        parent=record.parent,
+                    )
+                )
+        if errors:
+            raise exception.ConfigErrors(errors)
+
+    def _settle_interrupted(self, snapshot: HostSnapshot, report: RecoveryReport) -> None:
+        for record in self.ledger.unsettled():
+            exists = record.uuid in snapshot.mdevs
+            if record.state is MdevState.CREATING:
+                if exists:
+                    # The write happened, the process died before recording it:
+                    # ours, free, reusable.
+                    self.ledger.settle_created(record.uuid)
+                    report.settled.append(record.uuid)
+                else:
+                    self.ledger.forget(record.uuid)
+                    report.forgotten.append(record.uuid)
+            elif record.state is MdevState.REMOVING:
+                if exists:
+                    self._remove_owned(record.uuid)
+                    report.removed.append(record.uuid)
+                else:
+                    self.ledger.forget(record.uuid)
+                    report.forgotten.append(record.uuid)
+        for intent in self.ledger.pending_intents():
+            # Assignments and the intent's end commit together, so an intent
+            # still here never assigned anything: ending it frees its rows.
+            self.ledger.finish_intent(intent.id)
+
+    def _recreate_missing(self, snapshot: HostSnapshot, report: RecoveryReport) -> None:
+        for record in self.ledger.all():
+            if record.uuid in snapshot.mdevs or record.state is not MdevState.PRESENT:
+                continue
+            if record.parent not in snapshot.parents:
+                LOG.warning(
+                    "mdev %s waits for parent %s to come back", record.uuid, record.parent
+                )
+                report.waiting_for_parent.append(record.uuid)
+                continue
+            if not record.assigned and self.policy.type_for(record.parent) != record.mdev_type:
+                # A free mdev of a type the config dropped: nobody needs it back.
+                self.ledger.forget(record.uuid)
+                report.forgotten.append(record.uuid)
+                continue
+            self.writer.create(record.parent, record.mdev_type, record.uuid)
+            report.recreated.append(record.uuid)
+            LOG.info(
+                "re-created mdev %s (%s on %s) for %s",
+                record.uuid,
+                record.mdev_type,
+                record.parent,
+                record.owner or "reuse",
+            )

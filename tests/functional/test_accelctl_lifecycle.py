@@ -1,0 +1,93 @@
+"""accelctl allocate/release/adopt/recover/domain-xml as processes, through the
+real privsep daemon, on a FUSE-simulated host."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.functional.privsep_fixture import skip_unless_root
+from tests.functional.simhost import simulated_host
+
+pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
+
+CONF = (
+    "[devices]\nenabled_mdev_types = nvidia-35, mtty-2\n"
+    "[mdev_nvidia-35]\n[mdev_mtty-2]\ndevice_addresses = mtty\n[libvirt]\nuri =\n"
+)
+FOREIGN = "abcdef00-0000-4000-8000-000000000001"
+
+
+@pytest.fixture
+def host(tmp_path):
+    skip_unless_root()
+    with simulated_host(tmp_path, ["nvidia-pf", "mtty"], gpus=2) as host:
+        yield host
+
+
+def ctl(config, *args, rc=0):
+    proc = subprocess.run(
+        [sys.executable, "-m", "accel_agent.cmd.ctl", "--config-file", config, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == rc, (args, proc.stdout, proc.stderr)
+    return proc
+
+
+def test_lifecycle_through_the_cli(host):
+    config = host.config(CONF)
+    allocated = json.loads(ctl(config, "allocate", "vm-1", "--count", "2", "--json").stdout)
+    uuids = [m["uuid"] for m in allocated["mdevs"]]
+    assert allocated["instance"] == "vm-1" and len(uuids) == 2
+    assert set(uuids) <= host.sysfs_uuids()
+    assert host.available("0000:84:00.0", "nvidia-35") == 14
+
+    # inventory's used comes from sysfs + ledger
+    inventory = json.loads(ctl(config, "inventory", "--json").stdout)
+    used = {p["name"]: p["used"] for p in inventory["providers"]}
+    assert used["testhost_pci_0000_84_00_0"] == 2
+    mdevs = json.loads(ctl(config, "mdevs", "--json").stdout)["mdevs"]
+    assert {m["uuid"]: m["instance"] for m in mdevs} == {u: "vm-1" for u in uuids}
+
+    xml = ctl(config, "domain-xml", "vm-1").stdout
+    assert xml.count("<hostdev") == 2 and all(u in xml for u in uuids)
+
+    serial = json.loads(
+        ctl(config, "allocate", "vm-2", "--count", "1", "--parent", "mtty", "--json").stdout
+    )
+    assert serial["mdevs"][0]["mdev_type"] == "mtty-2"
+
+    proc = ctl(config, "allocate", "vm-3", "--count", "40", rc=1)
+    assert "insufficient capacity" in proc.stderr and "nvidia-35" in proc.stderr
+
+    # host reboot: the same UUIDs come back on the same parents
+    host.sim.reboot()
+    assert host.sysfs_uuids() == set()
+    report = json.loads(ctl(config, "recover", "--json").stdout)
+    assert sorted(report["recreated"]) == sorted([*uuids, serial["mdevs"][0]["uuid"]])
+    assert set(uuids) <= host.sysfs_uuids()
+
+    ctl(config, "release", "vm-1", "--remove")
+    assert not set(uuids) & host.sysfs_uuids()
+    assert host.available("0000:84:00.0", "nvidia-35") == 16
+    assert "nothing to do" in ctl(config, "release", "vm-1").stdout
+
+
+def test_adopt_and_refusals(host):
+    config = host.config(CONF)
+    host.create_foreign("0000:85:00.0", "nvidia-35", FOREIGN)
+    mdevs = json.loads(ctl(config, "mdevs", "--json").stdout)["mdevs"]
+    assert mdevs[0]["uuid"] == FOREIGN and mdevs[0]["owned"] is False
+    ctl(config, "adopt", FOREIGN)
+    mdevs = json.loads(ctl(config, "mdevs", "--json").stdout)["mdevs"]
+    assert mdevs[0]["owned"] is True
+    assert "not a UUID" in ctl(config, "adopt", "../../etc/passwd", rc=1).stderr
+    assert "not found" in ctl(config, "adopt", "abcdef00-0000-4000-8000-0000000000ff", rc=1).stderr
+    proc = ctl(config, "--sysfs-root", "/tmp", "allocate", "vm", "--count", "1", rc=1)
+    assert "--sysfs-root" in proc.stderr
+    assert ctl(config, "allocate", "vm", rc=2).returncode == 2
+    assert not os.path.exists("/tmp/class")

@@ -1,0 +1,245 @@
+"""Lifecycle manager on a FUSE-simulated host: allocate, release, recover, adopt."""
+
+import concurrent.futures
+import os
+import threading
+
+import pytest
+
+from accel_agent import exception
+from accel_agent.mdev import domains as domains_mod
+from accel_agent.mdev.ledger import Ledger
+from tests.functional.simhost import simulated_host
+
+pytestmark = pytest.mark.fuse
+
+PF_CONF = "[devices]\nenabled_mdev_types = nvidia-18\n"  # GRID M60-2Q: 4 per GPU
+FOREIGN = "f0f0f0f0-0000-4000-8000-000000000001"
+
+
+@pytest.fixture(scope="module")
+def pf_host(tmp_path_factory):
+    with simulated_host(tmp_path_factory.mktemp("pf"), ["nvidia-pf", "mtty"], gpus=2) as host:
+        yield host
+
+
+@pytest.fixture
+def host(pf_host):
+    pf_host.reset()
+    return pf_host
+
+
+def test_allocate_creates_on_one_gpu_and_counters_move(host):
+    manager = host.manager(PF_CONF)
+    allocation = manager.allocate("vm-1", 2)
+    assert len(allocation.mdevs) == 2
+    assert {m.parent for m in allocation.mdevs} == {"0000:84:00.0"}
+    assert set(allocation.uuids) <= host.sysfs_uuids()
+    assert host.available("0000:84:00.0", "nvidia-18") == 2
+    # The next instance goes to the least used GPU.
+    assert {m.parent for m in manager.allocate("vm-2", 1).mdevs} == {"0000:85:00.0"}
+    records = {r.uuid: r for r in manager.ledger.all()}
+    assert all(records[u].owner == "vm-1" for u in allocation.uuids)
+
+
+def test_reuse_before_create(host):
+    manager = host.manager(PF_CONF)
+    first = manager.allocate("vm-1", 2)
+    assert manager.release("vm-1") == first.uuids
+    before = host.sysfs_uuids()
+    second = manager.allocate("vm-2", 2)
+    assert sorted(second.uuids) == sorted(first.uuids)
+    assert host.sysfs_uuids() == before
+    used = {p.name: p.used for p in manager.inventory().providers}
+    assert used["testhost_pci_0000_84_00_0"] == 2
+
+
+def test_count_larger_than_one_gpu_spreads(host):
+    manager = host.manager(PF_CONF)
+    allocation = manager.allocate("vm-big", 6)
+    parents = [m.parent for m in allocation.mdevs]
+    assert parents.count("0000:84:00.0") == 4 and parents.count("0000:85:00.0") == 2
+
+
+def test_insufficient_capacity_names_type_and_parents_and_creates_nothing(host):
+    manager = host.manager(PF_CONF)
+    with pytest.raises(exception.InsufficientCapacity) as info:
+        manager.allocate("vm-1", 9)
+    message = str(info.value)
+    assert "nvidia-18" in message and "0000:84:00.0" in message and "0000:85:00.0" in message
+    assert "9 requested, 8 available" in message
+    assert host.sysfs_uuids() == set() and manager.ledger.all() == []
+
+
+def test_failure_mid_way_leaves_no_mdev_created_by_that_call(host):
+    manager = host.manager(PF_CONF)
+    kept = manager.allocate("vm-0", 1)
+    manager.release("vm-0")  # one free owned mdev, reused by the next call
+    host.sim.fail_next_create("ENOSPC", parent="0000:84:00.0")
+    before = host.sysfs_uuids()
+    with pytest.raises(exception.InsufficientCapacity):
+        manager.allocate("vm-1", 3)
+    assert host.sysfs_uuids() == before
+    (record,) = manager.ledger.all()
+    assert record.uuid == kept.uuids[0] and record.free
+    assert manager.ledger.pending_intents() == []
+
+
+def test_allocate_is_idempotent_and_a_different_request_is_refused(host):
+    manager = host.manager(PF_CONF)
+    first = manager.allocate("vm-1", 2)
+    assert manager.allocate("vm-1", 2).uuids == first.uuids
+    with pytest.raises(exception.InstanceAlreadyAllocated):
+        manager.allocate("vm-1", 3)
+    assert len(host.sysfs_uuids()) == 2
+
+
+def test_concurrent_allocations_never_share_an_mdev(host):
+    managers = [host.manager(PF_CONF) for _ in range(4)]
+    barrier = threading.Barrier(8)
+
+    def allocate(i):
+        barrier.wait()
+        return managers[i % 4].allocate(f"vm-{i}", 1).uuids
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(allocate, range(8)))
+    uuids = [u for r in results for u in r]
+    assert len(uuids) == len(set(uuids)) == 8
+    assert set(uuids) == host.sysfs_uuids()
+
+
+def test_release_is_idempotent_and_remove_restores_counters(host):
+    manager = host.manager(PF_CONF)
+    manager.allocate("vm-1", 3)
+    assert host.available("0000:84:00.0", "nvidia-18") == 1
+    assert len(manager.release("vm-1", remove=True)) == 3
+    assert host.available("0000:84:00.0", "nvidia-18") == 4
+    assert host.sysfs_uuids() == set() and manager.ledger.all() == []
+    assert manager.release("vm-1", remove=True) == []
+    assert manager.release("never-seen") == []
+
+
+def test_remove_refuses_an_mdev_a_libvirt_domain_references(host, tmp_path):
+    manager = host.manager(PF_CONF)
+    (uuid,) = manager.allocate("vm-1", 1).uuids
+    node = tmp_path / "node.xml"
+    node.write_text(
+        "<node><domain type='test'><name>guest</name><memory>1024</memory>"
+        "<os><type>hvm</type></os><devices>"
+        "<hostdev mode='subsystem' type='mdev' model='vfio-pci' managed='no'>"
+        f"<source><address uuid='{uuid}'/></source></hostdev>"
+        "</devices></domain></node>"
+    )
+    manager.domains = domains_mod.LibvirtDomains(f"test://{node}")
+    assert manager.domains.referenced_uuids() == {uuid}
+    with pytest.raises(exception.MdevInUse):
+        manager.release("vm-1", remove=True)
+    assert uuid in host.sysfs_uuids()
+    (record,) = manager.ledger.all()
+    assert record.free  # released, kept for reuse
+
+
+def test_held_device_remove_times_out_and_is_kept(host):
+    manager = host.manager(PF_CONF, remove_timeout=0.5)
+    (uuid,) = manager.allocate("vm-1", 1).uuids
+    host.sim.hold(uuid)
+    try:
+        with pytest.raises(exception.MdevInUse):
+            manager.release("vm-1", remove=True)
+        (record,) = manager.ledger.all()
+        assert record.free and record.state == "present"
+    finally:
+        host.sim.release(uuid)
+
+
+def test_foreign_mdevs_are_never_touched_until_adopted(host):
+    host.create_foreign("0000:84:00.0", "nvidia-18", FOREIGN)
+    manager = host.manager(PF_CONF)
+    allocation = manager.allocate("vm-1", 3)
+    assert FOREIGN not in allocation.uuids
+    manager.release("vm-1", remove=True)
+    report = manager.recover()
+    assert report.foreign == [FOREIGN] and FOREIGN in host.sysfs_uuids()
+    # It counts as used capacity on its GPU.
+    used = {p.name: p.used for p in manager.inventory().providers}
+    assert used["testhost_pci_0000_84_00_0"] == 1
+    record = manager.adopt(FOREIGN)
+    assert record.adopted and record.free
+    assert manager.allocate("vm-2", 1).uuids == [FOREIGN]
+    manager.release("vm-2", remove=True)
+    assert FOREIGN not in host.sysfs_uuids()
+
+
+def test_reboot_recovery_recreates_same_uuid_parent_and_type(host):
+    manager = host.manager(PF_CONF)
+    one = manager.allocate("vm-1", 2)
+    two = manager.allocate("vm-2", 1)
+    manager.allocate("vm-3", 1)
+    manager.release("vm-3")  # free owned: recreated too
+    host.sim.reboot()
+    assert host.sysfs_uuids() == set()
+    report = manager.recover()
+    assert len(report.recreated) == 4
+    snapshot = manager.scan()
+    for record in [*one.mdevs, *two.mdevs]:
+        mdev = snapshot.mdevs[record.uuid]
+        assert (mdev.parent, mdev.mdev_type) == (record.parent, "nvidia-18")
+    assert manager.allocation("vm-1").uuids == one.uuids
+    assert manager.recover().recreated == []  # idempotent
+
+
+def test_recovery_refuses_a_type_no_longer_configured_and_changes_nothing(host):
+    manager = host.manager(PF_CONF)
+    (uuid,) = manager.allocate("vm-1", 1).uuids
+    host.sim.reboot()
+    changed = host.manager(
+        "[devices]\nenabled_mdev_types = nvidia-18, nvidia-35\n"
+        "[mdev_nvidia-35]\ndevice_addresses = 0000:84:00.0, 0000:85:00.0\n"
+        "[mdev_nvidia-18]\ndevice_addresses = 0000:86:00.0\n"
+    )
+    with pytest.raises(exception.ConfigErrors) as info:
+        changed.recover()
+    message = str(info.value)
+    assert "vm-1" in message and "nvidia-18" in message and "0000:84:00.0" in message
+    assert host.sysfs_uuids() == set()
+    assert [r.uuid for r in Ledger(host.state_dir).assigned()] == [uuid]
+
+
+def test_sriov_allocation_respects_the_per_card_budget(tmp_path):
+    with simulated_host(tmp_path, ["nvidia-sriov"], vfs=16) as host:
+        manager = host.manager("[devices]\nenabled_mdev_types = nvidia-474\n")  # max 4
+        allocation = manager.allocate("vm-1", 4)
+        assert len({m.parent for m in allocation.mdevs}) == 4  # one vGPU per VF
+        with pytest.raises(exception.InsufficientCapacity):
+            manager.allocate("vm-2", 1)
+        assert len(host.sysfs_uuids()) == 4
+
+
+def test_parent_filter_and_virtual_parent(host):
+    manager = host.manager(
+        "[devices]\nenabled_mdev_types = nvidia-18, mtty-2\n"
+        "[mdev_nvidia-18]\n[mdev_mtty-2]\ndevice_addresses = mtty\n"
+    )
+    assert {m.parent for m in manager.allocate("vm-1", 2, parent="85:00.0").mdevs} == {
+        "0000:85:00.0"
+    }
+    serial = manager.allocate("vm-2", 3, parent="mtty")
+    assert {(m.parent, m.mdev_type) for m in serial.mdevs} == {("mtty", "mtty-2")}
+    assert host.available("mtty", "mtty-2") == 9
+    with pytest.raises(exception.InsufficientCapacity):
+        manager.allocate("vm-3", 1, parent="0000:99:00.0")
+
+
+def test_bad_requests_are_refused_before_anything_happens(host):
+    manager = host.manager(PF_CONF)
+    for bad in ("", "x" * 300, "a\x00b"):
+        with pytest.raises(exception.InvalidInstanceId):
+            manager.allocate(bad, 1)
+    for count in (0, -1, 65, "2", True):
+        with pytest.raises(exception.InvalidAllocationRequest):
+            manager.allocate("vm-1", count)
+    assert host.sysfs_uuids() == set()
+    assert not os.path.exists(os.path.join(host.state_dir, "ledger.sqlite3")) or (
+        manager.ledger.all() == []
+    )
