@@ -83,6 +83,8 @@ class MdevRecord:
     adopted: bool
     created_at: float
     updated_at: float
+    # For a migration claim: the source host's mdev this one replaces.
+    source_uuid: str | None = None
 
     @property
     def assigned(self) -> bool:
@@ -154,13 +156,25 @@ def _migrate_v0_to_v1(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
+    # A live-migration claim remembers which source mdev each destination
+    # mdev stands in for, so the {src: dst} mapping survives a restart and a
+    # repeated claim returns the same answer.
+    conn.execute(
+        "ALTER TABLE assignments ADD COLUMN source_uuid TEXT "
+        "CHECK (source_uuid IS NULL OR (length(source_uuid) = 36 "
+        "AND source_uuid = lower(source_uuid)))"
+    )
+
+
 # MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
-MIGRATIONS: tuple[Migration, ...] = (_migrate_v0_to_v1,)
+MIGRATIONS: tuple[Migration, ...] = (_migrate_v0_to_v1, _migrate_v1_to_v2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SELECT = """
     SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind,
-           a.claim_expires_at, m.intent_id, m.adopted, m.created_at, m.updated_at
+           a.claim_expires_at, m.intent_id, m.adopted, m.created_at, m.updated_at,
+           a.source_uuid
     FROM mdevs m LEFT JOIN assignments a ON a.uuid = m.uuid
 """
 _ORDER = " ORDER BY m.created_at, m.uuid"
@@ -367,6 +381,7 @@ class Ledger:
             adopted=bool(row[8]),
             created_at=row[9],
             updated_at=row[10],
+            source_uuid=row[11],
         )
 
     def _select(self, where: str = "", params: Sequence[Any] = ()) -> list[MdevRecord]:
@@ -544,6 +559,7 @@ class Ledger:
         owner_kind: OwnerKind = OwnerKind.INSTANCE,
         claim_expires_at: float | None = None,
         intent_id: int | None = None,
+        source_uuid: str | None = None,
     ) -> MdevRecord:
         """Give a present mdev to an instance (or a migration claim, with an expiry).
 
@@ -552,6 +568,8 @@ class Ledger:
         """
         validate_instance_id(owner)
         owner_kind = OwnerKind(owner_kind)
+        if source_uuid is not None:
+            _validate_uuid(source_uuid)
         if (owner_kind is OwnerKind.CLAIM) != (claim_expires_at is not None):
             raise exception.LedgerError(reason="a claim needs an expiry, an instance none")
         with self.transaction():
@@ -574,8 +592,8 @@ class Ledger:
             # and the trigger cannot fire here; they guard everything else.
             self._execute(
                 "INSERT INTO assignments (uuid, owner, owner_kind, claim_expires_at, "
-                "assigned_at) VALUES (?, ?, ?, ?, ?)",
-                (uuid, owner, owner_kind.value, claim_expires_at, now),
+                "assigned_at, source_uuid) VALUES (?, ?, ?, ?, ?, ?)",
+                (uuid, owner, owner_kind.value, claim_expires_at, now, source_uuid),
             )
             self._execute("UPDATE mdevs SET updated_at = ? WHERE uuid = ?", (now, uuid))
             return self._require(uuid)

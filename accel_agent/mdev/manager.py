@@ -109,8 +109,7 @@ class Allocation:
         return {
             "instance": self.instance,
             "mdevs": [
-                {"uuid": m.uuid, "parent": m.parent, "mdev_type": m.mdev_type}
-                for m in self.mdevs
+                {"uuid": m.uuid, "parent": m.parent, "mdev_type": m.mdev_type} for m in self.mdevs
             ],
         }
 
@@ -165,8 +164,11 @@ class MdevManager:
     def _locked(self) -> Iterator[None]:
         from oslo_concurrency import lockutils
 
-        with self._thread_lock, lockutils.lock(
-            LOCK_NAME, external=True, lock_path=str(self.ledger.path.parent), do_log=False
+        with (
+            self._thread_lock,
+            lockutils.lock(
+                LOCK_NAME, external=True, lock_path=str(self.ledger.path.parent), do_log=False
+            ),
         ):
             yield
 
@@ -226,7 +228,39 @@ class MdevManager:
                 raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
             snapshot = self.scan()
             chosen_type, slots = self._plan(snapshot, count, wanted_parent, mdev_type)
-            return self._execute(instance, chosen_type, slots)
+            self._execute(instance, [(slot, chosen_type, None) for slot in slots])
+            return self.allocation(instance)
+
+    def claim(self, owner: str, sources: dict[str, str], expires_at: float) -> dict[str, str]:
+        """Live-migration destination: one mdev per source mdev, of the same
+        type, held as an expiring claim.  Returns ``{source uuid: our uuid}``.
+
+        Idempotent for the same set of source mdevs; persisted, so the
+        answer survives a restart.
+        """
+        validate_instance_id(owner)
+        with self._locked():
+            held = self.ledger.by_owner(owner, OwnerKind.CLAIM)
+            if held:
+                mapping = {r.source_uuid: r.uuid for r in held}
+                if set(mapping) == set(sources):
+                    return mapping  # type: ignore[return-value]
+                raise exception.InstanceAlreadyAllocated(instance=owner, count=len(held))
+            snapshot = self.scan()
+            items: list[tuple[_Slot, str, str | None]] = []
+            by_type: dict[str, list[str]] = {}
+            for source, mdev_type in sorted(sources.items()):
+                by_type.setdefault(mdev_type, []).append(source)
+            for mdev_type, type_sources in sorted(by_type.items()):
+                _, slots = self._plan(snapshot, len(type_sources), None, mdev_type)
+                items += [
+                    (slot, mdev_type, src) for slot, src in zip(slots, type_sources, strict=True)
+                ]
+            self._execute(owner, items, OwnerKind.CLAIM, expires_at)
+            return {
+                r.source_uuid: r.uuid  # type: ignore[misc]
+                for r in self.ledger.by_owner(owner, OwnerKind.CLAIM)
+            }
 
     def _plan(
         self,
@@ -306,16 +340,25 @@ class MdevManager:
             creatable -= take
         return slots
 
-    def _execute(self, instance: str, mdev_type: str, slots: list[_Slot]) -> Allocation:
-        intent = self.ledger.begin_intent(IntentKind.ALLOCATE, instance)
+    def _execute(
+        self,
+        owner: str,
+        items: list[tuple[_Slot, str, str | None]],
+        owner_kind: OwnerKind = OwnerKind.INSTANCE,
+        expires_at: float | None = None,
+    ) -> None:
+        """Reserve or create every slot, then assign them all in one
+        transaction (with the intent's end), or undo what this call did."""
+        kind = IntentKind.CLAIM if owner_kind is OwnerKind.CLAIM else IntentKind.ALLOCATE
+        intent = self.ledger.begin_intent(kind, owner)
         self._step("allocate.intent")
-        uuids: list[str] = []
+        chosen: list[tuple[str, str | None]] = []
         created: list[str] = []
         try:
-            for slot in slots:
+            for slot, mdev_type, source in items:
                 if slot.reuse:
                     self.ledger.reserve(slot.reuse, intent)
-                    uuids.append(slot.reuse)
+                    chosen.append((slot.reuse, source))
                     self._step("allocate.reserved")
                     continue
                 new = str(uuid_mod.uuid4())
@@ -325,24 +368,30 @@ class MdevManager:
                 created.append(new)
                 self._step("allocate.created")
                 self.ledger.settle_created(new)
-                uuids.append(new)
+                chosen.append((new, source))
                 self._step("allocate.settled")
             with self.ledger.transaction():
-                for uuid in uuids:
-                    self.ledger.assign(uuid, instance, intent_id=intent)
+                for uuid, source in chosen:
+                    self.ledger.assign(
+                        uuid,
+                        owner,
+                        owner_kind=owner_kind,
+                        claim_expires_at=expires_at,
+                        intent_id=intent,
+                        source_uuid=source,
+                    )
                 self.ledger.finish_intent(intent)
             self._step("allocate.assigned")
         except BaseException:
             self._roll_back(intent, created)
             raise
-        records = tuple(self.ledger.by_owner(instance, OwnerKind.INSTANCE))
         LOG.info(
-            "allocated %s to instance %s: %s",
-            len(records),
-            instance,
-            ", ".join(f"{r.uuid} on {r.parent}" for r in records),
+            "%s %d mdev(s) for %s: %s",
+            "claimed" if owner_kind is OwnerKind.CLAIM else "allocated",
+            len(chosen),
+            owner,
+            ", ".join(uuid for uuid, _ in chosen),
         )
-        return Allocation(instance, records)
 
     def _roll_back(self, intent: int, created: list[str]) -> None:
         """Undo a failed allocate: remove what it created, free what it reserved."""
@@ -420,6 +469,44 @@ class MdevManager:
                 )
             return [r.uuid for r in records]
 
+    def commit_claim(self, owner: str) -> Allocation:
+        """The migration landed: the claim becomes the instance's allocation."""
+        validate_instance_id(owner)
+        with self._locked():
+            if not self.ledger.by_owner(owner, OwnerKind.CLAIM):
+                raise exception.MigrationClaimNotFound(instance=owner)
+            if self.ledger.by_owner(owner, OwnerKind.INSTANCE):
+                raise exception.InstanceAlreadyAllocated(
+                    instance=owner, count=len(self.ledger.by_owner(owner, OwnerKind.INSTANCE))
+                )
+            self.ledger.commit_claim(owner)
+            LOG.info("migration claim of %s committed", owner)
+            return self.allocation(owner)
+
+    def abort_claim(self, owner: str) -> list[str]:
+        """The migration failed or was cancelled: free the claimed mdevs
+        (kept for reuse).  Idempotent."""
+        validate_instance_id(owner)
+        with self._locked():
+            released = self.ledger.release_owner(owner, OwnerKind.CLAIM)
+            if released:
+                LOG.info("migration claim of %s aborted, %d mdev(s) freed", owner, len(released))
+            return [r.uuid for r in released]
+
+    def release_expired_claims(self) -> list[str]:
+        with self._locked():
+            return self._release_expired_claims()
+
+    def _release_expired_claims(self) -> list[str]:
+        # Callers hold the lock (the file lock is not re-entrant).
+        expired = self.ledger.expired_claims()
+        for record in expired:
+            self.ledger.release(record.uuid)
+            LOG.warning(
+                "migration claim of %s on mdev %s expired; freed", record.owner, record.uuid
+            )
+        return [r.uuid for r in expired]
+
     def adopt(self, uuid: str) -> MdevRecord:
         """Take ownership of a foreign mdev so the agent may reuse or remove it."""
         text = uuid.strip().lower() if isinstance(uuid, str) else ""
@@ -451,9 +538,7 @@ class MdevManager:
             snapshot = self.scan()
             self._check_recreatable(snapshot)
             self._settle_interrupted(snapshot, report)
-            for record in self.ledger.expired_claims():
-                self.ledger.release(record.uuid)
-                report.released_claims.append(record.uuid)
+            report.released_claims += self._release_expired_claims()
             self._recreate_missing(snapshot, report)
             owned = {r.uuid for r in self.ledger.all()}
             report.foreign = sorted(u for u in snapshot.mdevs if u not in owned)
@@ -507,9 +592,7 @@ class MdevManager:
             if record.uuid in snapshot.mdevs or record.state is not MdevState.PRESENT:
                 continue
             if record.parent not in snapshot.parents:
-                LOG.warning(
-                    "mdev %s waits for parent %s to come back", record.uuid, record.parent
-                )
+                LOG.warning("mdev %s waits for parent %s to come back", record.uuid, record.parent)
                 report.waiting_for_parent.append(record.uuid)
                 continue
             if not record.assigned and self.policy.type_for(record.parent) != record.mdev_type:

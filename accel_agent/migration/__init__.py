@@ -1,0 +1,1 @@
+"""Live migration with mdevs: destination claims, version gates, source XML rewrite."""

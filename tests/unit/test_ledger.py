@@ -115,7 +115,7 @@ def test_from_conf_uses_state_dir(tmp_path: Path) -> None:
 
 
 def test_new_ledger_has_current_schema(ledger: Ledger) -> None:
-    assert ledger.schema_version == SCHEMA_VERSION == 1
+    assert ledger.schema_version == SCHEMA_VERSION == 2
     tables = {
         r[0] for r in raw(ledger).execute("SELECT name FROM sqlite_master WHERE type='table'")
     }
@@ -124,16 +124,16 @@ def test_new_ledger_has_current_schema(ledger: Ledger) -> None:
 
 
 def test_v0_database_is_migrated(state_dir: Path) -> None:
-    """An existing, empty (user_version 0) database file is brought to v1."""
+    """An existing, empty (user_version 0) database file is brought to the current schema."""
     state_dir.mkdir(mode=0o700)
     sqlite3.connect(state_dir / "ledger.sqlite3").close()
     with Ledger(state_dir) as led:
-        assert led.schema_version == 1
+        assert led.schema_version == SCHEMA_VERSION
         present(led, 1)
         assert led.get(uid(1)) is not None
 
 
-def _v1_to_v2(conn: sqlite3.Connection) -> None:
+def _next_version(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE mdevs ADD COLUMN note TEXT NOT NULL DEFAULT ''")
     conn.execute("UPDATE mdevs SET note = 'migrated'")
 
@@ -142,8 +142,8 @@ def test_migration_to_a_later_version_keeps_data(state_dir: Path) -> None:
     with Ledger(state_dir) as led:
         present(led, 1)
         led.assign(uid(1), "inst-a")
-    with Ledger(state_dir, migrations=(*MIGRATIONS, _v1_to_v2)) as led:
-        assert led.schema_version == 2
+    with Ledger(state_dir, migrations=(*MIGRATIONS, _next_version)) as led:
+        assert led.schema_version == SCHEMA_VERSION + 1
         record = led.get(uid(1))
         assert record is not None and record.owner == "inst-a"
         note = led._conn.execute("SELECT note FROM mdevs WHERE uuid = ?", (uid(1),)).fetchone()
@@ -161,21 +161,22 @@ def test_failed_migration_changes_nothing(state_dir: Path) -> None:
     with pytest.raises(RuntimeError):
         Ledger(state_dir, migrations=(*MIGRATIONS, broken))
     with Ledger(state_dir) as led:
-        assert led.schema_version == 1
+        assert led.schema_version == SCHEMA_VERSION
         tables = {r[0] for r in led._conn.execute("SELECT name FROM sqlite_master")}
         assert "half_done" not in tables
         assert led.get(uid(1)) is not None
 
 
 def test_newer_schema_is_refused_and_untouched(state_dir: Path) -> None:
-    with Ledger(state_dir, migrations=(*MIGRATIONS, _v1_to_v2)) as led:
+    with Ledger(state_dir, migrations=(*MIGRATIONS, _next_version)) as led:
         present(led, 1)
         led._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     path = state_dir / "ledger.sqlite3"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     with pytest.raises(exception.LedgerSchemaTooNew) as info:
         Ledger(state_dir)
-    assert info.value.kwargs["found"] == 2 and info.value.kwargs["supported"] == 1
+    assert info.value.kwargs["found"] == SCHEMA_VERSION + 1
+    assert info.value.kwargs["supported"] == SCHEMA_VERSION
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
 
@@ -609,3 +610,27 @@ def test_constraint_failure_is_a_ledger_error(ledger: Ledger) -> None:
             (uid(1), "inst-b", "instance"),
         )
     assert ledger.get(uid(1)).owner == "inst-a"
+
+
+def test_v1_ledger_is_migrated_to_v2_keeping_assignments(state_dir: Path) -> None:
+    """The real v1 -> v2 step (claim source UUIDs) on a database written by v1."""
+    with Ledger(state_dir, migrations=MIGRATIONS[:1]) as led:
+        assert led.schema_version == 1
+        # Raw SQL: this code's queries already expect v2 columns.
+        led._conn.execute(
+            "INSERT INTO mdevs (uuid, parent, mdev_type, state, created_at, updated_at) "
+            "VALUES (?, ?, ?, 'present', 0, 0)",
+            (uid(1), PCI, NV),
+        )
+        led._conn.execute(
+            "INSERT INTO assignments (uuid, owner, owner_kind, assigned_at) "
+            "VALUES (?, 'inst-a', 'instance', 0)",
+            (uid(1),),
+        )
+    with Ledger(state_dir) as led:
+        assert led.schema_version == 2
+        record = led.get(uid(1))
+        assert record is not None and record.owner == "inst-a" and record.source_uuid is None
+        present(led, 2)
+        led.assign(uid(2), "inst-b", owner_kind="claim", claim_expires_at=1e12, source_uuid=uid(9))
+        assert led.get(uid(2)).source_uuid == uid(9)

@@ -1,0 +1,101 @@
+"""Destination side of a live migration with mdevs (DESIGN.md §7).
+
+``claim`` checks this host's versions (and the source's, when the source
+sends them), checks that every source type is offered here, then holds one
+mdev per source mdev of the same type as an expiring, persisted claim and
+answers ``{source uuid: destination uuid}``.  ``commit`` turns the claim
+into the instance's allocation once the migration landed; ``abort`` frees
+it; claims nobody commits or aborts expire (the periodic task frees them).
+Unlike Nova, whose claims live in memory, a destination restart keeps them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from accel_agent import exception
+from accel_agent.mdev.ledger import OwnerKind
+from accel_agent.mdev.manager import Allocation, MdevManager
+from accel_agent.migration import versions as versions_mod
+from accel_agent.sysfs.scanner import is_canonical_uuid
+
+_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_MDEVS = 64
+
+
+def normalise_sources(sources: Any) -> dict[str, str]:
+    """``{src uuid: type}`` from a caller: UUIDs lower-cased and checked."""
+    if not isinstance(sources, Mapping) or not sources:
+        raise exception.InvalidMigrationRequest(
+            reason="mdevs must be a non-empty object {source uuid: mdev type}"
+        )
+    if len(sources) > MAX_MDEVS:
+        raise exception.InvalidMigrationRequest(reason=f"more than {MAX_MDEVS} mdevs")
+    normalised: dict[str, str] = {}
+    for uuid, mdev_type in sources.items():
+        key = uuid.lower() if isinstance(uuid, str) else uuid
+        if not isinstance(key, str) or not is_canonical_uuid(key):
+            raise exception.InvalidMdevUUID(uuid=uuid, where=" in mdevs", reason="not a UUID")
+        if not isinstance(mdev_type, str) or not _TYPE_RE.match(mdev_type):
+            raise exception.InvalidMigrationRequest(
+                reason=f"mdev type {mdev_type!r} of {key} is not a type id"
+            )
+        if key in normalised:
+            raise exception.InvalidMigrationRequest(reason=f"{key} is given twice")
+        normalised[key] = mdev_type
+    return normalised
+
+
+class MigrationDestination:
+    def __init__(
+        self,
+        manager: MdevManager,
+        host_versions: Callable[[], versions_mod.HostVersions],
+        minimums: versions_mod.Minimums | None = None,
+        claim_timeout: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.manager = manager
+        self.host_versions = host_versions
+        self.minimums = minimums or versions_mod.Minimums()
+        self.claim_timeout = claim_timeout
+        self.clock = clock
+
+    def claim(
+        self,
+        instance: str,
+        sources: Mapping[str, str],
+        source_versions: Mapping[str, Any] | None = None,
+    ) -> dict[str, str]:
+        wanted = normalise_sources(sources)
+        if source_versions is not None:
+            versions_mod.check(
+                versions_mod.HostVersions.from_dict(source_versions), "source", self.minimums
+            )
+        versions_mod.check(self.host_versions(), "destination", self.minimums)
+        offered = {p.mdev_type for p in self.manager.inventory().providers}
+        missing = sorted(set(wanted.values()) - offered)
+        if missing:
+            raise exception.MigrationTypesUnsupported(
+                types=", ".join(missing), supported=", ".join(sorted(offered)) or "none"
+            )
+        return self.manager.claim(instance, wanted, self.clock() + self.claim_timeout)
+
+    def commit(self, instance: str) -> Allocation:
+        return self.manager.commit_claim(instance)
+
+    def abort(self, instance: str) -> list[str]:
+        return self.manager.abort_claim(instance)
+
+    def claims(self, instance: str) -> dict[str, Any]:
+        records = self.manager.ledger.by_owner(instance, OwnerKind.CLAIM)
+        if not records:
+            raise exception.MigrationClaimNotFound(instance=instance)
+        return {
+            "instance": instance,
+            "mapping": {r.source_uuid: r.uuid for r in records},
+            "expires_at": min(r.claim_expires_at or 0 for r in records),
+        }
