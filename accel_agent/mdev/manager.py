@@ -41,7 +41,8 @@ from accel_agent.mdev.ledger import (
 )
 from accel_agent.mdev.policy import MdevPolicy
 from accel_agent.sysfs import address, scanner
-from accel_agent.sysfs.model import HostSnapshot
+from accel_agent.sysfs.model import HostSnapshot, Parent
+from accel_agent.sysfs.rescan import Rescanner
 
 LOG = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class MdevManager:
         # Crash tests hook here to kill the process between two steps.
         self._on_step = on_step or (lambda step: None)
         self._thread_lock = threading.RLock()
+        self._rescanner = Rescanner(sysfs_root)
 
     # --- plumbing ----------------------------------------------------------------
 
@@ -176,7 +178,17 @@ class MdevManager:
         self._on_step(name)
 
     def scan(self) -> HostSnapshot:
-        return scanner.scan(self.sysfs_root)
+        """Fresh parents, mdevs and counters of the configured types: all any
+        decision here needs.  Steady-state rescans re-read only those."""
+        return self._rescanner.rescan(self._configured_types)
+
+    def scan_all(self) -> HostSnapshot:
+        """Like :meth:`scan` with every type's counter fresh (for listings)."""
+        return self._rescanner.rescan()
+
+    def _configured_types(self, parent: Parent) -> set[str]:
+        mdev_type = self.policy.type_for(parent)
+        return {mdev_type} if mdev_type else set()
 
     def set_policy(self, policy: MdevPolicy) -> None:
         with self._thread_lock:

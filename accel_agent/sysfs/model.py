@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-_EMPTY: Mapping[str, str] = MappingProxyType({})
-
 
 @dataclass(frozen=True, slots=True)
 class MdevType:
@@ -23,9 +21,14 @@ class MdevType:
     available_instances: int
     name: str | None = None
     description: str | None = None
-    # ``description`` parsed as key=value pairs (NVIDIA: "a=1, b=2";
-    # i915: "a: 1" lines); values are kept as text.
-    description_fields: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+    @property
+    def description_fields(self) -> Mapping[str, str]:
+        """``description`` as key/value pairs (NVIDIA: "a=1, b=2"; i915: "a: 1"
+        lines).  Parsed on use: a scan reads thousands of types and needs few."""
+        from accel_agent.sysfs.scanner import parse_description
+
+        return MappingProxyType(parse_description(self.description))
 
     @property
     def max_instance(self) -> int | None:
@@ -77,16 +80,17 @@ class HostSnapshot:
     mdevs: Mapping[str, Mdev]
     # One line per item the scan skipped (unreadable, garbage, dangling).
     warnings: tuple[str, ...] = ()
+    # parent name -> its mdevs sorted by UUID; built once so that per-type
+    # lookups over thousands of types stay linear.
+    by_parent: Mapping[str, tuple[Mdev, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def mdevs_on(self, parent: str, mdev_type: str | None = None) -> list[Mdev]:
-        return sorted(
-            (
-                m
-                for m in self.mdevs.values()
-                if m.parent == parent and (mdev_type is None or m.mdev_type == mdev_type)
-            ),
-            key=lambda m: m.uuid,
-        )
+        on_parent = self.by_parent.get(parent, ())
+        if mdev_type is None:
+            return list(on_parent)
+        return [m for m in on_parent if m.mdev_type == mdev_type]
 
     def parents_of_gpu(self, physical_gpu: str) -> list[Parent]:
         return [p for p in self.parents.values() if p.physical_gpu == physical_gpu]

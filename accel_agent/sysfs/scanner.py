@@ -54,14 +54,55 @@ def parse_description(description: str | None) -> dict[str, str]:
     return fields
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8").rstrip("\n")
+    except UnicodeDecodeError:
+        return data.decode("latin-1").rstrip("\n")
+
+
+def read_at(dir_fd: int, name: str) -> str | None:
+    """One sysfs attribute, opened relative to an open directory: no path walk
+    per file, which is most of a scan's cost on a tree of thousands of types."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return _decode(os.read(fd, 65536))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def open_dir(name: str, dir_fd: int | None = None, follow: bool = True) -> int | None:
+    flags = _DIR_FLAGS if follow else _DIR_FLAGS | os.O_NOFOLLOW
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+def link_name_at(dir_fd: int, name: str) -> str | None:
+    """basename of a link's target, the way mdevctl and KubeVirt name
+    drivers, types and groups; None when the link is absent."""
+    try:
+        return os.path.basename(os.readlink(name, dir_fd=dir_fd).rstrip("/")) or None
+    except OSError:
+        return None
+
+
 class _Scan:
     """One pass over a tree; collects warnings instead of raising."""
 
     def __init__(self, root: str) -> None:
         self.root = os.path.realpath(root)
         self.warnings: list[str] = []
-
-    # -- small readers --------------------------------------------------------------
 
     def warn(self, message: str) -> None:
         LOG.warning("sysfs scan: %s", message)
@@ -78,28 +119,7 @@ class _Scan:
         return real
 
     @staticmethod
-    def read(path: str) -> str | None:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read(65536)
-        except OSError:
-            return None
-        try:
-            return data.decode("utf-8").rstrip("\n")
-        except UnicodeDecodeError:
-            return data.decode("latin-1").rstrip("\n")
-
-    @staticmethod
-    def link_name(path: str) -> str | None:
-        """basename of a link's target, the way mdevctl and KubeVirt name
-        drivers, types and groups; None when the link is absent."""
-        try:
-            return os.path.basename(os.readlink(path).rstrip("/")) or None
-        except OSError:
-            return None
-
-    @staticmethod
-    def listdir(path: str) -> list[str]:
+    def listdir(path: str | int) -> list[str]:
         try:
             return sorted(os.listdir(path))
         except OSError:
@@ -117,9 +137,16 @@ class _Scan:
 
     def parent(self, name: str) -> Parent | None:
         device = self.resolve(os.path.join(self.root, MDEV_BUS, name))
-        if device is None:
+        device_fd = open_dir(device) if device is not None else None
+        if device is None or device_fd is None:
             self.warn(f"parent {name}: class/mdev_bus link is dangling or leaves the root")
             return None
+        try:
+            return self._parent(name, device, device_fd)
+        finally:
+            os.close(device_fd)
+
+    def _parent(self, name: str, device: str, device_fd: int) -> Parent:
         pci_address = (
             address.parse_pci_address(name) if address.is_pci_address(name) else None
         )
@@ -129,27 +156,31 @@ class _Scan:
             physfn_name = os.path.basename(physfn_dir)
             if address.is_pci_address(physfn_name):
                 physfn = address.parse_pci_address(physfn_name)
-        types = {}
-        types_dir = os.path.join(device, SUPPORTED_TYPES)
-        for type_id in self.listdir(types_dir):
-            mdev_type = self.mdev_type(name, type_id, os.path.join(types_dir, type_id))
-            if mdev_type is not None:
-                types[type_id] = mdev_type
+        types: dict[str, MdevType] = {}
+        types_fd = open_dir(SUPPORTED_TYPES, device_fd)
+        if types_fd is not None:
+            try:
+                for type_id in self.listdir(types_fd):
+                    mdev_type = self.mdev_type(name, type_id, types_fd)
+                    if mdev_type is not None:
+                        types[type_id] = mdev_type
+            finally:
+                os.close(types_fd)
         return Parent(
             name=name,
             device_path=os.path.relpath(device, self.root),
             pci_address=pci_address,
             physical_gpu=physfn or pci_address or name,
             physfn=physfn,
-            numa_node=self.numa_node(name, device),
-            driver=self.link_name(os.path.join(device, "driver")),
-            vendor_id=self.read(os.path.join(device, "vendor")),
-            device_id=self.read(os.path.join(device, "device")),
+            numa_node=self.numa_node(name, device_fd),
+            driver=link_name_at(device_fd, "driver"),
+            vendor_id=read_at(device_fd, "vendor"),
+            device_id=read_at(device_fd, "device"),
             types=MappingProxyType(types),
         )
 
-    def numa_node(self, parent: str, device: str) -> int | None:
-        raw = self.read(os.path.join(device, "numa_node"))
+    def numa_node(self, parent: str, device_fd: int) -> int | None:
+        raw = read_at(device_fd, "numa_node")
         if raw is None:
             return None
         try:
@@ -159,36 +190,39 @@ class _Scan:
             return None
         return node if node >= 0 else None
 
-    def mdev_type(self, parent: str, type_id: str, path: str) -> MdevType | None:
-        if not os.path.isdir(path):
+    def mdev_type(self, parent: str, type_id: str, types_fd: int) -> MdevType | None:
+        # Type directories are never links in the kernel's layout: do not follow one.
+        type_fd = open_dir(type_id, types_fd, follow=False)
+        if type_fd is None:
             self.warn(f"parent {parent}: type {type_id} is not a directory")
             return None
-        device_api = self.read(os.path.join(path, "device_api"))
-        raw_available = self.read(os.path.join(path, "available_instances"))
-        if device_api is None or raw_available is None:
-            missing = "device_api" if device_api is None else "available_instances"
-            self.warn(f"parent {parent}: type {type_id} has no readable {missing}; skipped")
-            return None
         try:
-            available = int(raw_available.strip())
-        except ValueError:
-            self.warn(
-                f"parent {parent}: type {type_id} available_instances {raw_available!r} "
-                "is not a number; skipped"
+            device_api = read_at(type_fd, "device_api")
+            raw_available = read_at(type_fd, "available_instances")
+            if device_api is None or raw_available is None:
+                missing = "device_api" if device_api is None else "available_instances"
+                self.warn(f"parent {parent}: type {type_id} has no readable {missing}; skipped")
+                return None
+            try:
+                available = int(raw_available.strip())
+            except ValueError:
+                self.warn(
+                    f"parent {parent}: type {type_id} available_instances {raw_available!r} "
+                    "is not a number; skipped"
+                )
+                return None
+            if available < 0:
+                self.warn(f"parent {parent}: type {type_id} available_instances {available} < 0")
+                return None
+            return MdevType(
+                type_id=type_id,
+                device_api=device_api.strip(),
+                available_instances=available,
+                name=read_at(type_fd, "name"),
+                description=read_at(type_fd, "description"),
             )
-            return None
-        if available < 0:
-            self.warn(f"parent {parent}: type {type_id} available_instances {available} < 0")
-            return None
-        description = self.read(os.path.join(path, "description"))
-        return MdevType(
-            type_id=type_id,
-            device_api=device_api.strip(),
-            available_instances=available,
-            name=self.read(os.path.join(path, "name")),
-            description=description,
-            description_fields=MappingProxyType(parse_description(description)),
-        )
+        finally:
+            os.close(type_fd)
 
     # -- mediated devices ---------------------------------------------------------
 
@@ -238,6 +272,13 @@ class _Scan:
             iommu_group=iommu_group,
         )
 
+    @staticmethod
+    def link_name(path: str) -> str | None:
+        try:
+            return os.path.basename(os.readlink(path).rstrip("/")) or None
+        except OSError:
+            return None
+
 
 def scan(sysfs_root: str) -> HostSnapshot:
     """Scan ``sysfs_root`` (``/sys`` or any tree shaped like it)."""
@@ -246,9 +287,13 @@ def scan(sysfs_root: str) -> HostSnapshot:
     walker = _Scan(sysfs_root)
     parents = walker.parents()
     mdevs = walker.mdevs(parents)
+    by_parent: dict[str, list[Mdev]] = {}
+    for mdev in sorted(mdevs.values(), key=lambda m: m.uuid):
+        by_parent.setdefault(mdev.parent, []).append(mdev)
     return HostSnapshot(
         root=walker.root,
         parents=MappingProxyType(parents),
         mdevs=MappingProxyType(mdevs),
         warnings=tuple(walker.warnings),
+        by_parent=MappingProxyType({k: tuple(v) for k, v in by_parent.items()}),
     )
