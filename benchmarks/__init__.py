@@ -1,0 +1,4 @@
+"""Benchmarks of accel-agent (``make bench``); results go to BENCHMARKS.md.
+
+Speed is measured here, never asserted in tests.
+"""

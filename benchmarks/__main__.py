@@ -1,0 +1,133 @@
+"""``python -m benchmarks [--quick] [--only a,b,...] [--output BENCHMARKS.md]``
+
+Runs the benchmarks of DESIGN.md §9 and writes a Markdown report with the
+machine, the date and the command.  (a) cold CLI vs mdevctl, (b) in-process
+rescan, (c) allocate/release through the API, (d) XML rewrite, (e) daemon
+RSS, (f) time from an mdev removed behind the agent to inventory updated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Callable
+
+from benchmarks import cold, rescan, timing, xml
+
+TARGETS = {
+    "a": "accelctl types --json no slower than mdevctl types in the same run",
+    "b": "steady-state rescan <= 15 ms, >= 10x faster than mdevctl types",
+    "c": "p99 allocate <= 50 ms at 8 clients",
+    "d": "XML rewrite of 16 mdevs <= 1 ms",
+    "e": "daemon RSS <= 80 MB",
+    "f": "inventory updated <= 1 s after an mdev vanishes",
+}
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next(
+                line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        pass
+    return (
+        f"{os.cpu_count()} cores ({model}), kernel {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def fmt(value: object) -> str:
+    if isinstance(value, dict) and "median" in value:
+        return (
+            f"median {timing.ms(value['median'])}, p90 {timing.ms(value['p90'])}, "
+            f"min {timing.ms(value['min'])} ({value['runs']} runs)"
+        )
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return str(value)
+
+
+def section(title: str, results: dict[str, object], notes: list[str]) -> list[str]:
+    lines = [f"### {title}", "", "| what | result |", "| --- | --- |"]
+    lines += [f"| {name} | {fmt(value)} |" for name, value in results.items()]
+    return [*lines, "", *notes, ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--only", default="abcdef", help="letters of the benchmarks to run")
+    parser.add_argument("--quick", action="store_true", help="fewer runs, 256-parent tree only")
+    parser.add_argument("--output", help="write the Markdown report here")
+    args = parser.parse_args(argv)
+    runs = 5 if args.quick else 15
+    sizes = [(256, 24)] if args.quick else [(256, 24), (1024, 24)]
+    out: list[str] = []
+
+    def run(letter: str, title: str, body: Callable[[], list[str]]) -> None:
+        if letter in args.only:
+            print(f"running ({letter}) {title} ...", file=sys.stderr, flush=True)
+            out.extend(body())
+
+    def cold_body() -> list[str]:
+        lines = []
+        for parents, types in sizes:
+            results = cold.measure(parents, types, runs)
+            notes = []
+            base = results.get("mdevctl types --dumpjson (chroot)")
+            ours = results.get("accelctl types --json")
+            if isinstance(base, dict) and isinstance(ours, dict):
+                notes.append(f"Ratio accelctl / mdevctl: {ours['median'] / base['median']:.2f}")
+            lines += section(f"(a) cold listing, {parents} parents x {types} types", results, notes)
+        return lines
+
+    def rescan_body() -> list[str]:
+        lines = []
+        for parents, types in sizes:
+            lines += section(
+                f"(b) in-process rescan, {parents} x {types}",
+                rescan.measure(parents, types, runs * 4),
+                [],
+            )
+        return lines
+
+    run("a", "cold listing", cold_body)
+    run("b", "rescan", rescan_body)
+    run("d", "XML rewrite", lambda: section("(d) XML rewrite", xml.measure(2000), []))
+    if any(letter in args.only for letter in "cef"):
+        try:
+            from benchmarks import daemon
+        except ImportError as exc:
+            out.extend([f"### (c), (e), (f) skipped: {exc}", ""])
+        else:
+            out.extend(daemon.report(args.only, args.quick))
+
+    command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
+    header = [
+        "# Benchmarks",
+        "",
+        f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {machine()}",
+        f"- command: `{command.strip()}` (what `make bench` runs)",
+        "",
+        "Targets (DESIGN.md §9):",
+        "",
+        *[f"- ({k}) {v}" for k, v in TARGETS.items()],
+        "",
+    ]
+    report = "\n".join(header + out)
+    if args.output:
+        with open(args.output, "w") as handle:
+            handle.write(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Small timing helpers: medians and percentiles of repeated runs."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def run_command(argv: Sequence[str], runs: int, warmup: int = 2) -> list[float]:
+    """Wall time of a whole process, ``runs`` times after ``warmup`` runs."""
+    samples = []
+    for i in range(warmup + runs):
+        start = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        if i >= warmup:
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def run_callable(func: Callable[[], object], runs: int, warmup: int = 3) -> list[float]:
+    samples = []
+    for i in range(warmup + runs):
+        start = time.perf_counter()
+        func()
+        if i >= warmup:
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def summary(samples: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(samples),
+        "p90": percentile(samples, 90),
+        "min": min(samples),
+        "runs": len(samples),
+    }
