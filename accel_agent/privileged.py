@@ -61,15 +61,23 @@ import re
 import shlex
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from oslo_config import cfg
-from oslo_privsep import priv_context
 
 from accel_agent import conf as agent_conf
 from accel_agent import exception
 from accel_agent.sysfs import address
+
+# oslo.privsep's daemon module imports eventlet, which prints its own
+# deprecation notice on import.  The agent never uses eventlet (threading
+# everywhere) and an operator can do nothing about it: keep it out of
+# accelctl's and the daemon's output.
+warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category=Warning)
+
+from oslo_privsep import priv_context  # noqa: E402 - after the filter above
 
 LOG = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ CTL=(.venv/bin/accelctl)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
 
+rm -rf "$DEMO_DIR/state"
 mkdir -p "$SYSFS" "$DEMO_DIR/state"
 "${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true
 trap '"${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true' EXIT
@@ -25,6 +26,10 @@ cat >"$CONF" <<CONF
 host = demo-host
 sysfs_root = $SYSFS
 state_dir = $DEMO_DIR/state
+
+[libvirt]
+# no libvirt on a simulated host
+uri =
 
 [devices]
 # nvidia-35 is the default type of every GPU not listed below.
@@ -54,6 +59,22 @@ run "${CTL[@]}" --config-file "$CONF" types
 
 step "Inventory per physical GPU (what Placement receives)"
 run "${CTL[@]}" --config-file "$CONF" inventory
+
+step "Allocate 3 vGPUs to an instance (created through the privileged helper)"
+run "${CTL[@]}" --config-file "$CONF" allocate demo-vm-1 --count 3
+run "${CTL[@]}" --config-file "$CONF" domain-xml demo-vm-1
+
+step "Simulated host reboot: every mdev is gone"
+run "${CTL[@]}" simulate reboot "$SYSFS"
+run "${CTL[@]}" --config-file "$CONF" mdevs
+
+step "Recovery re-creates them with the same UUIDs on the same GPUs"
+run "${CTL[@]}" --config-file "$CONF" recover
+run "${CTL[@]}" --config-file "$CONF" mdevs
+run "${CTL[@]}" --config-file "$CONF" inventory
+
+step "Release and remove"
+run "${CTL[@]}" --config-file "$CONF" release demo-vm-1 --remove
 
 step "A broken config is refused, naming the address and both types"
 cat >"$DEMO_DIR/broken.conf" <<CONF

@@ -62,14 +62,15 @@ class PrivsepWriter:
     """Writes through the oslo.privsep daemon, started on first use with the
     agent's own config files (the daemon reads ``sysfs_root`` from them)."""
 
-    def __init__(self) -> None:
+    def _ensure_started(self) -> Any:
+        # Imported on the first write: oslo.privsep is heavy, and read-only
+        # commands build a manager too.
         from accel_agent import privileged
 
         self._privileged = privileged
-
-    def _ensure_started(self) -> None:
-        if self._privileged.sysfs_admin.channel is None:
-            self._privileged.start_privsep()
+        if privileged.sysfs_admin.channel is None:
+            privileged.start_privsep()
+        return privileged
 
     def create(self, parent: str, mdev_type: str, uuid: str) -> None:
         self._ensure_started()
