@@ -62,4 +62,4 @@ bench: venv
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache
+	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache tests/realkernel/results

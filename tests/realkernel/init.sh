@@ -1,0 +1,83 @@
+#!/bin/busybox sh
+# /init of the real-kernel lab's initramfs (busybox-static + a few .ko files).
+#
+# 1. load the virtio/9p chain, mount the host's / (read-only) and the results
+#    share (read-write, at the same path as on the host);
+# 2. load vfio + mdev + mtty in dependency order (lib/modules/*.order, computed by
+#    labtool.py modorder) and check that the mtty parent appeared;
+# 3. run lab_cmd=SCRIPT (written by lab.sh into the results share) with bash,
+#    chrooted into the host root, with the guest's own /proc, /sys, /dev and
+#    tmpfs over /tmp, /var/tmp, /run, /dev/shm;
+# 4. write the exit status to <results>/guest-rc and power off (QEMU exits:
+#    -no-reboot; a panic exits too: panic=-1).
+# Lines starting with "@@" on the console are for humans reading console.log.
+
+/bin/busybox --install -s /bin
+export PATH=/bin
+H=/mnt/host
+
+say() { echo "@@ $* (uptime $(cut -d' ' -f1 /proc/uptime))"; }
+finish() {
+	# $1 = exit status, $2 = reason when the lab itself failed
+	[ -n "$2" ] && say "LAB_ERROR $2"
+	if [ -n "$OUT" ] && grep -q " $H$OUT 9p " /proc/mounts; then
+		[ -n "$2" ] && echo "$2" >"$H$OUT/guest-error"
+		dmesg >"$H$OUT/dmesg.log" 2>&1
+		echo "$1" >"$H$OUT/guest-rc"
+		umount "$H$OUT"
+	fi
+	sync
+	say "POWEROFF rc=$1"
+	poweroff -f
+	sleep 60 # poweroff -f does not return; never let PID 1 exit (that panics)
+}
+load() {
+	# shellcheck disable=SC2013 # the order files are one line of words
+	for m in $(cat "/lib/modules/$1.order"); do
+		insmod "/lib/modules/$m.ko" || return 1
+	done
+}
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+OUT='' CMD=''
+# shellcheck disable=SC2013 # the command line is one line of words
+for arg in $(cat /proc/cmdline); do
+	case "$arg" in
+	lab_out=*) OUT=${arg#lab_out=} ;;
+	lab_cmd=*) CMD=${arg#lab_cmd=} ;;
+	esac
+done
+say "INIT kernel $(uname -r)"
+
+load 9p || finish 70 "insmod of the 9p chain failed: $(cat /lib/modules/9p.order)"
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot $H ||
+	finish 70 "mounting the host root over 9p failed"
+mount -t proc proc $H/proc
+mount -t sysfs sysfs $H/sys
+mount -t devtmpfs devtmpfs $H/dev
+mkdir -p $H/dev/shm $H/dev/pts
+mount -t devpts devpts $H/dev/pts
+for d in tmp var/tmp run dev/shm; do mount -t tmpfs -o mode=1777 tmpfs "$H/$d"; done
+[ -n "$OUT" ] || finish 70 "no lab_out= on the kernel command line"
+mkdir -p "$H$OUT" 2>/dev/null # only possible when it lies on one of the tmpfs above
+mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=262144 results "$H$OUT" ||
+	finish 70 "mounting the results share at $OUT failed"
+
+load mdev || finish 70 "insmod of the mdev chain failed: $(cat /lib/modules/mdev.order)"
+[ -d /sys/class/mdev_bus/mtty ] || finish 70 "mtty loaded but /sys/class/mdev_bus/mtty is missing"
+say "MDEV_PARENTS $(ls /sys/class/mdev_bus)"
+[ -n "$CMD" ] || finish 70 "no lab_cmd= on the kernel command line"
+
+say "GUEST_CMD_START $CMD"
+chroot $H /usr/bin/env -i \
+	PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8 TERM=dumb \
+	PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+	ACCEL_REALKERNEL_GUEST=1 LAB_OUT="$OUT" \
+	/bin/bash "$CMD"
+rc=$?
+say "GUEST_CMD_RC $rc"
+finish $rc
