@@ -163,6 +163,11 @@ class MdevManager:
 
     # --- plumbing ----------------------------------------------------------------
 
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """The manager's lock, for a caller that must check and change the
+        policy atomically with respect to allocations (a config reload)."""
+        return self._locked()
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         from oslo_concurrency import lockutils
@@ -360,50 +365,82 @@ class MdevManager:
         owner_kind: OwnerKind = OwnerKind.INSTANCE,
         expires_at: float | None = None,
     ) -> None:
-        """Reserve or create every slot, then assign them all in one
-        transaction (with the intent's end), or undo what this call did."""
+        """Reserve or create every slot, then assign them all, or undo what
+        this call did.
+
+        Two ledger commits whatever the count (each one an fsync): the
+        intent with every reservation and create intent before the first
+        sysfs write, then the settlement with every assignment after the
+        last.  A reuse-only allocation writes nothing to sysfs, so it is a
+        single transaction with no intent at all.
+        """
         kind = IntentKind.CLAIM if owner_kind is OwnerKind.CLAIM else IntentKind.ALLOCATE
-        intent = self.ledger.begin_intent(kind, owner)
-        self._step("allocate.intent")
         chosen: list[tuple[str, str | None]] = []
-        created: list[str] = []
-        try:
+        to_create: list[tuple[str, str, str]] = []
+        if all(slot.reuse for slot, _, _ in items):
+            with self.ledger.transaction():
+                for slot, _type, source in items:
+                    assert slot.reuse is not None
+                    self._assign(slot.reuse, owner, owner_kind, expires_at, None, source)
+            self._step("allocate.assigned")
+            self._log_assigned(owner, owner_kind, [slot.reuse for slot, _, _ in items])
+            return
+        with self.ledger.transaction():
+            intent = self.ledger.begin_intent(kind, owner)
             for slot, mdev_type, source in items:
                 if slot.reuse:
                     self.ledger.reserve(slot.reuse, intent)
                     chosen.append((slot.reuse, source))
-                    self._step("allocate.reserved")
                     continue
                 new = str(uuid_mod.uuid4())
                 self.ledger.record_create_intent(new, slot.parent, mdev_type, intent_id=intent)
-                self._step("allocate.create_intent")
-                self.writer.create(slot.parent, mdev_type, new)
+                to_create.append((new, slot.parent, mdev_type))
+                chosen.append((new, source))
+        self._step("allocate.intent")
+        created: list[str] = []
+        try:
+            for new, parent, mdev_type in to_create:
+                self.writer.create(parent, mdev_type, new)
                 created.append(new)
                 self._step("allocate.created")
-                self.ledger.settle_created(new)
-                chosen.append((new, source))
-                self._step("allocate.settled")
             with self.ledger.transaction():
+                for new in created:
+                    self.ledger.settle_created(new)
                 for uuid, source in chosen:
-                    self.ledger.assign(
-                        uuid,
-                        owner,
-                        owner_kind=owner_kind,
-                        claim_expires_at=expires_at,
-                        intent_id=intent,
-                        source_uuid=source,
-                    )
+                    self._assign(uuid, owner, owner_kind, expires_at, intent, source)
                 self.ledger.finish_intent(intent)
             self._step("allocate.assigned")
         except BaseException:
             self._roll_back(intent, created)
             raise
+        self._log_assigned(owner, owner_kind, [uuid for uuid, _ in chosen])
+
+    def _assign(
+        self,
+        uuid: str,
+        owner: str,
+        owner_kind: OwnerKind,
+        expires_at: float | None,
+        intent: int | None,
+        source: str | None,
+    ) -> None:
+        self.ledger.assign(
+            uuid,
+            owner,
+            owner_kind=owner_kind,
+            claim_expires_at=expires_at,
+            intent_id=intent,
+            source_uuid=source,
+        )
+
+    @staticmethod
+    def _log_assigned(owner: str, owner_kind: OwnerKind, uuids: list[str | None]) -> None:
         LOG.info(
             "%s %d mdev(s) for %s: %s",
             "claimed" if owner_kind is OwnerKind.CLAIM else "allocated",
-            len(chosen),
+            len(uuids),
             owner,
-            ", ".join(uuid for uuid, _ in chosen),
+            ", ".join(str(u) for u in uuids),
         )
 
     def _roll_back(self, intent: int, created: list[str]) -> None:
@@ -426,29 +463,28 @@ class MdevManager:
                     self.ledger.settle_created(uuid)
         self.ledger.finish_intent(intent)
 
-    def _remove_owned(self, uuid: str, intent: int | None = None) -> None:
-        self.ledger.record_remove_intent(uuid, intent_id=intent)
-        self._step("release.remove_intent")
-        # Already gone (ENOENT) reaches the goal too.
+    def _remove_owned(self, uuid: str) -> None:
+        """Remove one owned, unassigned mdev (rollback and recovery paths)."""
+        self.ledger.record_remove_intent(uuid)
         with contextlib.suppress(exception.MdevNotFound):
             self.writer.remove(uuid, self.remove_timeout)
-        self._step("release.removed")
         self.ledger.forget(uuid)
-        self._step("release.forgotten")
 
     # --- release / adopt ------------------------------------------------------------
 
     def release(self, instance: str, remove: bool = False) -> list[str]:
-        """Free (or remove) the instance's mdevs; returns their UUIDs.  Idempotent."""
+        """Free (or remove) the instance's mdevs; returns their UUIDs.  Idempotent.
+
+        With ``remove``: one commit drops the assignments and records every
+        remove intent, the sysfs writes follow, one commit settles them.
+        """
         validate_instance_id(instance)
         with self._locked():
             records = self.ledger.by_owner(instance, OwnerKind.INSTANCE)
             if not records:
                 return []
-            intent = self.ledger.begin_intent(IntentKind.RELEASE, instance)
-            self.ledger.release_owner(instance, OwnerKind.INSTANCE)
-            self._step("release.released")
             kept: list[str] = []
+            removable: list[str] = []
             if remove:
                 referenced = self.domains.referenced_uuids()
                 if referenced is None:
@@ -461,14 +497,26 @@ class MdevManager:
                             record.uuid,
                         )
                         kept.append(record.uuid)
-                        continue
-                    try:
-                        self._remove_owned(record.uuid, intent)
-                    except exception.MdevRemoveTimeout:
-                        self.ledger.cancel_remove(record.uuid)
-                        kept.append(record.uuid)
-                        LOG.error("mdev %s is still held; kept as a free mdev", record.uuid)
-            self.ledger.finish_intent(intent)
+                    else:
+                        removable.append(record.uuid)
+            with self.ledger.transaction():
+                intent = self.ledger.begin_intent(IntentKind.RELEASE, instance)
+                self.ledger.release_owner(instance, OwnerKind.INSTANCE)
+                for uuid in removable:
+                    self.ledger.record_remove_intent(uuid, intent_id=intent)
+                if not removable:
+                    self.ledger.finish_intent(intent)
+            self._step("release.released")
+            if removable:
+                gone, held = self._remove_all(removable)
+                with self.ledger.transaction():
+                    for uuid in gone:
+                        self.ledger.forget(uuid)
+                    for uuid in held:
+                        self.ledger.cancel_remove(uuid)
+                    self.ledger.finish_intent(intent)
+                self._step("release.forgotten")
+                kept += held
             LOG.info(
                 "released %d mdev(s) of instance %s%s",
                 len(records),
@@ -481,6 +529,22 @@ class MdevManager:
                     reason="released but not removed: a domain or a VM still holds it",
                 )
             return [r.uuid for r in records]
+
+    def _remove_all(self, uuids: list[str]) -> tuple[list[str], list[str]]:
+        """The sysfs removes of recorded remove intents: (gone, still held)."""
+        gone: list[str] = []
+        held: list[str] = []
+        for uuid in uuids:
+            try:
+                # Already gone (ENOENT) reaches the goal too.
+                with contextlib.suppress(exception.MdevNotFound):
+                    self.writer.remove(uuid, self.remove_timeout)
+                gone.append(uuid)
+            except exception.MdevRemoveTimeout:
+                LOG.error("mdev %s is still held by a VM; kept as a free mdev", uuid)
+                held.append(uuid)
+            self._step("release.removed")
+        return gone, held
 
     def commit_claim(self, owner: str) -> Allocation:
         """The migration landed: the claim becomes the instance's allocation."""

@@ -106,7 +106,7 @@ def test_sigkill_at_every_step_then_recover(host, operation):
     steps = steps_of(host, config, operation)
     expected = {"allocate": "allocate.assigned", "release": "release.forgotten"}[operation]
     assert (expected, "1") in steps or (expected, "3") in steps
-    assert len(steps) >= 7
+    assert len(steps) >= 4  # every step of the operation, each a kill point
     for step, nth in steps:
         other = baseline(host, config)
         if operation == "release":
