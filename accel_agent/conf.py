@@ -43,6 +43,30 @@ default_opts = [
         help="Seconds to wait for an mdev remove. The kernel blocks the write while a VM "
         "holds the device; past this the mdev is kept (free) and the error reported.",
     ),
+    cfg.FloatOpt(
+        "rescan_interval",
+        default=60.0,
+        min=0.1,
+        help="Seconds between two periodic rescans of sysfs by the daemon: the safety net "
+        "behind udev events and the agent's own writes. A rescan refreshes the inventory "
+        "(and Placement), re-creates recorded mdevs that vanished (parent re-registered, "
+        "host reboot) and frees expired migration claims.",
+    ),
+    cfg.BoolOpt(
+        "udev_events",
+        default=True,
+        help="Listen to kernel uevents (subsystem mdev, and mdev parents announcing "
+        "MDEV_STATE) and rescan at once. Only used when sysfs_root is the real /sys; a "
+        "simulated tree relies on the agent's own writes and the periodic rescan.",
+    ),
+    cfg.FloatOpt(
+        "event_debounce",
+        default=0.2,
+        min=0.0,
+        max=10.0,
+        help="Seconds to wait after an event before rescanning, so that a burst of "
+        "events (a driver registering 16 VFs) causes one rescan, not 16.",
+    ),
 ]
 
 devices_opts = [
@@ -74,6 +98,21 @@ api_opts = [
         "socket_group",
         default="",
         help="Group that owns the API socket (mode 0660). Empty: the agent's own group.",
+    ),
+    cfg.IntOpt(
+        "threads",
+        default=8,
+        min=1,
+        max=256,
+        help="Worker threads of the API server: how many requests are served at once. "
+        "Reads run concurrently; mutations are serialised by the mdev manager anyway.",
+    ),
+    cfg.FloatOpt(
+        "shutdown_timeout",
+        default=30.0,
+        min=0.0,
+        help="On SIGTERM, seconds to let in-flight API requests finish before their "
+        "connections are closed.",
     ),
 ]
 
@@ -114,6 +153,9 @@ def _dynamic_opts(mdev_type: str) -> list[cfg.Opt]:
 
 
 def register_opts(conf: cfg.ConfigOpts) -> None:
+    from accel_agent.migration import opts as migration_opts
+
+    migration_opts.register_opts(conf)
     conf.register_opts(default_opts)
     conf.register_opts(devices_opts, group="devices")
     conf.register_opts(api_opts, group="api")
@@ -138,6 +180,7 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
     # Imported here: privileged pulls in oslo.privsep, which the plain CLI
     # path does not need.
     from accel_agent import privileged
+    from accel_agent.migration import opts as migration_opts
     from accel_agent.reporting import placement_opts
 
     return [
@@ -147,6 +190,7 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
         ("api", api_opts),
         ("libvirt", libvirt_opts),
         *privileged.list_opts(),
+        *migration_opts.list_opts(),
         *placement_opts.list_opts(),
     ]
 

@@ -211,7 +211,26 @@ class MigrationVersionTooOld(AccelAgentException):
 
 
 class MigrationTypesUnsupported(AccelAgentException):
-    msg_fmt = "destination host does not support mdev types: %(types)s"
+    msg_fmt = (
+        "destination host does not support mdev types: %(types)s (it offers: %(supported)s)"
+    )
+
+
+class MigrationPostCopyRefused(AccelAgentException):
+    # QEMU rejects post-copy with VFIO devices; fail before libvirt does.
+    msg_fmt = (
+        "post-copy live migration is not possible for a domain with mediated devices "
+        "(%(uuids)s): drop VIR_MIGRATE_POSTCOPY"
+    )
+
+
+class MigrationNotPossible(AccelAgentException):
+    # The request is fine; this host cannot take part (no libvirt to ask for versions).
+    msg_fmt = "this host cannot take part in a live migration: %(reason)s"
+
+
+class InvalidMigrationRequest(AccelAgentException):
+    msg_fmt = "Invalid migration request: %(reason)s"
 
 
 class MigrationClaimNotFound(AccelAgentException):
@@ -299,3 +318,37 @@ class PlacementGenerationConflict(PlacementRequestFailed):
     # Someone else changed the provider between our read and our write
     # (placement.concurrent_update, and the *.inuse races): refetch and redrive.
     pass
+
+
+# --- daemon and API (appended) ----------------------------------------------------------
+
+
+class ApiSocketUnsafe(AccelAgentException):
+    # Refuse to start rather than serve mdev control to whoever can replace the socket.
+    msg_fmt = "refusing to serve the API on %(path)s: %(reason)s"
+
+
+class AgentAlreadyRunning(AccelAgentException):
+    msg_fmt = "another accel-agent already serves the API on %(path)s"
+
+
+class AgentUnreachable(AccelAgentException):
+    # The socket exists but talking to the daemon failed: not a reason to
+    # fall back to direct mode (a second writer), an error.
+    msg_fmt = "cannot talk to accel-agent at %(socket)s: %(reason)s"
+
+
+class ApiRequestInvalid(AccelAgentException):
+    msg_fmt = "Invalid request: %(reason)s"
+
+
+class ApiNotFound(AccelAgentException):
+    msg_fmt = "no such resource: %(path)s"
+
+
+class ApiMethodNotAllowed(AccelAgentException):
+    msg_fmt = "method %(method)s not allowed on %(path)s (allowed: %(allowed)s)"
+
+
+class ReloadRefused(AccelAgentException):
+    msg_fmt = "configuration reload refused, the running configuration is kept: %(reason)s"

@@ -2,16 +2,16 @@
 
 It refuses to start, with exactly the messages of ``accelctl check-config``,
 when the configuration is invalid: a host that silently ignores a GPU is
-worse than one whose agent does not start.
+worse than one whose agent does not start.  Then it recovers (sysfs and the
+ledger agree again), serves the API on its unix socket and keeps the
+inventory fresh (accel_agent.service).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from accel_agent import exception
@@ -33,11 +33,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rescan-interval",
         type=float,
-        default=60.0,
+        default=None,
         metavar="SECONDS",
-        help="periodic rescan of sysfs (safety net behind udev events)",
+        help="periodic rescan of sysfs (safety net behind udev events); overrides "
+        "[DEFAULT] rescan_interval",
     )
     return parser.parse_args(argv)
+
+
+def _register_daemon_opts() -> None:
+    """Options only the daemon reads: oslo.log's, Placement's."""
+    from oslo_log import log as oslo_logging
+
+    from accel_agent.conf import CONF
+    from accel_agent.reporting import placement_opts
+
+    oslo_logging.register_options(CONF)
+    placement_opts.register_opts(CONF)
+
+
+def _setup_logging() -> None:
+    from oslo_log import log as oslo_logging
+
+    from accel_agent.conf import CONF
+
+    oslo_logging.setup(CONF, "accel-agent")
 
 
 def startup_check(args: argparse.Namespace) -> bool:
@@ -47,6 +67,7 @@ def startup_check(args: argparse.Namespace) -> bool:
     except exception.AccelAgentException as exc:
         output.error(exc.message)
         return False
+    _setup_logging()
     errors, warnings = common.validate(conf)
     for warning in warnings:
         LOG.warning("%s", warning)
@@ -60,27 +81,19 @@ def startup_check(args: argparse.Namespace) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    _register_daemon_opts()
     if not startup_check(args):
         return 1
     if args.check:
         return 0
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    from accel_agent import service
     from accel_agent.conf import CONF
 
-    while not stop.is_set():
-        state = common.host_state(CONF)
-        inventory = state.inventory()
-        LOG.info(
-            "rescan: %d parent(s), %d mdev(s), %d provider(s)",
-            len(state.snapshot.parents),
-            len(state.snapshot.mdevs),
-            len(inventory.providers),
-        )
-        stop.wait(args.rescan_interval)
-    return 0
+    # The files actually parsed (the packaged default when none was given):
+    # the privsep daemon and SIGHUP reloads read the same ones.
+    files = list(CONF.config_file or args.config_file)
+    dirs = list(CONF.config_dir or args.config_dir)
+    return service.run(CONF, files, dirs, args.rescan_interval)
 
 
 if __name__ == "__main__":

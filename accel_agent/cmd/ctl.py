@@ -6,14 +6,24 @@ its own line on stderr, naming the offending value), 2 usage.
 Imports stay light at module level: every invocation pays for what is
 imported here, so libvirt, lxml, the API client and Placement code are
 imported inside the commands that use them.
+
+One writer (DESIGN.md §6): when the daemon runs, every command that changes
+something (allocate, release, adopt, recover) and the listings go through its
+API on the unix socket ``[api] socket_path``.  When there is no daemon (no
+socket, or nobody listening on it) they act directly, as the daemon would;
+the manager's file lock still serialises them.  ``--offline`` forces direct
+mode; ``check-config`` is always offline.  A daemon that is there but cannot
+be reached (permission denied, no answer) is an error, never a fallback.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import operator
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from accel_agent import exception
 from accel_agent.cmd import common, output
@@ -22,18 +32,43 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
+LOG = logging.getLogger("accelctl")
 
-def _with_host_state(
-    render: Callable[[argparse.Namespace, common.HostState], int],
+# What _via_api returns when the command must act directly.
+_OFFLINE = object()
+
+
+def _via_api(args: argparse.Namespace, conf, call: Callable[[Any], Any]) -> Any:
+    """``call(client)`` against the running daemon, or _OFFLINE when there is
+    none (or --offline).  API errors raise ApiError; an unreachable daemon
+    raises AgentUnreachable."""
+    if args.offline:
+        return _OFFLINE
+    from accel_agent.api.client import ApiClient
+
+    try:
+        return call(ApiClient(conf.api.socket_path))
+    except exception.AgentNotRunning as exc:
+        LOG.debug("%s; acting directly", exc.message)
+        return _OFFLINE
+
+
+def _listing(
+    fetch: Callable[[Any], dict[str, Any]],
+    offline: Callable[[common.HostState], dict[str, Any]],
+    render: Callable[[argparse.Namespace, dict[str, Any]], int],
 ) -> Callable[[argparse.Namespace], int]:
-    """Load config + scan once, turn agent errors into exit 1."""
+    """A read-only listing: from the daemon when it runs, else from sysfs + ledger."""
 
     def run(args: argparse.Namespace) -> int:
         conf = _load(args)
-        state = common.host_state(conf)
-        for warning in state.snapshot.warnings:
-            output.warning(f"sysfs: {warning}")
-        return render(args, state)
+        document = _OFFLINE if args.sysfs_root else _via_api(args, conf, fetch)
+        if document is _OFFLINE:
+            state = common.host_state(conf)
+            for warning in state.snapshot.warnings:
+                output.warning(f"sysfs: {warning}")
+            document = offline(state)
+        return render(args, document)
 
     return run
 
@@ -66,10 +101,28 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _render_types(args: argparse.Namespace, state: common.HostState) -> int:
+def _types_offline(state: common.HostState) -> dict[str, Any]:
     from accel_agent.reporting import views
 
-    document = views.types_document(state.snapshot, state.policy, state.host)
+    return views.types_document(state.snapshot, state.policy, state.host)
+
+
+def _mdevs_offline(state: common.HostState) -> dict[str, Any]:
+    from accel_agent.reporting import views
+
+    return views.mdevs_document(
+        state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned
+    )
+
+
+def _inventory_offline(state: common.HostState) -> dict[str, Any]:
+    inventory = state.inventory()
+    for warning in inventory.warnings:
+        output.warning(warning)
+    return inventory.to_dict()
+
+
+def _render_types(args: argparse.Namespace, document: dict[str, Any]) -> int:
     if args.json:
         output.emit_json(document)
         return EXIT_OK
@@ -86,18 +139,11 @@ def _render_types(args: argparse.Namespace, state: common.HostState) -> int:
         for parent in document["parents"]
         for t in parent["types"]
     ]
-    output.table(
-        ("parent", "type", "name", "api", "available", "mdevs", "configured"), rows
-    )
+    output.table(("parent", "type", "name", "api", "available", "mdevs", "configured"), rows)
     return EXIT_OK
 
 
-def _render_mdevs(args: argparse.Namespace, state: common.HostState) -> int:
-    from accel_agent.reporting import views
-
-    document = views.mdevs_document(
-        state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned
-    )
+def _render_mdevs(args: argparse.Namespace, document: dict[str, Any]) -> int:
     if args.json:
         output.emit_json(document)
         return EXIT_OK
@@ -116,24 +162,21 @@ def _render_mdevs(args: argparse.Namespace, state: common.HostState) -> int:
     return EXIT_OK
 
 
-def _render_inventory(args: argparse.Namespace, state: common.HostState) -> int:
-    inventory = state.inventory()
-    for warning in inventory.warnings:
-        output.warning(warning)
+def _render_inventory(args: argparse.Namespace, document: dict[str, Any]) -> int:
     if args.json:
-        output.emit_json(inventory.to_dict())
+        output.emit_json(document)
         return EXIT_OK
     rows = [
         (
-            p.name,
-            p.mdev_type,
-            p.resource_class,
-            p.total,
-            p.used,
-            _members(p.parent_devices),
-            p.numa_node,
+            p["name"],
+            p["mdev_type"],
+            p["resource_class"],
+            p["inventory"]["total"],
+            p["used"],
+            _members(tuple(p.get("parent_devices") or [p["parent_device"]])),
+            p.get("numa_node"),
         )
-        for p in inventory.providers
+        for p in document["providers"]
     ]
     output.table(("provider", "type", "class", "total", "used", "parents", "numa"), rows)
     return EXIT_OK
@@ -150,26 +193,36 @@ def _load_for_writes(args: argparse.Namespace):
     return _load(args)
 
 
-def _print_allocation(args: argparse.Namespace, allocation) -> None:
+def _print_allocation(args: argparse.Namespace, allocation: dict[str, Any]) -> None:
     if args.json:
-        output.emit_json(allocation.to_dict())
+        output.emit_json(allocation)
         return
     output.table(
         ("uuid", "parent", "type"),
-        [(m.uuid, m.parent, m.mdev_type) for m in allocation.mdevs],
+        [(m["uuid"], m["parent"], m["mdev_type"]) for m in allocation["mdevs"]],
     )
 
 
 def cmd_allocate(args: argparse.Namespace) -> int:
-    manager = common.build_manager(_load_for_writes(args))
-    allocation = manager.allocate(args.instance, args.count, args.parent, args.type)
+    conf = _load_for_writes(args)
+    allocation = _via_api(
+        args, conf, lambda api: api.allocate(args.instance, args.count, args.parent, args.type)
+    )
+    if allocation is _OFFLINE:
+        manager = common.build_manager(conf)
+        allocation = manager.allocate(args.instance, args.count, args.parent, args.type).to_dict()
     _print_allocation(args, allocation)
     return EXIT_OK
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    manager = common.build_manager(_load_for_writes(args))
-    released = manager.release(args.instance, remove=args.remove)
+    conf = _load_for_writes(args)
+    answer = _via_api(args, conf, lambda api: api.release(args.instance, remove=args.remove))
+    if answer is _OFFLINE:
+        manager = common.build_manager(conf)
+        released = manager.release(args.instance, remove=args.remove)
+    else:
+        released = answer["released"]
     if args.json:
         output.emit_json({"instance": args.instance, "released": released, "removed": args.remove})
     elif released:
@@ -180,20 +233,129 @@ def cmd_release(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _destination(conf):
+    """The destination side, offline (the daemon builds the same one)."""
+    from accel_agent.migration import versions
+    from accel_agent.migration.destination import MigrationDestination
+
+    if not conf.libvirt.uri:
+        raise exception.MigrationNotPossible(
+            reason="[libvirt] uri is empty: this host cannot check its libvirt and QEMU versions"
+        )
+    return MigrationDestination(
+        common.build_manager(conf),
+        lambda: versions.probe_uri(conf.libvirt.uri),
+        versions.Minimums.from_conf(conf),
+        claim_timeout=conf.migration.claim_timeout,
+    )
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise exception.InvalidMigrationRequest(reason=f"{what} {item!r} is not KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def cmd_migration_claim(args: argparse.Namespace) -> int:
+    conf = _load_for_writes(args)
+    mdevs = _pairs(args.mdev, "--mdev")
+    versions = _pairs(args.source_version, "--source-version") if args.source_version else None
+    answer = _via_api(args, conf, lambda api: api.migration_claim(args.instance, mdevs, versions))
+    if answer is _OFFLINE:
+        mapping = _destination(conf).claim(args.instance, mdevs, versions)
+        answer = {"instance": args.instance, "mapping": mapping}
+    if args.json:
+        output.emit_json(answer)
+    else:
+        output.table(("source uuid", "destination uuid"), sorted(answer["mapping"].items()))
+    return EXIT_OK
+
+
+def cmd_migration_commit(args: argparse.Namespace) -> int:
+    conf = _load_for_writes(args)
+    allocation = _via_api(args, conf, lambda api: api.migration_commit(args.instance))
+    if allocation is _OFFLINE:
+        allocation = _destination(conf).commit(args.instance).to_dict()
+    _print_allocation(args, allocation)
+    return EXIT_OK
+
+
+def cmd_migration_abort(args: argparse.Namespace) -> int:
+    conf = _load_for_writes(args)
+    answer = _via_api(args, conf, lambda api: api.migration_abort(args.instance))
+    if answer is _OFFLINE:
+        answer = {"instance": args.instance, "released": _destination(conf).abort(args.instance)}
+    if args.json:
+        output.emit_json(answer)
+    else:
+        print(f"claim of {args.instance} aborted; freed: {', '.join(answer['released']) or 'none'}")
+    return EXIT_OK
+
+
+def _register_migration(subparsers: argparse._SubParsersAction) -> None:
+    migration = subparsers.add_parser(
+        "migration",
+        help="live migration with mdevs (destination side)",
+        description="Destination side of a live migration: claim one mdev per source mdev "
+        "of the same type (checks libvirt >= 8.6.0, QEMU >= 8.1.0, kernel >= 5.18 and the "
+        "types), then commit the claim as the instance's allocation once the migration "
+        "landed, or abort it. Unfinished claims expire ([migration] claim_timeout).",
+    )
+    sub = migration.add_subparsers(dest="migration_command", metavar="ACTION", required=True)
+    claim = sub.add_parser(
+        "claim",
+        help="hold destination mdevs for an incoming instance",
+        description="Prints {source uuid: destination uuid}; asking again returns the same.",
+    )
+    claim.add_argument("instance", metavar="INSTANCE")
+    claim.add_argument(
+        "--mdev",
+        action="append",
+        required=True,
+        metavar="SRC_UUID=TYPE",
+        help="a source mdev and its type (repeatable), from the source host",
+    )
+    claim.add_argument(
+        "--source-version",
+        action="append",
+        metavar="COMPONENT=VERSION",
+        help="the source host's libvirt=, qemu= and kernel= versions, checked too",
+    )
+    claim.add_argument("--json", action="store_true")
+    claim.set_defaults(func=cmd_migration_claim)
+    commit = sub.add_parser("commit", help="the claim becomes the instance's allocation")
+    commit.add_argument("instance", metavar="INSTANCE")
+    commit.add_argument("--json", action="store_true")
+    commit.set_defaults(func=cmd_migration_commit)
+    abort = sub.add_parser("abort", help="free the claimed mdevs (idempotent)")
+    abort.add_argument("instance", metavar="INSTANCE")
+    abort.add_argument("--json", action="store_true")
+    abort.set_defaults(func=cmd_migration_abort)
+
+
 def cmd_adopt(args: argparse.Namespace) -> int:
-    manager = common.build_manager(_load_for_writes(args))
-    record = manager.adopt(args.uuid)
-    print(f"adopted {record.uuid} ({record.mdev_type} on {record.parent})")
+    conf = _load_for_writes(args)
+    record = _via_api(args, conf, lambda api: api.adopt(args.uuid))
+    if record is _OFFLINE:
+        adopted = common.build_manager(conf).adopt(args.uuid)
+        record = {"uuid": adopted.uuid, "parent": adopted.parent, "mdev_type": adopted.mdev_type}
+    print(f"adopted {record['uuid']} ({record['mdev_type']} on {record['parent']})")
     return EXIT_OK
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    manager = common.build_manager(_load_for_writes(args))
-    report = manager.recover()
+    conf = _load_for_writes(args)
+    report = _via_api(args, conf, lambda api: api.recover())
+    if report is _OFFLINE:
+        report = common.build_manager(conf).recover().to_dict()
     if args.json:
-        output.emit_json(report.to_dict())
+        output.emit_json(report)
         return EXIT_OK
-    for key, uuids in report.to_dict().items():
+    for key, uuids in report.items():
         if uuids:
             print(f"{key.replace('_', ' ')}: {', '.join(uuids)}")
     print("recovery done: sysfs and the ledger agree")
@@ -203,7 +365,16 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def cmd_domain_xml(args: argparse.Namespace) -> int:
     from accel_agent.libvirt_xml import domain_hostdevs_xml
 
-    manager = common.build_manager(_load(args))
+    conf = _load(args)
+    xml = (
+        _OFFLINE
+        if args.sysfs_root
+        else _via_api(args, conf, lambda api: api.domain_xml(args.instance))
+    )
+    if xml is not _OFFLINE:
+        print(str(xml).rstrip("\n"))
+        return EXIT_OK
+    manager = common.build_manager(conf)
     allocation = manager.allocation(args.instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
@@ -251,6 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="override [DEFAULT] sysfs_root (a directory shaped like /sys)",
     )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="act directly on sysfs and the ledger even when the daemon runs "
+        "(default: go through the daemon's API when it runs)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -265,14 +442,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--strict", action="store_true", help="treat warnings as errors")
     check.set_defaults(func=cmd_check_config)
 
-    for name, render, text in (
-        ("types", _render_types, "mdev types offered by each parent, with counters"),
-        ("mdevs", _render_mdevs, "existing mediated devices, owned and foreign"),
-        ("inventory", _render_inventory, "inventory per physical GPU (resource providers)"),
+    for name, offline, render, text in (
+        (
+            "types",
+            _types_offline,
+            _render_types,
+            "mdev types offered by each parent, with counters",
+        ),
+        ("mdevs", _mdevs_offline, _render_mdevs, "existing mediated devices, owned and foreign"),
+        (
+            "inventory",
+            _inventory_offline,
+            _render_inventory,
+            "inventory per physical GPU (resource providers)",
+        ),
     ):
         sub = subparsers.add_parser(name, help=text, description=text)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
-        sub.set_defaults(func=_with_host_state(render))
+        fetch = operator.methodcaller(name)
+        sub.set_defaults(func=_listing(fetch, offline, render))
 
     allocate = subparsers.add_parser(
         "allocate",
@@ -329,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     domain_xml.add_argument("instance", metavar="INSTANCE")
     domain_xml.set_defaults(func=cmd_domain_xml)
 
+    _register_migration(subparsers)
     _register_optional(subparsers)
     return parser
 

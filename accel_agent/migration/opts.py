@@ -10,7 +10,7 @@ migration_opts = [
     cfg.IntOpt(
         "claim_timeout",
         default=600,
-        min=10,
+        min=1,
         help="Seconds a destination claim of mdevs lives without commit or abort; then the "
         "periodic task frees the mdevs (a migration that never finished must not hold them).",
     ),

@@ -21,7 +21,7 @@ CONF = (
     "[mdev_mtty-2]\ndevice_addresses = mtty\n"
 )
 RECENT = versions.HostVersions.from_dict({"libvirt": "9.0.0", "qemu": "8.2.0", "kernel": "6.1"})
-SRC = ["5a5a5a5a-0000-4000-8000-00000000000%d" % i for i in range(1, 4)]
+SRC = [f"5a5a5a5a-0000-4000-8000-00000000000{i}" for i in range(1, 4)]
 # libvirt's test driver reports QEMU "0.0.2": let it pass the gates where the
 # test is about something else.
 TEST_DRIVER_OK = versions.Minimums(libvirt=(0, 0, 1), qemu=(0, 0, 1), kernel=(0, 0, 1))
@@ -127,7 +127,7 @@ class RecordingDomain:
     def __getattr__(self, name):
         return getattr(self._domain, name)
 
-    def migrateToURI3(self, uri, params, flags):  # noqa: N802 - libvirt's name
+    def migrateToURI3(self, uri, params, flags):
         self.calls.append((uri, dict(params), flags))
         if self.fail:
             raise libvirt.libvirtError("migration failed on purpose")

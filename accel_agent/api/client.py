@@ -1,0 +1,204 @@
+"""Client of the agent's API over its unix socket: stdlib only (``http.client``).
+
+``accelctl`` imports this on every call that may reach the daemon, so it
+pulls in nothing beyond the standard library and accel_agent.exception.
+
+Whether the daemon runs is decided by the connection, not by guessing:
+
+* no socket file, or a socket nobody listens on (ECONNREFUSED): the daemon
+  is not running -> :class:`~accel_agent.exception.AgentNotRunning`, and the
+  caller may act directly (the manager's file lock still serialises it);
+* anything else that fails (permission denied, a timeout, a reply that is
+  not HTTP/JSON) -> :class:`~accel_agent.exception.AgentUnreachable`: an
+  error, never a reason to become a second writer behind a live daemon;
+* an HTTP error answer -> :class:`~accel_agent.exception.ApiError` with the
+  API's code and message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import http.client
+import json
+import socket
+import time
+import urllib.parse
+from typing import Any
+
+from accel_agent import exception
+
+READ_TIMEOUT = 60.0
+# A mutation may create up to 64 mdevs or wait for blocked removes.
+WRITE_TIMEOUT = 600.0
+_NOT_RUNNING = (errno.ENOENT, errno.ECONNREFUSED)
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over an AF_UNIX stream socket."""
+
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        # A full listen backlog answers EAGAIN on AF_UNIX (not a wait, as TCP
+        # would): the agent is busy, not gone, so retry until the timeout.
+        deadline = time.monotonic() + (self.timeout or READ_TIMEOUT)
+        delay = 0.005
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.socket_path)
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            return
+
+
+def quote(segment: str) -> str:
+    """One path segment, fully percent-encoded (``/`` included)."""
+    return urllib.parse.quote(segment, safe="")
+
+
+class ApiClient:
+    def __init__(self, socket_path: str, timeout: float | None = None) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> tuple[int, str, bytes]:
+        """(status, content type, body); raises AgentNotRunning / AgentUnreachable."""
+        if timeout is None:
+            timeout = self.timeout or (READ_TIMEOUT if method == "GET" else WRITE_TIMEOUT)
+        conn = UnixHTTPConnection(self.socket_path, timeout)
+        headers = {"Accept": "application/json", "Connection": "close"}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        try:
+            try:
+                conn.connect()
+            except OSError as exc:
+                if exc.errno in _NOT_RUNNING:
+                    raise exception.AgentNotRunning(socket=self.socket_path) from None
+                raise self._unreachable(exc) from None
+            try:
+                # The server may answer (an error) before reading all we
+                # sent; its answer is then waiting to be read.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    conn.request(method, path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                raise self._unreachable(exc) from None
+            return resp.status, resp.getheader("Content-Type", ""), data
+        finally:
+            conn.close()
+
+    def _unreachable(self, exc: BaseException) -> exception.AgentUnreachable:
+        if isinstance(exc, PermissionError):
+            reason = (
+                "permission denied on the socket (mode 0660: run as root or as a member "
+                "of [api] socket_group)"
+            )
+        elif isinstance(exc, TimeoutError | socket.timeout):
+            reason = "no answer in time"
+        else:
+            reason = str(exc) or type(exc).__name__
+        return exception.AgentUnreachable(socket=self.socket_path, reason=reason)
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """JSON in, JSON out; an error answer raises ApiError."""
+        status, content_type, data = self.request(method, path, body)
+        if status >= 400:
+            raise self._api_error(status, data)
+        if "json" not in content_type:
+            return data.decode("utf-8", "replace")
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise exception.AgentUnreachable(
+                socket=self.socket_path, reason=f"the answer to {method} {path} is not JSON"
+            ) from None
+
+    @staticmethod
+    def _api_error(status: int, data: bytes) -> exception.ApiError:
+        try:
+            error = json.loads(data)["error"]
+            code, message = str(error["code"]), str(error["message"])
+        except (ValueError, KeyError, TypeError):
+            code, message = "HTTP", data.decode("utf-8", "replace").strip() or f"HTTP {status}"
+        return exception.ApiError(message, status=status, code=code)
+
+    # --- the API -----------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/health")
+
+    def types(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/types")
+
+    def mdevs(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/mdevs")
+
+    def inventory(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/inventory")
+
+    def allocation(self, instance: str) -> dict[str, Any]:
+        return self.call("GET", f"/v1/instances/{quote(instance)}/allocation")
+
+    def allocate(
+        self,
+        instance: str,
+        count: int,
+        parent: str | None = None,
+        mdev_type: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"count": count}
+        if parent is not None:
+            body["parent"] = parent
+        if mdev_type is not None:
+            body["mdev_type"] = mdev_type
+        return self.call("PUT", f"/v1/instances/{quote(instance)}/allocation", body)
+
+    def release(self, instance: str, remove: bool = False) -> dict[str, Any]:
+        query = "?remove=true" if remove else ""
+        return self.call("DELETE", f"/v1/instances/{quote(instance)}/allocation{query}")
+
+    def domain_xml(self, instance: str) -> str:
+        return self.call("GET", f"/v1/instances/{quote(instance)}/domain-xml")
+
+    def adopt(self, uuid: str) -> dict[str, Any]:
+        return self.call("POST", f"/v1/mdevs/{quote(uuid)}/adopt")
+
+    def recover(self) -> dict[str, Any]:
+        return self.call("POST", "/v1/recover")
+
+    def migration_claim(
+        self, instance: str, mdevs: dict[str, str], source_versions: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"mdevs": mdevs}
+        if source_versions is not None:
+            body["source_versions"] = source_versions
+        return self.call("POST", f"/v1/migrations/{quote(instance)}/claim", body)
+
+    def migration_commit(self, instance: str) -> dict[str, Any]:
+        return self.call("POST", f"/v1/migrations/{quote(instance)}/commit")
+
+    def migration_abort(self, instance: str) -> dict[str, Any]:
+        return self.call("DELETE", f"/v1/migrations/{quote(instance)}")
+
+    def rewrite_domain_xml(self, xml: str, mapping: dict[str, str]) -> dict[str, Any]:
+        return self.call("POST", "/v1/domain-xml/rewrite", {"xml": xml, "mapping": mapping})

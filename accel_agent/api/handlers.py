@@ -1,0 +1,146 @@
+"""Handlers of the /v1 API and the route table.
+
+Each handler gets a :class:`~accel_agent.api.app.Request` whose parameters and
+body already passed the OpenAPI validation, calls the backend (the agent),
+and returns a :class:`~accel_agent.api.app.Response`.  Errors are raised as
+AccelAgentException subclasses and become ``{"error": {...}}`` with the
+status of :mod:`accel_agent.api.errors`.
+
+Live migration (accel_agent.migration): the destination's claim, commit and
+abort, and the source's XML rewrite.
+"""
+
+from __future__ import annotations
+
+from accel_agent import exception
+from accel_agent.api.app import Request, Response, Route
+
+
+def health(req: Request) -> Response:
+    return Response.json(req.backend.health())
+
+
+def types(req: Request) -> Response:
+    return Response.json(req.backend.types_document())
+
+
+def mdevs(req: Request) -> Response:
+    return Response.json(req.backend.mdevs_document())
+
+
+def inventory(req: Request) -> Response:
+    return Response.json(req.backend.inventory_document())
+
+
+def get_allocation(req: Request) -> Response:
+    return Response.json(req.backend.allocation(req.params["instance"]).to_dict())
+
+
+def put_allocation(req: Request) -> Response:
+    body = req.body
+    allocation = req.backend.allocate(
+        req.params["instance"], body["count"], body.get("parent"), body.get("mdev_type")
+    )
+    return Response.json(allocation.to_dict())
+
+
+def delete_allocation(req: Request) -> Response:
+    instance = req.params["instance"]
+    from_query = req.query.get("remove")
+    from_body = (req.body or {}).get("remove")
+    if from_query is not None and from_body is not None and from_query != from_body:
+        raise exception.ApiRequestInvalid(
+            reason="remove given in the query and in the body with different values"
+        )
+    remove = bool(from_query if from_query is not None else from_body)
+    released = req.backend.release(instance, remove)
+    return Response.json({"instance": instance, "released": released, "removed": remove})
+
+
+def domain_xml(req: Request) -> Response:
+    from accel_agent.libvirt_xml import domain_hostdevs_xml
+
+    instance = req.params["instance"]
+    allocation = req.backend.allocation(instance)
+    if not allocation.mdevs:
+        raise exception.MdevNotFound(uuid=f"(any, for instance {instance})")
+    return Response.text(domain_hostdevs_xml(allocation.uuids) + "\n", "application/xml")
+
+
+def adopt(req: Request) -> Response:
+    record = req.backend.adopt(req.params["uuid"])
+    return Response.json(
+        {
+            "uuid": record.uuid,
+            "parent": record.parent,
+            "mdev_type": record.mdev_type,
+            "owned": True,
+            "instance": record.owner,
+        }
+    )
+
+
+def recover(req: Request) -> Response:
+    return Response.json(req.backend.recover().to_dict())
+
+
+def migration_claim(req: Request) -> Response:
+    body = req.body
+    return Response.json(
+        req.backend.migration_claim(
+            req.params["instance"], body["mdevs"], body.get("source_versions")
+        )
+    )
+
+
+def migration_commit(req: Request) -> Response:
+    return Response.json(req.backend.migration_commit(req.params["instance"]).to_dict())
+
+
+def migration_abort(req: Request) -> Response:
+    instance = req.params["instance"]
+    return Response.json({"instance": instance, "released": req.backend.migration_abort(instance)})
+
+
+def rewrite_domain_xml(req: Request) -> Response:
+    from accel_agent.libvirt_xml import rewrite_mdev_uuids
+
+    result = rewrite_mdev_uuids(req.body["xml"], req.body["mapping"])
+    return Response.json(
+        {
+            "xml": result.xml,
+            "replaced": [list(pair) for pair in result.replaced],
+            "unused_keys": list(result.unused_keys),
+        }
+    )
+
+
+def openapi(req: Request) -> Response:
+    return Response.json(req.openapi)
+
+
+def metrics(req: Request) -> Response:
+    body, content_type = req.backend.metrics.render()
+    return Response.text(body, content_type)
+
+
+INSTANCE = "/v1/instances/{instance}"
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/v1/health", health),
+    Route("GET", "/v1/types", types),
+    Route("GET", "/v1/mdevs", mdevs),
+    Route("GET", "/v1/inventory", inventory),
+    Route("GET", f"{INSTANCE}/allocation", get_allocation),
+    Route("PUT", f"{INSTANCE}/allocation", put_allocation),
+    Route("DELETE", f"{INSTANCE}/allocation", delete_allocation),
+    Route("GET", f"{INSTANCE}/domain-xml", domain_xml),
+    Route("POST", "/v1/mdevs/{uuid}/adopt", adopt),
+    Route("POST", "/v1/recover", recover),
+    Route("POST", "/v1/migrations/{instance}/claim", migration_claim),
+    Route("POST", "/v1/migrations/{instance}/commit", migration_commit),
+    Route("DELETE", "/v1/migrations/{instance}", migration_abort),
+    Route("POST", "/v1/domain-xml/rewrite", rewrite_domain_xml),
+    Route("GET", "/v1/openapi.json", openapi),
+    Route("GET", "/metrics", metrics),
+)

@@ -1,0 +1,245 @@
+"""The API's unix socket and its production WSGI server (cheroot).
+
+Whoever can connect to the socket can create and remove mdevs, so it is
+created with care (DESIGN.md §6):
+
+* mode 0660 from the start (umask while binding, then chmod), group
+  ``[api] socket_group`` when set;
+* refuse when its directory is world-writable without the sticky bit
+  (anyone could swap the socket for their own), or when something other
+  than a socket is in the way (a regular file, a symlink: not ours to
+  delete);
+* a socket nobody listens on (a daemon that was killed) is stale and
+  replaced; one somebody answers on means another agent runs: refuse.
+
+cheroot would unlink whatever is at the path and chmod the socket 0777, so
+the socket is bound here and handed to cheroot already bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import grp
+import json
+import logging
+import os
+import socket
+import stat
+from typing import Any
+
+from cheroot import server as cheroot_server
+from cheroot import wsgi
+
+from accel_agent import exception
+
+LOG = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o660
+_KINDS = {
+    stat.S_IFREG: "regular file",
+    stat.S_IFDIR: "directory",
+    stat.S_IFLNK: "symlink",
+    stat.S_IFIFO: "fifo",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "file")
+
+
+def check_socket_path(path: str) -> None:
+    """Refuse an unsafe place; remove a stale socket.  Raises ApiSocketUnsafe,
+    AgentAlreadyRunning."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    try:
+        dir_stat = os.stat(directory)
+    except FileNotFoundError:
+        raise exception.ApiSocketUnsafe(
+            path=path, reason=f"its directory {directory} does not exist"
+        ) from None
+    if not stat.S_ISDIR(dir_stat.st_mode):
+        raise exception.ApiSocketUnsafe(path=path, reason=f"{directory} is not a directory")
+    if dir_stat.st_mode & stat.S_IWOTH and not dir_stat.st_mode & stat.S_ISVTX:
+        raise exception.ApiSocketUnsafe(
+            path=path,
+            reason=f"its directory {directory} is world-writable without the sticky bit, "
+            "so anyone could replace the socket; use a private directory such as "
+            "/run/accel-agent",
+        )
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(found.st_mode):
+        raise exception.ApiSocketUnsafe(
+            path=path,
+            reason=f"a {_kind(found.st_mode)} is in the way (not a socket); the agent does "
+            "not delete it: remove it, or set [api] socket_path elsewhere",
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        LOG.info("Replacing the stale API socket %s (nobody listens on it)", path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    except OSError as exc:
+        raise exception.ApiSocketUnsafe(
+            path=path, reason=f"cannot tell whether the socket is in use: {exc}"
+        ) from None
+    finally:
+        probe.close()
+    raise exception.AgentAlreadyRunning(path=path)
+
+
+def bind_socket(path: str, group: str | None = None, backlog: int = 128) -> socket.socket:
+    """A listening AF_UNIX socket at ``path``, mode 0660, group ``group``."""
+    path = os.path.abspath(path)
+    gid = -1
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise exception.InvalidConfig(
+                reason=f"[api] socket_group {group!r} is not a group on this host"
+            ) from None
+    check_socket_path(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The umask makes the socket 0660 the moment it appears: no window in
+    # which another user could connect to a 0777 socket.
+    old_umask = os.umask(0o117)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise exception.ApiSocketUnsafe(
+                path=path, reason="something appeared at the path while binding"
+            ) from None
+        raise exception.ApiSocketUnsafe(path=path, reason=str(exc)) from None
+    finally:
+        os.umask(old_umask)
+    try:
+        os.chmod(path, SOCKET_MODE)
+        if gid != -1:
+            os.chown(path, -1, gid)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise exception.ApiSocketUnsafe(path=path, reason=str(exc)) from None
+    return sock
+
+
+def socket_identity(path: str) -> tuple[int, int, int]:
+    """(device, inode, ctime): inode numbers alone are reused at once on tmpfs."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def remove_socket(
+    path: str, sock: socket.socket | None, identity: tuple[int, int, int] | None
+) -> None:
+    """Unlink ``path`` if it is still our socket (not a newer agent's)."""
+    try:
+        if identity is not None and socket_identity(path) == identity:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        LOG.warning("could not remove the API socket %s: %s", path, exc)
+    if sock is not None:
+        sock.close()
+
+
+_PROTOCOL_CODES = {405: "ApiMethodNotAllowed", 503: "ServiceUnavailable"}
+
+
+class _JsonErrorRequest(cheroot_server.HTTPRequest):
+    """cheroot answers malformed requests itself (before the application);
+    give those answers the API's error format too."""
+
+    def simple_response(self, status: Any, msg: Any = "") -> None:
+        status = str(status)
+        code = int(status[:3]) if status[:3].isdigit() else 500
+        if code < 400:
+            super().simple_response(status, msg)
+            return
+        text = msg.decode("latin-1") if isinstance(msg, bytes) else str(msg or status)
+        body = json.dumps(
+            {"error": {"code": _PROTOCOL_CODES.get(code, "ApiRequestInvalid"), "message": text}}
+        ).encode("utf-8")
+        lines = [
+            f"{self.server.protocol} {status}",
+            f"Content-Length: {len(body)}",
+            "Content-Type: application/json",
+        ]
+        if code in (413, 414):
+            self.close_connection = True
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            self.conn.wfile.write(head + body)
+        except OSError as exc:
+            if exc.args[0] not in cheroot_server.errors.socket_errors_to_ignore:
+                raise
+
+
+class _ApiConnection(cheroot_server.HTTPConnection):
+    RequestHandlerClass = _JsonErrorRequest
+
+
+class ApiServer(wsgi.Server):
+    """cheroot's WSGI server on a socket we bound ourselves.
+
+    ``stop()`` is cheroot's graceful stop: the listening socket closes, every
+    worker finishes the request it is serving (up to ``shutdown_timeout``),
+    idle keep-alive connections are closed.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        app: Any,
+        *,
+        threads: int = 8,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        path = sock.getsockname()
+        super().__init__(
+            path,
+            app,
+            numthreads=threads,
+            server_name="accel-agent",
+            shutdown_timeout=shutdown_timeout,
+            # listen() backlog: cheroot's default of 5 makes concurrent clients
+            # get EAGAIN on connect() while the workers are busy.
+            request_queue_size=128,
+            # Clients' uid/gid/pid land in the WSGI environ (X_REMOTE_*), for the logs.
+            peercreds_enabled=True,
+        )
+        self.path = path
+        self._bound = sock
+        self.identity = socket_identity(path)
+
+    ConnectionClass = _ApiConnection
+
+    def bind_unix_socket(self, bind_addr: Any) -> socket.socket:  # cheroot hook
+        self.bind_addr = bind_addr
+        self.socket = self._bound
+        return self._bound
+
+    def prepare(self) -> None:
+        # cheroot treats LISTEN_PID as systemd socket activation on fd 3; the
+        # unit does not use that, so an inherited variable must not fool it.
+        os.environ.pop("LISTEN_PID", None)
+        os.environ.pop("LISTEN_FDS", None)
+        super().prepare()
+
+    def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
+        LOG.log(level, "API server: %s", msg, exc_info=traceback)

@@ -1,0 +1,917 @@
+"""The daemon: oslo.service (threading backend), the API, rescans, reloads.
+
+Two layers:
+
+* :class:`AgentCore` is the agent without threads: the one
+  :class:`~accel_agent.mdev.manager.MdevManager` (every mutation goes through
+  it and its lock), the rescan (sysfs + ledger -> inventory, metrics,
+  recovery of vanished mdevs, expired claims), Placement sync, health, and
+  config reload.  It is the API's backend; tests build it in-process.
+* :class:`AgentService` is an ``oslo_service.service.Service`` whose thread
+  group runs the API server (cheroot on the unix socket), the rescan
+  scheduler, the Placement loop; plus the udev watcher.
+
+Why not ``oslo_service.service.launch()``: with the threading backend it
+either forks a worker under cotyledon (``ServiceLauncher``), whose master
+reports ``READY=1`` before the worker has recovered anything or bound the
+socket, and answers SIGHUP by restarting the worker, so a refused reload
+could not keep the old configuration; or, with ``no_fork``, it turns SIGHUP
+into an exception.  So :func:`run` uses the backend's plain ``Launcher``
+(no fork, no signal handling of its own) and handles the signals itself:
+they only write to a wake-up pipe that the main thread reads, so nothing
+runs inside a signal handler.
+
+Readiness (``Type=notify``): ``READY=1`` once the configuration is valid,
+recovery ran and the socket listens; ``RELOADING=1``/``READY=1`` around a
+SIGHUP; ``STOPPING=1`` on SIGTERM, which closes the socket, lets in-flight
+requests finish (``[api] shutdown_timeout``) and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from oslo_config import cfg
+
+import accel_agent
+from accel_agent import conf as agent_conf
+from accel_agent import events, exception
+from accel_agent.cmd import common
+from accel_agent.mdev import inventory as inventory_mod
+from accel_agent.mdev import policy as policy_mod
+from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
+from accel_agent.reporting import placement_opts, views
+from accel_agent.reporting.metrics import AgentMetrics
+
+if TYPE_CHECKING:
+    from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport
+    from accel_agent.reporting.placement import PlacementReporter
+    from accel_agent.sysfs.model import HostSnapshot
+
+LOG = logging.getLogger(__name__)
+
+# Options read once at start: changing them needs a restart, so a reload
+# that changes them is refused (the running agent would disagree with its
+# privsep daemon, its ledger or its Placement subtree).
+RESTART_OPTIONS = (("DEFAULT", "sysfs_root"), ("DEFAULT", "state_dir"), ("DEFAULT", "host"))
+# Options whose change is logged and ignored until the next restart.
+RESTART_LATER = (
+    ("api", "socket_path"),
+    ("api", "socket_group"),
+    ("api", "threads"),
+)
+
+
+def _iso(timestamp: float | None) -> str | None:
+    return None if timestamp is None else datetime.fromtimestamp(timestamp, UTC).isoformat()
+
+
+def _opt(conf: cfg.ConfigOpts, group: str, name: str) -> Any:
+    return getattr(conf, name) if group == "DEFAULT" else getattr(conf[group], name)
+
+
+# --- the agent without threads -----------------------------------------------------------
+
+
+@dataclass
+class RescanView:
+    """What the last rescan saw."""
+
+    at: float | None = None
+    count: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    providers: int = 0
+    missing: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    error: str | None = None
+    inventory: inventory_mod.Inventory | None = None
+
+
+@dataclass
+class RecoveryView:
+    at: float | None = None
+    recreated: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass
+class ReloadView:
+    loaded_at: float
+    at: float | None = None
+    result: str | None = None
+    reason: str | None = None
+
+
+def count_mdevs(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> dict[str, int]:
+    """The ``accel_agent_mdevs{state}`` gauge: every record and sysfs mdev once."""
+    counts = dict.fromkeys(("assigned", "claimed", "free", "foreign", "missing", "transient"), 0)
+    recorded = set()
+    for record in records:
+        recorded.add(record.uuid)
+        present = record.uuid in snapshot.mdevs
+        if record.state is not MdevState.PRESENT or record.intent_id is not None:
+            counts["transient"] += 1
+        elif not present:
+            counts["missing"] += 1
+        elif record.owner_kind is OwnerKind.CLAIM:
+            counts["claimed"] += 1
+        elif record.owner is not None:
+            counts["assigned"] += 1
+        else:
+            counts["free"] += 1
+    counts["foreign"] = sum(1 for uuid in snapshot.mdevs if uuid not in recorded)
+    return counts
+
+
+def placement_signature(inventory: inventory_mod.Inventory) -> tuple[Any, ...]:
+    """What Placement is told: everything but ``used`` (allocations are Nova's)."""
+    return tuple(
+        (p.name, p.resource_class, p.total, p.traits, p.parent_provider)
+        for p in inventory.providers
+    )
+
+
+class AgentCore:
+    """The agent's state and operations; the API's backend (thread-safe)."""
+
+    def __init__(
+        self,
+        conf: cfg.ConfigOpts,
+        *,
+        manager: MdevManager | None = None,
+        writer: Any = None,
+        reporter: PlacementReporter | None = None,
+        metrics: AgentMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        placement_opts.register_opts(conf)
+        self.conf = conf
+        self.metrics = metrics or AgentMetrics()
+        self._clock = clock
+        self.manager = manager or common.build_manager(conf, writer=writer)
+        if reporter is None:
+            from accel_agent.reporting.placement import PlacementReporter
+
+            reporter = PlacementReporter.from_conf(conf, logger=LOG)
+        self.reporter = reporter
+        self.started_at = clock()
+        self._state_lock = threading.Lock()
+        self._rescan_lock = threading.Lock()
+        self._rescan = RescanView()
+        self._recovery = RecoveryView()
+        self._reload_view = ReloadView(loaded_at=self.started_at)
+        self._last_recover_error: str | None = None
+        self._synced_signature: tuple[Any, ...] | None = None
+        # Wired by AgentService; plain calls (no threads) by default.
+        self.request_rescan: Callable[[str], None] = lambda reason: None
+        self.wake_placement: Callable[[], None] = lambda: None
+        self.metrics.set_placement(self.reporter.health())
+
+    @property
+    def host(self) -> str:
+        return self.manager.host
+
+    def close(self) -> None:
+        self.manager.ledger.close()
+
+    # --- start ---------------------------------------------------------------------------
+
+    def startup(self) -> RecoveryReport:
+        """Recover (raises ConfigErrors when an assigned mdev's type is gone from
+        the config: the daemon refuses to start), then a first rescan."""
+        report = self._run_recover(raise_config_errors=True)
+        self.rescan(frozenset({"startup"}))
+        return report
+
+    # --- reads (the API's GETs and accelctl's JSON) --------------------------------------
+
+    def types_document(self) -> dict[str, Any]:
+        # Every type's counter: a listing shows them all (a create of one type
+        # can change another's, so the cached ones would be stale).
+        snapshot = self.manager.scan_all()
+        return views.types_document(snapshot, self.manager.policy, self.host)
+
+    def mdevs_document(self) -> dict[str, Any]:
+        records = self.manager.ledger.all()
+        snapshot = self.manager.scan()
+        owners = {r.uuid: r.owner for r in records}
+        return views.mdevs_document(snapshot, self.manager.policy, self.host, owners, owners)
+
+    def inventory_document(self) -> dict[str, Any]:
+        return views.inventory_document(self.manager.inventory())
+
+    def allocation(self, instance: str) -> Allocation:
+        return self.manager.allocation(instance)
+
+    # --- mutations: all through the manager (its lock serialises them) -----------------
+
+    def allocate(
+        self,
+        instance: str,
+        count: int,
+        parent: str | None = None,
+        mdev_type: str | None = None,
+    ) -> Allocation:
+        try:
+            allocation = self.manager.allocate(instance, count, parent, mdev_type)
+        finally:
+            self.request_rescan("api")
+        self.metrics.allocations.inc()
+        return allocation
+
+    def release(self, instance: str, remove: bool = False) -> list[str]:
+        try:
+            released = self.manager.release(instance, remove=remove)
+        finally:
+            self.request_rescan("api")
+        self.metrics.releases.labels(remove=str(bool(remove)).lower()).inc()
+        return released
+
+    def adopt(self, uuid: str) -> MdevRecord:
+        try:
+            return self.manager.adopt(uuid)
+        finally:
+            self.request_rescan("api")
+
+    def recover(self) -> RecoveryReport:
+        try:
+            return self._run_recover(raise_config_errors=True, raise_errors=True)
+        finally:
+            self.request_rescan("api")
+
+    # --- live migration (accel_agent.migration) ----------------------------------------
+
+    def _destination(self) -> Any:
+        from accel_agent.migration import versions
+        from accel_agent.migration.destination import MigrationDestination
+
+        uri = self.conf.libvirt.uri
+
+        def host_versions() -> versions.HostVersions:
+            if not uri:
+                raise exception.MigrationNotPossible(
+                    reason="[libvirt] uri is empty: this host cannot check its libvirt and "
+                    "QEMU versions, so it cannot accept a migration"
+                )
+            return versions.probe_uri(uri)
+
+        return MigrationDestination(
+            self.manager,
+            host_versions,
+            versions.Minimums.from_conf(self.conf),
+            claim_timeout=self.conf.migration.claim_timeout,
+        )
+
+    def migration_claim(
+        self, instance: str, mdevs: dict[str, str], source_versions: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        try:
+            mapping = self._destination().claim(instance, mdevs, source_versions)
+        finally:
+            self.request_rescan("api")
+        return {"instance": instance, "mapping": mapping}
+
+    def migration_commit(self, instance: str) -> Allocation:
+        try:
+            return self._destination().commit(instance)
+        finally:
+            self.request_rescan("api")
+
+    def migration_abort(self, instance: str) -> list[str]:
+        try:
+            return self._destination().abort(instance)
+        finally:
+            self.request_rescan("api")
+
+    def _run_recover(
+        self, *, raise_config_errors: bool = False, raise_errors: bool = False
+    ) -> RecoveryReport:
+        from accel_agent.mdev.manager import RecoveryReport
+
+        now = self._clock()
+        try:
+            report = self.manager.recover()
+        except exception.AccelAgentException as exc:
+            text = exc.message
+            with self._state_lock:
+                self._recovery = RecoveryView(at=now, error=text)
+            self.metrics.error(type(exc).__name__)
+            if text != self._last_recover_error:
+                LOG.error("recovery failed: %s", text)
+            else:
+                LOG.debug("recovery failed again: %s", text)
+            self._last_recover_error = text
+            if raise_errors or (raise_config_errors and isinstance(exc, exception.ConfigErrors)):
+                raise
+            return RecoveryReport()
+        self._last_recover_error = None
+        if report.recreated:
+            self.metrics.recreated.inc(len(report.recreated))
+            LOG.info("recovery re-created %d mdev(s): %s", len(report.recreated),
+                     ", ".join(report.recreated))
+        with self._state_lock:
+            self._recovery = RecoveryView(at=now, recreated=tuple(report.recreated))
+        return report
+
+    # --- rescan -----------------------------------------------------------------------
+
+    def rescan(self, reasons: Iterable[str] = ("periodic",)) -> RescanView:
+        """Scan sysfs and the ledger; re-create recorded mdevs that vanished
+        (their parent is there); free expired claims; refresh the metrics;
+        wake the Placement loop when the reported inventory changed."""
+        reasons = frozenset(reasons)
+        with self._rescan_lock:
+            started = time.monotonic()
+            for reason in reasons:
+                self.metrics.rescans.labels(reason=reason).inc()
+            try:
+                view = self._rescan_once()
+            except exception.AccelAgentException as exc:
+                self.metrics.error(type(exc).__name__)
+                LOG.error("rescan failed: %s", exc.message)
+                with self._state_lock:
+                    self._rescan = RescanView(
+                        at=self._rescan.at,
+                        count=self._rescan.count,
+                        counts=self._rescan.counts,
+                        providers=self._rescan.providers,
+                        inventory=self._rescan.inventory,
+                        error=exc.message,
+                    )
+                    return self._rescan
+            self.metrics.rescan_duration.observe(time.monotonic() - started)
+            self.metrics.last_rescan.set(view.at or 0)
+            LOG.debug(
+                "rescan (%s): %s; %d provider(s)",
+                events.reasons_text(reasons),
+                ", ".join(f"{k} {v}" for k, v in view.counts.items() if v),
+                view.providers,
+            )
+            return view
+
+    def _missing(
+        self, records: list[MdevRecord], snapshot: HostSnapshot
+    ) -> tuple[list[MdevRecord], list[MdevRecord]]:
+        gone = [
+            r for r in records if r.state is MdevState.PRESENT and r.uuid not in snapshot.mdevs
+        ]
+        recoverable = [r for r in gone if r.parent in snapshot.parents]
+        waiting = [r for r in gone if r.parent not in snapshot.parents]
+        return recoverable, waiting
+
+    def _rescan_once(self) -> RescanView:
+        # Ledger first: a row settled as present was created before it was
+        # read, so only a concurrent remove can make it look missing, and
+        # recover() re-checks under the manager's lock anyway.
+        records = self.manager.ledger.all()
+        snapshot = self.manager.scan()
+        recoverable, waiting = self._missing(records, snapshot)
+        if recoverable:
+            # Look twice: an mdev removed by a release between our two reads
+            # looks missing once; a vanished one stays missing.
+            again, _ = self._missing(self.manager.ledger.all(), self.manager.scan())
+            gone = {r.uuid for r in again}
+            recoverable = [r for r in recoverable if r.uuid in gone]
+        if recoverable:
+            LOG.warning(
+                "recorded mdev(s) missing from sysfs: %s; recovering",
+                ", ".join(r.uuid for r in recoverable),
+            )
+            self._run_recover()
+            records = self.manager.ledger.all()
+            snapshot = self.manager.scan()
+            recoverable, waiting = self._missing(records, snapshot)
+        if self._release_expired_claims():
+            records = self.manager.ledger.all()
+        counts = count_mdevs(records, snapshot)
+        free = {r.uuid for r in records if r.free and r.uuid in snapshot.mdevs}
+        inventory = inventory_mod.compute_inventory(
+            snapshot, self.manager.policy, self.host, free
+        )
+        self.metrics.set_mdev_counts(counts)
+        self.metrics.set_providers({p.name: (p.total, p.used) for p in inventory.providers})
+        with self._state_lock:
+            previous = self._rescan.inventory
+            self._rescan = RescanView(
+                at=self._clock(),
+                count=self._rescan.count + 1,
+                counts=counts,
+                providers=len(inventory.providers),
+                missing=tuple(r.uuid for r in recoverable),
+                waiting=tuple(r.uuid for r in waiting),
+                inventory=inventory,
+            )
+            view = self._rescan
+        if previous is None or placement_signature(previous) != placement_signature(inventory):
+            if previous is not None:
+                LOG.info(
+                    "inventory changed: %s",
+                    ", ".join(f"{p.name} total {p.total}" for p in inventory.providers) or
+                    "no provider",
+                )
+            self.wake_placement()
+        return view
+
+    def _release_expired_claims(self) -> list[str]:
+        """Free expired live-migration claims (a cheap query when there are none)."""
+        if not self.manager.ledger.expired_claims():
+            return []
+        released = list(self.manager.release_expired_claims())
+        if released:
+            LOG.warning("released %d expired migration claim(s): %s", len(released),
+                        ", ".join(released))
+        return released
+
+    # --- Placement -------------------------------------------------------------------------
+
+    def placement_delay(self) -> float | None:
+        """Seconds until the Placement loop should sync again; None: only when woken."""
+        reporter = self.reporter
+        if not reporter.enabled:
+            return None
+        health = reporter.health()
+        if health["state"] == "failing":
+            return max(0.05, reporter.next_attempt_at - time.time())
+        return float(reporter.sync_interval)
+
+    def placement_sync(self, force: bool = False) -> Any:
+        reporter = self.reporter
+        with self._state_lock:
+            inventory = self._rescan.inventory
+        if inventory is None or not reporter.enabled:
+            return None
+        result = reporter.sync(inventory, force=force)
+        if result.attempted:
+            self.metrics.placement_syncs.labels(result="ok" if result.ok else "failed").inc()
+            if result.ok:
+                self._synced_signature = placement_signature(inventory)
+            else:
+                self.metrics.error("PlacementSyncFailed")
+        self.metrics.set_placement(reporter.health())
+        return result
+
+    # --- reload ---------------------------------------------------------------------------
+
+    def reload(self, new_conf: cfg.ConfigOpts) -> list[str]:
+        """Apply ``new_conf`` (already parsed) or raise ReloadRefused, keeping
+        the running configuration.  Returns notes for the log."""
+        now = self._clock()
+        try:
+            notes = self._reload(new_conf)
+        except exception.ReloadRefused as exc:
+            self.metrics.reloads.labels(result="refused").inc()
+            with self._state_lock:
+                self._reload_view = ReloadView(
+                    self._reload_view.loaded_at, now, "refused", exc.message
+                )
+            raise
+        self.metrics.reloads.labels(result="applied").inc()
+        with self._state_lock:
+            self._reload_view = ReloadView(now, now, "applied", None)
+        self.request_rescan("reload")
+        return notes
+
+    def _reload(self, new_conf: cfg.ConfigOpts) -> list[str]:
+        placement_opts.register_opts(new_conf)
+        errors, _warnings = common.validate(new_conf)
+        if errors:
+            raise exception.ReloadRefused(reason="; ".join(errors))
+        for group, name in RESTART_OPTIONS:
+            old, new = _opt(self.conf, group, name), _opt(new_conf, group, name)
+            if old != new:
+                raise exception.ReloadRefused(
+                    reason=f"[{group}] {name} changed from {old!r} to {new!r}, which needs a "
+                    "restart"
+                )
+        notes = [
+            f"[{group}] {name} changed; it applies at the next restart"
+            for group, name in RESTART_LATER
+            if _opt(self.conf, group, name) != _opt(new_conf, group, name)
+        ]
+        try:
+            policy = policy_mod.build_policy(new_conf)
+        except exception.ConfigErrors as exc:
+            raise exception.ReloadRefused(
+                reason="; ".join(e.message for e in exc.errors)
+            ) from None
+        try:
+            from accel_agent.reporting.placement import PlacementReporter
+
+            reporter = PlacementReporter.from_conf(new_conf, logger=LOG)
+        except exception.AccelAgentException as exc:
+            raise exception.ReloadRefused(reason=exc.message) from None
+        domains = _domains(new_conf)
+        # NOTE: the check and the switch happen under the manager's lock, so
+        # that no allocation made with the old policy slips in between.
+        with self.manager.locked():
+            orphans = orphaned(self.manager.ledger.assigned(), policy)
+            if orphans:
+                raise exception.ReloadRefused(reason="; ".join(orphans))
+            self.manager.set_policy(policy)
+            self.manager.domains = domains
+            self.manager.remove_timeout = new_conf.remove_timeout
+        self.conf = new_conf
+        self.reporter = reporter
+        self.metrics.set_placement(reporter.health())
+        return notes
+
+    # --- health -----------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        with self._state_lock:
+            rescan, recovery, reload = self._rescan, self._recovery, self._reload_view
+        reporting = self.reporter.health()
+        problems: list[str] = []
+        if reporting["state"] == "failing":
+            problems.append(f"Placement sync failing: {reporting['last_error']}")
+        if rescan.error:
+            problems.append(f"last rescan failed: {rescan.error}")
+        if recovery.error:
+            problems.append(f"last recovery failed: {recovery.error}")
+        if rescan.missing:
+            problems.append(
+                f"{len(rescan.missing)} recorded mdev(s) are missing from sysfs and could not "
+                "be re-created"
+            )
+        if rescan.waiting:
+            problems.append(
+                f"{len(rescan.waiting)} recorded mdev(s) wait for their parent to come back"
+            )
+        if reload.result == "refused":
+            problems.append(f"configuration reload refused: {reload.reason}")
+        return {
+            "status": "degraded" if problems else "ok",
+            "version": accel_agent.__version__,
+            "host": self.host,
+            "pid": os.getpid(),
+            "started_at": _iso(self.started_at),
+            "last_rescan": _iso(rescan.at),
+            "rescans": rescan.count,
+            "mdevs": dict(rescan.counts),
+            "providers": rescan.providers,
+            "reporting": reporting,
+            "recovery": {
+                "last_run": _iso(recovery.at),
+                "recreated": list(recovery.recreated),
+                "error": recovery.error,
+                "missing": list(rescan.missing),
+                "waiting_for_parent": list(rescan.waiting),
+            },
+            "config": {
+                "loaded_at": _iso(reload.loaded_at),
+                "last_reload": _iso(reload.at),
+                "last_reload_result": reload.result,
+                "last_reload_error": reload.reason,
+            },
+            "problems": problems,
+        }
+
+
+def orphaned(assigned: Iterable[MdevRecord], policy: policy_mod.MdevPolicy) -> list[str]:
+    """Why ``policy`` would orphan assigned mdevs (their parent gets another type or none)."""
+    reasons = []
+    for record in assigned:
+        new_type = policy.type_for(record.parent)
+        if new_type != record.mdev_type:
+            becomes = f"type {new_type}" if new_type else "no type"
+            reasons.append(
+                f"mdev {record.uuid} of {record.owner_kind or 'owner'} {record.owner} is "
+                f"{record.mdev_type} on parent {record.parent}, which would get {becomes}"
+            )
+    return reasons
+
+
+def _domains(conf: cfg.ConfigOpts) -> Any:
+    from accel_agent.mdev import domains
+
+    uri = conf.libvirt.uri
+    return domains.LibvirtDomains(uri) if uri else domains.NoDomains()
+
+
+def load_new_config(
+    config_files: Sequence[str], config_dirs: Sequence[str]
+) -> cfg.ConfigOpts:
+    """A fresh ConfigOpts from the same files (never the running one)."""
+    new_conf = cfg.ConfigOpts()
+    agent_conf.register_opts(new_conf)
+    placement_opts.register_opts(new_conf)
+    try:
+        return common.load_config(
+            list(config_files), list(config_dirs), prog="accel-agent", conf=new_conf
+        )
+    except exception.AccelAgentException as exc:
+        raise exception.ReloadRefused(reason=exc.message) from None
+
+
+# --- the service ---------------------------------------------------------------------
+
+
+def _service_base() -> type:
+    from oslo_service import backend
+
+    with warnings.catch_warnings():
+        # futurist (the threading backend's timers) imports eventlet when it is
+        # installed (oslo.privsep pulls it in), and eventlet announces its own
+        # deprecation on import.  Nothing here uses eventlet: no monkey-patching.
+        warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
+        backend.init_backend(backend.BackendType.THREADING)
+        from oslo_service import service as os_service
+
+    return os_service.Service
+
+
+class AgentService(_service_base()):  # type: ignore[misc]
+    """oslo.service Service: API server, rescan scheduler, Placement loop, udev."""
+
+    def __init__(
+        self,
+        conf: cfg.ConfigOpts,
+        config_files: Sequence[str] = (),
+        config_dirs: Sequence[str] = (),
+        *,
+        rescan_interval: float | None = None,
+        writer: Any = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(threads=16)
+        self.conf = conf
+        self.config_files = list(config_files)
+        self.config_dirs = list(config_dirs)
+        self._rescan_interval_override = rescan_interval
+        self._writer = writer
+        self._on_fatal = on_fatal or (lambda reason: None)
+        self.core: AgentCore | None = None
+        self.server: Any = None
+        self.scheduler: events.RescanScheduler | None = None
+        self.udev: events.UdevWatcher | None = None
+        self._socket: socket.socket | None = None
+        self._socket_path = conf.api.socket_path
+        self._socket_identity: tuple[int, int, int] | None = None
+        self._placement_wake = threading.Event()
+        self._stopping = threading.Event()
+        self.started = threading.Event()
+        self._stopped = False
+        self._started_privsep = False
+
+    # --- life cycle ------------------------------------------------------------------
+
+    def _interval(self, conf: cfg.ConfigOpts) -> float:
+        return float(self._rescan_interval_override or conf.rescan_interval)
+
+    def prepare(self) -> None:
+        """Everything that may refuse to start, in the caller's thread: the
+        privsep daemon, recovery, the socket.  Raises AccelAgentException."""
+        from accel_agent.api.app import ApiApplication
+        from accel_agent.api.server import ApiServer, bind_socket, socket_identity
+
+        conf = self.conf
+        # The socket first: refuse at once when another agent serves it or the
+        # place is unsafe.  Clients that connect while recovery runs wait in
+        # the listen backlog instead of falling back to direct mode.
+        self._socket_path = conf.api.socket_path
+        self._socket = bind_socket(self._socket_path, conf.api.socket_group or None)
+        self._socket_identity = socket_identity(self._socket_path)
+        # The privileged helper now, rather than failing on the first request.
+        if self._writer is None:
+            from accel_agent import privileged
+
+            if privileged.sysfs_admin.channel is None:
+                try:
+                    privileged.start_privsep(self.config_files, self.config_dirs)
+                except Exception as exc:
+                    raise exception.AccelAgentException(
+                        f"cannot start the privileged helper (privsep-helper): {exc}"
+                    ) from exc
+                self._started_privsep = True
+        core = AgentCore(conf, writer=self._writer)
+        self.core = core
+        report = core.startup()
+        if any(report.to_dict().values()):
+            LOG.info(
+                "start-up recovery: %s",
+                "; ".join(f"{k} {len(v)}" for k, v in report.to_dict().items() if v),
+            )
+        self.server = ApiServer(
+            self._socket,
+            ApiApplication(core),
+            threads=conf.api.threads,
+            shutdown_timeout=conf.api.shutdown_timeout,
+        )
+        self.scheduler = events.RescanScheduler(
+            core.rescan, self._interval(conf), conf.event_debounce
+        )
+        core.request_rescan = self.scheduler.request
+        core.wake_placement = self._placement_wake.set
+        self.server.prepare()
+
+    def start(self) -> None:
+        assert self.core is not None and self.scheduler is not None, "prepare() first"
+        super().start()
+        self.tg.add_thread(self._serve)
+        self.tg.add_thread(self.scheduler.run)
+        self.tg.add_thread(self._placement_loop)
+        if events.wants_udev(self.conf.sysfs_root, self.conf.udev_events):
+            self.udev = events.UdevWatcher(self.scheduler.request)
+            self.udev.start()
+        self._placement_wake.set()  # first sync right away
+        self.started.set()
+
+    def _serve(self) -> None:
+        try:
+            self.server.serve()
+        except Exception as exc:
+            LOG.exception("the API server failed")
+            if not self._stopping.is_set():
+                self._on_fatal(f"API server failed: {exc}")
+
+    def _placement_loop(self) -> None:
+        core = self.core
+        assert core is not None
+        while not self._stopping.is_set():
+            self._placement_wake.wait(core.placement_delay())
+            self._placement_wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                core.placement_sync()
+            except Exception:  # the reporter never raises; a bug must not end the loop
+                LOG.exception("Placement sync failed unexpectedly")
+
+    def reload_config(self) -> bool:
+        """SIGHUP: re-read the config files; apply, or refuse and keep running as is."""
+        assert self.core is not None and self.scheduler is not None
+        LOG.info("SIGHUP: reloading the configuration from %s",
+                 ", ".join(self.config_files + self.config_dirs) or "the default files")
+        try:
+            new_conf = load_new_config(self.config_files, self.config_dirs)
+            notes = self.core.reload(new_conf)
+        except exception.ReloadRefused as exc:
+            LOG.error("%s", exc.message)
+            return False
+        except Exception:  # a bug must not take the running agent down
+            LOG.exception("configuration reload failed; the running configuration is kept")
+            return False
+        for note in notes:
+            LOG.warning("%s", note)
+        self.conf = new_conf
+        self.scheduler.configure(self._interval(new_conf), new_conf.event_debounce)
+        self._placement_wake.set()
+        LOG.info(
+            "configuration reloaded: %d mdev type(s) enabled",
+            len(self.core.manager.policy.types),
+        )
+        return True
+
+    def stop(self, graceful: bool = True) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping.set()
+        LOG.info("stopping: no new connections, letting in-flight requests finish")
+        if self.server is not None:
+            self.server.stop()  # drains in-flight requests (shutdown_timeout)
+        if self.udev is not None:
+            self.udev.stop()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self._placement_wake.set()
+        super().stop(graceful=True)
+        self.close()
+
+    def close(self) -> None:
+        """Release what prepare() took (also after a failed prepare)."""
+        from accel_agent.api.server import remove_socket
+
+        if self._socket is not None:
+            remove_socket(self._socket_path, self._socket, self._socket_identity)
+            self._socket = None
+        if self.core is not None:
+            with contextlib.suppress(Exception):
+                self.core.close()
+        if self._started_privsep:
+            from accel_agent import privileged
+
+            with contextlib.suppress(Exception):
+                privileged.stop_privsep()
+            self._started_privsep = False
+
+
+# --- systemd and signals -------------------------------------------------------------
+
+
+def sd_notify(*fields: str) -> bool:
+    """Send ``fields`` to systemd's notify socket (no-op outside systemd)."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall("\n".join(fields).encode("utf-8"))
+        return True
+    except OSError as exc:
+        LOG.debug("systemd notification failed: %s", exc)
+        return False
+
+
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_FATAL = 0  # a byte on the wake-up pipe that is no signal number
+
+
+def run(
+    conf: cfg.ConfigOpts,
+    config_files: Sequence[str],
+    config_dirs: Sequence[str],
+    rescan_interval: float | None = None,
+) -> int:
+    """Run the daemon until SIGTERM/SIGINT; returns the exit code."""
+    from oslo_service import service as os_service
+
+    from accel_agent.cmd import output
+
+    wake_read, wake_write = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(wake_write, False)
+    for signum in _HANDLED:
+        signal.signal(signum, lambda *_: None)  # the byte on the pipe is what counts
+    previous_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+
+    def fatal(reason: str) -> None:
+        LOG.error("%s", reason)
+        with contextlib.suppress(OSError):
+            os.write(wake_write, bytes([_FATAL]))
+
+    agent = AgentService(
+        conf, config_files, config_dirs, rescan_interval=rescan_interval, on_fatal=fatal
+    )
+    try:
+        try:
+            agent.prepare()
+        except exception.ConfigErrors as exc:
+            output.error("refusing to start: recovery needs a configuration change")
+            for error in exc.errors:
+                output.error(error.message)
+            agent.close()
+            return 1
+        except exception.AccelAgentException as exc:
+            output.error(exc.message)
+            agent.close()
+            return 1
+        except Exception as exc:
+            LOG.exception("start-up failed")
+            output.error(f"start-up failed: {exc!r}")
+            agent.close()
+            return 1
+        launcher = os_service.Launcher(conf, restart_method="mutate")
+        launcher.launch_service(agent)
+        if not agent.started.wait(60):
+            output.error("the service did not start")
+            launcher.stop()
+            return 1
+        socket_path = conf.api.socket_path
+        sd_notify("READY=1", f"STATUS=serving the API on {socket_path}", f"MAINPID={os.getpid()}")
+        LOG.info("accel-agent %s ready: API on %s, pid %d", accel_agent.__version__,
+                 socket_path, os.getpid())
+        try:
+            code = _signal_loop(agent, wake_read)
+        except Exception:
+            LOG.exception("the daemon's main loop failed; stopping")
+            code = 1
+        sd_notify("STOPPING=1")
+        launcher.stop()
+        launcher.wait()
+        LOG.info("accel-agent stopped")
+        return code
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        os.close(wake_read)
+        os.close(wake_write)
+
+
+def _signal_loop(agent: AgentService, wake_read: int) -> int:
+    while True:
+        data = os.read(wake_read, 64)  # PEP 475: retried after each signal handler
+        for signum in data:
+            if signum == signal.SIGHUP:
+                sd_notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+                try:
+                    agent.reload_config()
+                finally:
+                    sd_notify("READY=1")
+            elif signum in (signal.SIGTERM, signal.SIGINT):
+                LOG.info("%s received", signal.Signals(signum).name)
+                return 0
+            elif signum == _FATAL:
+                return 1

@@ -1,0 +1,143 @@
+"""The udev path, in-process: the service's own watcher is fed synthetic
+uevents (no udev here, and a simulated tree sends none), and each relevant
+one triggers a rescan that repairs what changed behind the agent's back."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from accel_agent import events
+from accel_agent.mdev import manager as manager_mod
+from accel_agent.service import AgentService
+from tests.configutil import make_conf
+from tests.functional.daemon_fixture import short_dir, wait_for
+from tests.functional.simhost import simulated_host
+
+pytestmark = pytest.mark.fuse
+
+GPU = "0000:84:00.0"
+
+
+@dataclass
+class FakeDevice:
+    """The attributes a pyudev Device offers that the watcher reads."""
+
+    subsystem: str
+    action: str
+    sys_path: str
+    properties: dict[str, Any] = field(default_factory=dict)
+
+
+@pytest.fixture
+def service(tmp_path, monkeypatch) -> Iterator[tuple[AgentService, Any]]:
+    # The service listens to udev only on the real /sys; make it listen here,
+    # without a netlink socket: the test is the kernel.
+    monkeypatch.setattr(events, "wants_udev", lambda root, enabled: enabled)
+    monkeypatch.setattr(events.UdevWatcher, "start", lambda self: True)
+    with simulated_host(tmp_path, ["nvidia-pf"], gpus=1) as host, short_dir() as sockdir:
+        conf = make_conf(
+            f"""
+            [DEFAULT]
+            state_dir = {host.state_dir}
+            rescan_interval = 3600
+            event_debounce = 0.05
+            [devices]
+            enabled_mdev_types = nvidia-35
+            [api]
+            socket_path = {sockdir}/api.sock
+            [libvirt]
+            uri =
+            """,
+            sysfs_root=host.root,
+        )
+        agent = AgentService(conf, writer=manager_mod.DirectWriter(host.root))
+        agent.prepare()
+        agent.start()
+        try:
+            yield agent, host
+        finally:
+            agent.stop()
+
+
+def remove_behind_the_back(host, uuid: str) -> None:
+    fd = os.open(os.path.join(host.root, "bus", "mdev", "devices", uuid, "remove"), os.O_WRONLY)
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+
+
+def test_uevents_trigger_rescans_that_recreate_vanished_mdevs(service):
+    agent, host = service
+    core, metrics = agent.core, agent.core.metrics
+    assert agent.udev is not None  # the service wired its watcher
+    uuid = core.allocate("vm-u", 1).uuids[0]
+    wait_for(lambda: metrics.value("accel_agent_rescans_total", {"reason": "api"}),
+             what="the post-allocate rescan")
+    assert metrics.value("accel_agent_rescans_total", {"reason": "udev"}) is None
+
+    remove_behind_the_back(host, uuid)
+    agent.udev.handle(FakeDevice("net", "add", "/sys/devices/virtual/net/tap0"))
+    assert agent.udev.events == 0  # not ours: ignored
+    agent.udev.handle(FakeDevice("mdev", "remove", f"/sys/devices/x/{GPU}/{uuid}"))
+    wait_for(lambda: metrics.value("accel_agent_recreated_mdevs_total") == 1,
+             what="the re-created mdev")
+    assert uuid in host.sysfs_uuids()
+    assert metrics.value("accel_agent_rescans_total", {"reason": "udev"}) == 1
+    assert core.allocation("vm-u").uuids == [uuid]
+
+    # A parent unregistering (driver unloaded) announces MDEV_STATE on itself.
+    host.sim.unregister(GPU)
+    agent.udev.handle(FakeDevice("pci", "change", f"/sys/devices/x/{GPU}",
+                                 {"MDEV_STATE": "unregistered"}))
+    wait_for(lambda: core.health()["recovery"]["waiting_for_parent"] == [uuid],
+             what="the mdev waiting for its parent")
+    assert core.health()["providers"] == 0
+    host.sim.register(GPU)
+    agent.udev.handle(FakeDevice("pci", "change", f"/sys/devices/x/{GPU}",
+                                 {"MDEV_STATE": "registered"}))
+    wait_for(lambda: uuid in host.sysfs_uuids(), what="re-created after the parent came back")
+    wait_for(lambda: core.health()["status"] == "ok", what="health ok")
+    assert metrics.value("accel_agent_rescans_total", {"reason": "udev"}) == 3
+    assert metrics.value("accel_agent_rescans_total", {"reason": "periodic"}) is None
+
+
+def test_a_rescan_frees_expired_migration_claims(service):
+    agent, host = service
+    core = agent.core
+    source = "5a5a5a5a-0000-4000-8000-000000000001"
+    now = time.time()
+    kept = core.manager.claim("mig-live", {source: "nvidia-35"}, expires_at=now + 3600)[source]
+    expired = core.manager.claim("mig-dead", {source: "nvidia-35"}, expires_at=now - 1)[source]
+    core.rescan({"periodic"})
+    assert [r.uuid for r in core.manager.ledger.by_owner("mig-live")] == [kept]
+    assert core.manager.ledger.by_owner("mig-dead") == []
+    freed = core.manager.ledger.get(expired)
+    assert freed is not None and freed.owner is None  # kept for reuse, not removed
+    assert expired in host.sysfs_uuids()
+    assert core.health()["mdevs"]["claimed"] == 1 and core.health()["mdevs"]["free"] == 1
+
+
+def test_a_failed_recreation_is_reported_and_retried(service):
+    agent, host = service
+    core = agent.core
+    uuid = core.allocate("vm-f", 1).uuids[0]
+    host.sim.fail_next_create("ENOSPC", parent=GPU)
+    remove_behind_the_back(host, uuid)
+    agent.udev.handle(FakeDevice("mdev", "remove", f"/sys/devices/x/{GPU}/{uuid}"))
+    wait_for(lambda: core.health()["recovery"]["missing"] == [uuid], what="the failed recovery")
+    health = core.health()
+    assert health["status"] == "degraded"
+    assert "insufficient capacity" in health["recovery"]["error"]
+    assert uuid not in host.sysfs_uuids()
+    # The fault was one-shot: the next event's rescan re-creates it.
+    agent.udev.handle(FakeDevice("mdev", "remove", f"/sys/devices/x/{GPU}/{uuid}"))
+    wait_for(lambda: uuid in host.sysfs_uuids(), what="the retry")
+    wait_for(lambda: core.health()["status"] == "ok", what="health ok")
+    assert core.allocation("vm-f").uuids == [uuid]

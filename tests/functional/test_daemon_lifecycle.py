@@ -1,0 +1,365 @@
+"""The real ``accel-agent`` daemon (subprocess, real privsep daemon, FUSE-simulated
+host): readiness, the socket, SIGTERM draining, SIGHUP reloads, rescans that
+re-create vanished mdevs, and accelctl as its client."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from accel_agent import exception
+from accel_agent.mdev.ledger import Ledger
+from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir, wait_for
+from tests.functional.privsep_fixture import skip_unless_root
+from tests.functional.simhost import simulated_host
+
+pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
+
+GPU = "0000:84:00.0"
+BOTH = """
+[devices]
+enabled_mdev_types = nvidia-35, mtty-2
+[mdev_nvidia-35]
+[mdev_mtty-2]
+device_addresses = mtty
+"""
+NVIDIA_ONLY = """
+[devices]
+enabled_mdev_types = nvidia-35
+"""
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    skip_unless_root()
+    with simulated_host(tmp_path_factory.mktemp("daemon"), ["nvidia-pf", "mtty"], gpus=2) as host:
+        yield host
+
+
+class Setup:
+    """One test's agent: its config file, socket and daemon."""
+
+    def __init__(self, host, workdir: Path, sockdir: Path) -> None:
+        self.host = host
+        self.workdir = workdir
+        self.socket_path = str(sockdir / "api.sock")
+        self.config = workdir / "agent.conf"
+        self.daemon = AgentDaemon(self.config, self.socket_path, workdir)
+
+    def write(self, body: str, rescan_interval: float = 60.0, extra: str = "") -> Path:
+        return agent_config(
+            self.config,
+            self.host.root,
+            self.host.state_dir,
+            self.socket_path,
+            body,
+            rescan_interval,
+            extra,
+        )
+
+    def start(self, body: str = BOTH, rescan_interval: float = 60.0) -> AgentDaemon:
+        self.write(body, rescan_interval)
+        return self.daemon.start()
+
+
+@pytest.fixture
+def setup(sim, tmp_path) -> Iterator[Setup]:
+    sim.reset()
+    with short_dir() as sockdir:
+        state = Setup(sim, tmp_path, sockdir)
+        try:
+            yield state
+        finally:
+            state.daemon.close()
+            sim.sim.call("status")  # the simulator is still healthy
+
+
+def ledger_rows(host) -> dict[str, str | None]:
+    with Ledger(host.state_dir) as ledger:
+        return {r.uuid: r.owner for r in ledger.all()}
+
+
+# --- start, socket, stop ----------------------------------------------------------------
+
+
+def test_ready_notification_socket_mode_and_clean_sigterm(setup):
+    daemon = setup.start()
+    assert daemon.notifications[0] == "READY=1"
+    st = os.lstat(setup.socket_path)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+    health = daemon.health()
+    assert health["status"] == "ok", health
+    assert health["providers"] == 3 and health["rescans"] >= 1
+    assert health["reporting"]["state"] == "disabled"
+    assert daemon.stop() == 0
+    assert "STOPPING=1" in daemon.read_notifications()
+    assert not os.path.exists(setup.socket_path)
+    assert "privsep daemon exiting" in daemon.log() or "EOF on privsep" in daemon.log()
+
+
+def test_refuses_to_start_when_a_regular_file_is_in_the_sockets_place(setup):
+    Path(setup.socket_path).write_text("precious")
+    setup.write(BOTH)
+    proc = setup.daemon.spawn()
+    assert proc.wait(60) == 1
+    assert "not a socket" in setup.daemon.log()
+    assert Path(setup.socket_path).read_text() == "precious"
+    assert "READY=1" not in setup.daemon.read_notifications()
+
+
+def test_stale_socket_after_sigkill_is_replaced_and_a_second_agent_refused(setup):
+    daemon = setup.start()
+    daemon.kill()
+    assert stat.S_ISSOCK(os.lstat(setup.socket_path).st_mode)  # left behind
+    daemon.start()  # replaces it
+    assert daemon.health()["status"] == "ok"
+    second = AgentDaemon(setup.config, setup.socket_path, setup.workdir / "second")
+    (setup.workdir / "second").mkdir()
+    try:
+        assert second.spawn().wait(60) == 1
+        assert "another accel-agent already serves" in second.log()
+    finally:
+        second.close()
+    assert daemon.health()["status"] == "ok"  # the first one is untouched
+
+
+def test_refuses_to_start_when_recovery_would_need_another_type(setup):
+    setup.write(BOTH)
+    assert ctl(setup.config, "--offline", "allocate", "vm-s", "--count", "1", "--parent",
+               "mtty").returncode == 0
+    setup.host.sim.reboot()  # the mdev must be re-created, with a type no longer configured
+    setup.write(NVIDIA_ONLY)
+    proc = setup.daemon.spawn()
+    assert proc.wait(60) == 1
+    log = setup.daemon.log()
+    assert "refusing to start" in log
+    assert "vm-s" in log and "mtty-2" in log and "mtty" in log
+    assert not os.path.exists(setup.socket_path)
+
+
+def test_sigterm_lets_the_request_in_flight_finish(setup):
+    daemon = setup.start()
+    client = daemon.client()
+    uuid = client.allocate("vm-d", 1)["mdevs"][0]["uuid"]
+    setup.host.sim.hold(uuid)  # a VM holds it: the remove write blocks
+    answers: list[object] = []
+
+    def release() -> None:
+        try:
+            answers.append(client.release("vm-d", remove=True))
+        except exception.AccelAgentException as exc:
+            answers.append(exc)
+
+    worker = threading.Thread(target=release, daemon=True)
+    worker.start()
+    wait_for(lambda: setup.host.sim.status()["blocked_removes"], what="the blocked remove")
+    daemon.signal(signal.SIGTERM)
+
+    def refused() -> bool:
+        try:
+            daemon.client(timeout=2).health()
+        except exception.AgentNotRunning:
+            return True
+        except exception.AgentUnreachable:
+            pass  # accepted while the listener was closing
+        return False
+
+    wait_for(refused, what="the socket to stop accepting")
+    assert daemon.running  # still serving the request in flight
+    setup.host.sim.release(uuid)
+    worker.join(60)
+    assert answers and isinstance(answers[0], dict), answers
+    assert answers[0] == {"instance": "vm-d", "released": [uuid], "removed": True}
+    assert daemon.wait_exit() == 0
+    assert uuid not in setup.host.sysfs_uuids()
+
+
+# --- accelctl as a client ---------------------------------------------------------------
+
+
+def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
+    daemon = setup.start()
+    proc = ctl(setup.config, "allocate", "vm-c", "--count", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    uuids = [m["uuid"] for m in json.loads(proc.stdout)["mdevs"]]
+    assert daemon.metric("accel_agent_allocations_total") == 1.0  # it went through the API
+    for listing in ("types", "mdevs", "inventory"):
+        via_api = ctl(setup.config, listing, "--json")
+        offline = ctl(setup.config, "--offline", listing, "--json")
+        assert via_api.returncode == offline.returncode == 0, via_api.stderr
+        assert json.loads(via_api.stdout) == json.loads(offline.stdout), listing
+    table = ctl(setup.config, "inventory").stdout.splitlines()
+    rows = {line.split()[0]: line.split() for line in table}
+    assert rows["testhost_pci_0000_84_00_0"][3:5] == ["16", "2"]  # total, used
+    refused = ctl(setup.config, "allocate", "vm-x", "--count", "64")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: insufficient capacity")
+    assert ctl(setup.config, "adopt", "not-a-uuid").returncode == 1
+    xml = ctl(setup.config, "domain-xml", "vm-c").stdout
+    assert xml.count("<hostdev") == 2 and all(u in xml for u in uuids)
+    report = json.loads(ctl(setup.config, "recover", "--json").stdout)
+    assert report["recreated"] == []
+    # --offline acts directly even though the daemon runs (the file lock serialises)
+    assert ctl(setup.config, "--offline", "release", "vm-c").returncode == 0
+    assert daemon.metric("accel_agent_releases_total", remove="false") == 0.0
+    assert daemon.stop() == 0
+    # no daemon: direct mode
+    proc = ctl(setup.config, "allocate", "vm-c2", "--count", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "vm-c2" in ledger_rows(setup.host).values()
+
+
+def test_accelctl_fails_instead_of_falling_back_when_the_daemon_is_broken(setup):
+    setup.write(BOTH)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(setup.socket_path)
+    listener.listen(8)
+
+    def garbage() -> None:  # a "daemon" that answers nonsense
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"this is not HTTP\r\n\r\n")
+
+    threading.Thread(target=garbage, daemon=True).start()
+    try:
+        proc = ctl(setup.config, "allocate", "vm-b", "--count", "1")
+        assert proc.returncode == 1
+        assert "cannot talk to accel-agent" in proc.stderr
+        assert ledger_rows(setup.host) == {}  # no second writer
+        assert setup.host.sysfs_uuids() == set()
+        assert ctl(setup.config, "--offline", "types").returncode == 0
+    finally:
+        listener.close()
+
+
+# --- SIGHUP --------------------------------------------------------------------------
+
+
+def provider_names(daemon: AgentDaemon) -> set[str]:
+    return {p["name"] for p in daemon.client().inventory()["providers"]}
+
+
+def test_sighup_applies_a_changed_type_list_without_restart(setup):
+    daemon = setup.start(NVIDIA_ONLY)
+    pid = daemon.pid
+    assert "testhost_mtty" not in provider_names(daemon)
+    setup.write(BOTH)
+    daemon.sighup()
+    wait_for(lambda: "testhost_mtty" in provider_names(daemon), what="the mtty provider")
+    assert daemon.pid == pid and daemon.running
+    wait_for(lambda: daemon.read_notifications().count("READY=1") == 2, what="READY=1 again")
+    notes = daemon.notifications
+    assert notes.index("RELOADING=1") < len(notes) - 1 - notes[::-1].index("READY=1")
+    assert daemon.health()["config"]["last_reload_result"] == "applied"
+    # the new type is usable at once
+    assert daemon.client().allocate("vm-h", 1, parent="mtty")["mdevs"][0]["mdev_type"] == "mtty-2"
+
+
+def test_sighup_that_would_orphan_an_assigned_mdev_is_refused(setup):
+    daemon = setup.start(BOTH)
+    uuid = daemon.client().allocate("vm-o", 1, parent="mtty")["mdevs"][0]["uuid"]
+    before = daemon.client().inventory()
+    setup.write(NVIDIA_ONLY)
+    daemon.sighup()
+    wait_for(
+        lambda: daemon.health()["config"]["last_reload_result"] == "refused",
+        what="the refusal",
+    )
+    health = daemon.health()
+    assert health["status"] == "degraded"
+    assert uuid in health["config"]["last_reload_error"]
+    log = daemon.log()
+    assert "configuration reload refused" in log and uuid in log and "vm-o" in log
+    assert daemon.client().inventory() == before  # old configuration kept
+    assert daemon.client().allocation("vm-o")["mdevs"][0]["uuid"] == uuid
+    # A config error is refused too, with check-config's own message.
+    setup.write(BOTH + "[mdev_nvidia-35]\ndevice_addresses = 84:00.0, 0000:84:00.0\n")
+    daemon.sighup()
+    wait_for(lambda: "duplicate" in (daemon.health()["config"]["last_reload_error"] or ""),
+             what="the duplicate-address refusal")
+    # Releasing the mdev makes the same reload acceptable.
+    daemon.client().release("vm-o", remove=True)
+    setup.write(NVIDIA_ONLY)
+    daemon.sighup()
+    wait_for(lambda: "testhost_mtty" not in provider_names(daemon), what="mtty to go")
+    wait_for(lambda: daemon.health()["status"] == "ok", what="health ok after the reload")
+    assert daemon.health()["config"]["last_reload_result"] == "applied"
+
+
+# --- rescans -----------------------------------------------------------------------
+
+
+def test_an_mdev_removed_behind_the_agents_back_is_recreated_within_a_rescan(setup):
+    daemon = setup.start(BOTH, rescan_interval=1.0)
+    client = daemon.client()
+    uuids = [m["uuid"] for m in client.allocate("vm-r", 2)["mdevs"]]
+    parent = client.allocation("vm-r")["mdevs"][0]["parent"]
+    # The rescan the allocation asked for is done: only periodic ones follow.
+    wait_for(lambda: daemon.health()["mdevs"]["assigned"] == 2, what="the post-allocate rescan")
+    remove = Path(setup.host.root, "bus", "mdev", "devices", uuids[0], "remove")
+    fd = os.open(remove, os.O_WRONLY)
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+    assert uuids[0] not in setup.host.sysfs_uuids()
+    wait_for(lambda: uuids[0] in daemon.health()["recovery"]["recreated"], what="recovery")
+    assert set(uuids) <= setup.host.sysfs_uuids()
+    mdevs = {m["uuid"]: m for m in client.mdevs()["mdevs"]}
+    assert mdevs[uuids[0]]["instance"] == "vm-r" and mdevs[uuids[0]]["parent"] == parent
+    used = {p["name"]: p["used"] for p in client.inventory()["providers"]}
+    assert used["testhost_pci_" + parent.replace(":", "_").replace(".", "_")] == 2
+    assert daemon.metric("accel_agent_recreated_mdevs_total") >= 1
+    assert daemon.metric("accel_agent_rescans_total", reason="periodic") >= 1
+
+    # The parent goes away (driver unloaded): nothing to re-create on, reported...
+    setup.host.sim.unregister(parent)
+    wait_for(lambda: daemon.health()["recovery"]["waiting_for_parent"], what="waiting")
+    assert daemon.health()["status"] == "degraded"
+    assert parent not in {p["name"] for p in client.types()["parents"]}
+    # ...and back when it re-registers, with the same UUIDs.
+    setup.host.sim.register(parent)
+    wait_for(lambda: set(uuids) <= setup.host.sysfs_uuids(), what="re-created after register")
+    wait_for(lambda: daemon.health()["status"] == "ok", what="health ok again")
+    assert {m["uuid"] for m in client.allocation("vm-r")["mdevs"]} == set(uuids)
+
+
+# --- systemd ------------------------------------------------------------------------
+
+
+def test_systemd_unit_verifies(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = Path(__file__).resolve().parents[2] / "systemd" / "accel-agent.service"
+    text = unit.read_text()
+    assert "Type=notify" in text and "ExecReload=/bin/kill -HUP $MAINPID" in text
+    # verify checks that ExecStart= exists: point it at this checkout's script.
+    script = os.path.join(os.path.dirname(sys.executable), "accel-agent")
+    if not os.path.exists(script):
+        pytest.skip("the accel-agent console script is not installed")
+    copy = tmp_path / "accel-agent.service"
+    copy.write_text(text.replace("/usr/bin/accel-agent", script))
+    proc = subprocess.run(
+        [analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for complaint in ("Unknown key", "Unknown section", "ignoring", "Failed", "not executable"):
+        assert complaint not in output, output

@@ -1,0 +1,190 @@
+"""Pure parts of the daemon: orphan check, mdev counts, Placement signature, sd_notify, health."""
+
+from __future__ import annotations
+
+import socket
+from types import MappingProxyType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from accel_agent import service
+from accel_agent.mdev.inventory import Inventory, Provider
+from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
+from accel_agent.mdev.policy import MdevPolicy, TypeConfig
+from accel_agent.reporting.metrics import AgentMetrics
+from accel_agent.sysfs.model import HostSnapshot, Mdev
+
+U1 = "11111111-1111-4111-8111-111111111111"
+U2 = "22222222-2222-4222-8222-222222222222"
+U3 = "33333333-3333-4333-8333-333333333333"
+U4 = "44444444-4444-4444-8444-444444444444"
+FOREIGN = "ffffffff-ffff-4fff-8fff-ffffffffffff"
+
+
+def rec(
+    uuid: str,
+    owner: str | None = None,
+    state: MdevState = MdevState.PRESENT,
+    kind: OwnerKind | None = None,
+    parent: str = "0000:84:00.0",
+    mdev_type: str = "nvidia-35",
+    intent: int | None = None,
+) -> MdevRecord:
+    return MdevRecord(
+        uuid=uuid,
+        parent=parent,
+        mdev_type=mdev_type,
+        state=state,
+        owner=owner,
+        owner_kind=kind or (OwnerKind.INSTANCE if owner else None),
+        claim_expires_at=None,
+        intent_id=intent,
+        adopted=False,
+        created_at=0.0,
+        updated_at=0.0,
+    )
+
+
+def policy(parent_types: dict[str, str], default: str | None = None) -> MdevPolicy:
+    types = {*parent_types.values(), *([default] if default else [])}
+    return MdevPolicy(
+        types=tuple(TypeConfig(t, (), "VGPU", None) for t in sorted(types)),
+        parent_types=MappingProxyType(parent_types),
+        default_type=default,
+    )
+
+
+def snapshot(*uuids: str) -> HostSnapshot:
+    mdevs = {u: Mdev(u, "0000:84:00.0", "nvidia-35", 1) for u in uuids}
+    return HostSnapshot(root="/x", parents=MappingProxyType({}), mdevs=MappingProxyType(mdevs))
+
+
+def test_orphaned_names_every_assigned_mdev_whose_parent_changes_type():
+    assigned = [rec(U1, "vm-1"), rec(U2, "vm-2", parent="mtty", mdev_type="mtty-2")]
+    assert service.orphaned(assigned, policy({"mtty": "mtty-2"}, default="nvidia-35")) == []
+    reasons = service.orphaned(assigned, policy({"0000:84:00.0": "nvidia-36"}))
+    assert len(reasons) == 2
+    assert U1 in reasons[0] and "vm-1" in reasons[0] and "type nvidia-36" in reasons[0]
+    assert U2 in reasons[1] and "no type" in reasons[1]
+
+
+def test_count_mdevs_puts_each_mdev_in_one_state():
+    records = [
+        rec(U1, "vm-1"),
+        rec(U2),
+        rec(U3, "claim-1", kind=OwnerKind.CLAIM),
+        rec(U4, "vm-4"),  # missing from sysfs
+        rec("55555555-5555-4555-8555-555555555555", state=MdevState.CREATING, intent=3),
+    ]
+    counts = service.count_mdevs(records, snapshot(U1, U2, U3, FOREIGN))
+    assert counts == {
+        "assigned": 1,
+        "claimed": 1,
+        "free": 1,
+        "foreign": 1,
+        "missing": 1,
+        "transient": 1,
+    }
+
+
+def provider(name: str, total: int, used: int) -> Provider:
+    return Provider(
+        name=name,
+        parent_provider="h",
+        parent_device="0000:84:00.0",
+        parent_devices=("0000:84:00.0",),
+        pci_address="0000:84:00.0",
+        physical_gpu="0000:84:00.0",
+        numa_node=0,
+        mdev_type="nvidia-35",
+        resource_class="VGPU",
+        total=total,
+        used=used,
+        traits=("CUSTOM_MDEV_NVIDIA_35",),
+    )
+
+
+def test_placement_signature_ignores_usage_only():
+    base = service.placement_signature(Inventory("h", (provider("a", 16, 0),)))
+    assert service.placement_signature(Inventory("h", (provider("a", 16, 5),))) == base
+    assert service.placement_signature(Inventory("h", (provider("a", 8, 0),))) != base
+    assert service.placement_signature(Inventory("h", ())) != base
+
+
+def test_sd_notify(tmp_path, monkeypatch):
+    assert service.sd_notify("READY=1") is False  # not under systemd: nothing to do
+    path = str(tmp_path / "notify")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(path)
+    try:
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        assert service.sd_notify("READY=1", "STATUS=serving") is True
+        assert receiver.recv(1024) == b"READY=1\nSTATUS=serving"
+    finally:
+        receiver.close()
+
+
+def test_sd_notify_abstract_socket(monkeypatch):
+    name = f"accel-agent-test-{id(monkeypatch)}"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind("\0" + name)
+    try:
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+        assert service.sd_notify("STOPPING=1")
+        assert receiver.recv(64) == b"STOPPING=1"
+    finally:
+        receiver.close()
+
+
+class FakeReporter:
+    enabled = True
+    sync_interval = 60
+    next_attempt_at = 0.0
+
+    def __init__(self, state: str = "ok") -> None:
+        self.state = state
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "enabled": True,
+            "state": self.state,
+            "last_error": "Placement unavailable: connection refused"
+            if self.state == "failing"
+            else None,
+            "consecutive_failures": 1 if self.state == "failing" else 0,
+        }
+
+
+@pytest.fixture
+def core() -> service.AgentCore:
+    from oslo_config import cfg
+
+    from accel_agent import conf as agent_conf
+
+    conf = cfg.ConfigOpts()
+    agent_conf.register_opts(conf)
+    conf([], project="accel-agent-test", default_config_files=[])
+    manager = SimpleNamespace(host="h", ledger=SimpleNamespace(close=lambda: None))
+    return service.AgentCore(
+        conf,
+        manager=manager,  # type: ignore[arg-type]
+        reporter=FakeReporter(),  # type: ignore[arg-type]
+        metrics=AgentMetrics(),
+    )
+
+
+def test_health_is_ok_until_placement_fails(core):
+    health = core.health()
+    assert health["status"] == "ok" and health["problems"] == []
+    assert health["reporting"]["state"] == "ok"
+    core.reporter.state = "failing"  # type: ignore[attr-defined]
+    health = core.health()
+    assert health["status"] == "degraded"
+    assert "connection refused" in health["problems"][0]
+
+
+def test_placement_delay_follows_the_reporter(core):
+    assert core.placement_delay() == 60.0
+    core.reporter.enabled = False  # type: ignore[misc]
+    assert core.placement_delay() is None
