@@ -27,6 +27,11 @@ host = demo-host
 sysfs_root = $SYSFS
 state_dir = $DEMO_DIR/state
 
+rescan_interval = 1
+
+[api]
+socket_path = $DEMO_DIR/api.sock
+
 [libvirt]
 # no libvirt on a simulated host
 uri =
@@ -60,21 +65,34 @@ run "${CTL[@]}" --config-file "$CONF" types
 step "Inventory per physical GPU (what Placement receives)"
 run "${CTL[@]}" --config-file "$CONF" inventory
 
-step "Allocate 3 vGPUs to an instance (created through the privileged helper)"
+step "Start the agent daemon (API on $DEMO_DIR/api.sock, rescan every second)"
+.venv/bin/accel-agent --config-file "$CONF" >"$DEMO_DIR/agent.log" 2>&1 &
+AGENT_PID=$!
+trap 'kill $AGENT_PID 2>/dev/null; wait $AGENT_PID 2>/dev/null; "${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true' EXIT
+for _ in $(seq 120); do [ -S "$DEMO_DIR/api.sock" ] && break; sleep 0.5; done
+[ -S "$DEMO_DIR/api.sock" ] || { echo "the daemon did not start:" >&2; cat "$DEMO_DIR/agent.log" >&2; exit 1; }
+echo "accel-agent running as pid $AGENT_PID"
+
+step "Allocate 3 vGPUs to an instance (through the daemon's API)"
 run "${CTL[@]}" --config-file "$CONF" allocate demo-vm-1 --count 3
 run "${CTL[@]}" --config-file "$CONF" domain-xml demo-vm-1
 
-step "Simulated host reboot: every mdev is gone"
+step "Simulated host reboot: every mdev is gone; the daemon re-creates them by itself"
 run "${CTL[@]}" simulate reboot "$SYSFS"
-run "${CTL[@]}" --config-file "$CONF" mdevs
-
-step "Recovery re-creates them with the same UUIDs on the same GPUs"
-run "${CTL[@]}" --config-file "$CONF" recover
+count_mdevs() {
+	"${CTL[@]}" --config-file "$CONF" mdevs --json |
+		.venv/bin/python -c 'import json,sys; print(len(json.load(sys.stdin)["mdevs"]))'
+}
+for _ in $(seq 60); do [ "$(count_mdevs)" = 3 ] && break; sleep 0.5; done
 run "${CTL[@]}" --config-file "$CONF" mdevs
 run "${CTL[@]}" --config-file "$CONF" inventory
 
-step "Release and remove"
+step "Release and remove, then stop the daemon (SIGTERM)"
 run "${CTL[@]}" --config-file "$CONF" release demo-vm-1 --remove
+kill -TERM "$AGENT_PID"
+wait "$AGENT_PID" || true
+echo "daemon log (last lines):"
+tail -n 8 "$DEMO_DIR/agent.log" | cut -c1-160
 
 step "A broken config is refused, naming the address and both types"
 cat >"$DEMO_DIR/broken.conf" <<CONF
