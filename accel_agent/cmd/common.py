@@ -77,11 +77,16 @@ class LedgerView:
         return frozenset(self.owners)
 
 
+LEDGER_FILENAME = "ledger.sqlite3"  # accel_agent.mdev.ledger.LEDGER_FILENAME
+
+
 def read_ledger(state_dir: str) -> LedgerView:
+    # Checked before importing the ledger (and sqlite3): most read-only runs
+    # on a host the agent never managed have no ledger at all.
+    if not os.path.exists(os.path.join(state_dir, LEDGER_FILENAME)):
+        return LedgerView()
     from accel_agent.mdev import ledger
 
-    if not os.path.exists(os.path.join(state_dir, ledger.LEDGER_FILENAME)):
-        return LedgerView()
     with ledger.Ledger(state_dir) as book:
         records = book.all()
     return LedgerView(

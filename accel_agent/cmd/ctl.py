@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import operator
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +44,10 @@ def _via_api(args: argparse.Namespace, conf, call: Callable[[Any], Any]) -> Any:
     none (or --offline).  API errors raise ApiError; an unreachable daemon
     raises AgentUnreachable."""
     if args.offline:
+        return _OFFLINE
+    if not os.path.lexists(conf.api.socket_path):
+        # No daemon here: skip even importing the client (http.client).
+        LOG.debug("no API socket at %s; acting directly", conf.api.socket_path)
         return _OFFLINE
     from accel_agent.api.client import ApiClient
 
@@ -522,18 +527,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    """``accelctl simulate ...``: the simulator's own parser, built only when
+    asked for (the simulator's imports cost every other command ~20 ms)."""
+    from accel_agent.simulator import cli as simulator_cli
+
+    parser = _Parser(prog="accelctl simulate", description=SIMULATE_HELP)
+    simulator_cli.add_commands(parser)
+    sub_args = parser.parse_args(args.simulate_args)
+    if not getattr(sub_args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return int(sub_args.func(sub_args))
+
+
+SIMULATE_HELP = (
+    "Give any machine a simulated GPU host: a kernel-faithful mdev sysfs, mounted with FUSE "
+    "(create/remove act like the kernel) or written as a static tree. "
+    "Run 'accelctl simulate --help' for its commands."
+)
+
+
 def _register_optional(subparsers: argparse._SubParsersAction) -> None:
     """Subcommands owned by other packages (each module keeps its imports lazy)."""
     from accel_agent.libvirt_xml import cli as xml_cli
-    from accel_agent.simulator import cli as simulator_cli
 
-    simulator_cli.register(subparsers)
+    simulate = subparsers.add_parser(
+        "simulate",
+        help="run a simulated mdev host (FUSE sysfs) for demos and tests",
+        description=SIMULATE_HELP,
+        add_help=False,
+    )
+    simulate.add_argument("simulate_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    simulate.set_defaults(func=_cmd_simulate)
     xml_cli.register(subparsers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "simulate":
+        # Everything after the word goes to the simulator's own parser
+        # (argparse's REMAINDER would reject a leading option such as --help).
+        args.simulate_args = argv[argv.index("simulate") + 1 :]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",

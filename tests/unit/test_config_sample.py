@@ -39,3 +39,10 @@ def test_sample_documents_nova_compatible_options():
         "#sysfs_root = /sys",
     ):
         assert needle in text
+
+
+def test_common_knows_the_ledger_file_name():
+    from accel_agent.cmd import common
+    from accel_agent.mdev import ledger
+
+    assert common.LEDGER_FILENAME == ledger.LEDGER_FILENAME
