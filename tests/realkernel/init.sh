@@ -48,6 +48,7 @@ for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	lab_out=*) OUT=${arg#lab_out=} ;;
 	lab_cmd=*) CMD=${arg#lab_cmd=} ;;
+	lab_repo=*) REPO=${arg#lab_repo=} ;;
 	esac
 done
 say "INIT kernel $(uname -r)"
@@ -60,7 +61,17 @@ mount -t sysfs sysfs $H/sys
 mount -t devtmpfs devtmpfs $H/dev
 mkdir -p $H/dev/shm $H/dev/pts
 mount -t devpts devpts $H/dev/pts
+# Keep a view of the host root before the tmpfs mounts hide parts of it: a
+# checkout under /tmp (CI clones often live there) must stay visible.
+mkdir -p /hostview
+mount -o bind $H /hostview || finish 70 "bind-mounting the host root view failed"
 for d in tmp var/tmp run dev/shm; do mount -t tmpfs -o mode=1777 tmpfs "$H/$d"; done
+case "$REPO" in
+/tmp/* | /var/tmp/* | /run/* | /dev/shm/*)
+	mkdir -p "$H$REPO"
+	mount -o bind "/hostview$REPO" "$H$REPO" || finish 70 "bind-mounting the checkout $REPO failed"
+	;;
+esac
 [ -n "$OUT" ] || finish 70 "no lab_out= on the kernel command line"
 mkdir -p "$H$OUT" 2>/dev/null # only possible when it lies on one of the tmpfs above
 mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=262144 results "$H$OUT" ||

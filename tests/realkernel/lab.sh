@@ -303,7 +303,7 @@ fi
 } >"$RESULTS/guest-cmd.sh"
 
 QEMU_PID_FILE=$RESULTS/qemu.pid
-APPEND="console=ttyS0 panic=-1 quiet lab_out=$RESULTS lab_cmd=$RESULTS/guest-cmd.sh"
+APPEND="console=ttyS0 panic=-1 quiet lab_out=$RESULTS lab_cmd=$RESULTS/guest-cmd.sh lab_repo=$REPO"
 stamp "booting $ABI under QEMU (TCG), timeout ${TIMEOUT}s"
 # TCG: /dev/kvm on this kind of machine cannot run an unmodified kernel (mtty-lab.md,
 # Blockers), and the guest's work is small.  vmlinux boots through PVH (no firmware).
