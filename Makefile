@@ -60,8 +60,14 @@ lint: venv
 sample-config: venv
 	$(VENV)/bin/oslo-config-generator --config-file etc/oslo-config-generator/accel-agent.conf
 
-bench: venv
-	$(PY) -m benchmarks
+bench: venv .stamps/bench-apt
+	$(PY) -m benchmarks --output BENCHMARKS.md
+
+# mdevctl (Debian's 1.2.0) is the reference the cold-listing benchmark compares against.
+.stamps/bench-apt:
+	@dpkg -s mdevctl >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mdevctl >/dev/null; }
+	@mkdir -p .stamps && touch $@
 
 clean:
 	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache tests/realkernel/results
