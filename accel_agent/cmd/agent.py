@@ -23,10 +23,26 @@ LOG = logging.getLogger("accel_agent")
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="accel-agent",
-        description="Host agent that owns the mediated devices (vGPUs) of this KVM host.",
+        description="Host agent that owns the mediated devices (vGPUs) of this KVM host: "
+        "validates its config (refusing to start on errors, with the messages of "
+        "'accelctl check-config'), recovers the mdevs it recorded, then serves its API on "
+        "[api] socket_path. SIGHUP reloads the config, SIGTERM stops after in-flight "
+        "requests. Exit status: 0 stopped cleanly, 1 refused to start or failed.",
     )
-    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
+    parser.add_argument(
+        "--config-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="oslo.config file (repeatable); default /etc/accel-agent/accel-agent.conf",
+    )
+    parser.add_argument(
+        "--config-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="directory of *.conf files read after the config files",
+    )
     parser.add_argument(
         "--check", action="store_true", help="validate the configuration and exit"
     )
