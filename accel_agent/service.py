@@ -253,25 +253,9 @@ class AgentCore:
     # --- live migration (accel_agent.migration) ----------------------------------------
 
     def _destination(self) -> Any:
-        from accel_agent.migration import versions
         from accel_agent.migration.destination import MigrationDestination
 
-        uri = self.conf.libvirt.uri
-
-        def host_versions() -> versions.HostVersions:
-            if not uri:
-                raise exception.MigrationNotPossible(
-                    reason="[libvirt] uri is empty: this host cannot check its libvirt and "
-                    "QEMU versions, so it cannot accept a migration"
-                )
-            return versions.probe_uri(uri)
-
-        return MigrationDestination(
-            self.manager,
-            host_versions,
-            versions.Minimums.from_conf(self.conf),
-            claim_timeout=self.conf.migration.claim_timeout,
-        )
+        return MigrationDestination.from_conf(self.conf, self.manager)
 
     def migration_claim(
         self, instance: str, mdevs: dict[str, str], source_versions: dict[str, Any] | None

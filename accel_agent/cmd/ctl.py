@@ -240,19 +240,9 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def _destination(conf):
     """The destination side, offline (the daemon builds the same one)."""
-    from accel_agent.migration import versions
     from accel_agent.migration.destination import MigrationDestination
 
-    if not conf.libvirt.uri:
-        raise exception.MigrationNotPossible(
-            reason="[libvirt] uri is empty: this host cannot check its libvirt and QEMU versions"
-        )
-    return MigrationDestination(
-        common.build_manager(conf),
-        lambda: versions.probe_uri(conf.libvirt.uri),
-        versions.Minimums.from_conf(conf),
-        claim_timeout=conf.migration.claim_timeout,
-    )
+    return MigrationDestination.from_conf(conf, common.build_manager(conf))
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:

@@ -64,6 +64,27 @@ class MigrationDestination:
         self.claim_timeout = claim_timeout
         self.clock = clock
 
+    @classmethod
+    def from_conf(cls, conf: Any, manager: MdevManager) -> MigrationDestination:
+        """This host as a destination: versions asked of ``[libvirt] uri``,
+        floors and claim lifetime from ``[migration]``."""
+        uri = conf.libvirt.uri
+
+        def host_versions() -> versions_mod.HostVersions:
+            if not uri:
+                raise exception.MigrationNotPossible(
+                    reason="[libvirt] uri is empty: this host cannot check its libvirt and "
+                    "QEMU versions, so it cannot accept a migration"
+                )
+            return versions_mod.probe_uri(uri)
+
+        return cls(
+            manager,
+            host_versions,
+            versions_mod.Minimums.from_conf(conf),
+            claim_timeout=conf.migration.claim_timeout,
+        )
+
     def claim(
         self,
         instance: str,
