@@ -29,20 +29,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "[api] socket_path. SIGHUP reloads the config, SIGTERM stops after in-flight "
         "requests. Exit status: 0 stopped cleanly, 1 refused to start or failed.",
     )
-    parser.add_argument(
-        "--config-file",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="oslo.config file (repeatable); default /etc/accel-agent/accel-agent.conf",
-    )
-    parser.add_argument(
-        "--config-dir",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="directory of *.conf files read after the config files",
-    )
+    common.add_config_arguments(parser)
     parser.add_argument(
         "--check", action="store_true", help="validate the configuration and exit"
     )

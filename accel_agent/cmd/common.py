@@ -3,6 +3,7 @@ the host, and say clearly what is wrong."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, field
 
@@ -16,6 +17,24 @@ from accel_agent.sysfs import scanner
 from accel_agent.sysfs.model import HostSnapshot
 
 DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config-file``/``--config-dir``, the same for both console scripts."""
+    parser.add_argument(
+        "--config-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help=f"oslo.config file (repeatable); default {DEFAULT_CONFIG_FILE}",
+    )
+    parser.add_argument(
+        "--config-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="directory of *.conf files read after the config files",
+    )
 
 
 def load_config(

@@ -402,16 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect and manage the mediated devices (vGPUs) of this host. "
         "Read-only commands work offline from sysfs; exit 0 ok, 1 error, 2 usage.",
     )
-    parser.add_argument(
-        "--config-file",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="oslo.config file (repeatable); default /etc/accel-agent/accel-agent.conf",
-    )
-    parser.add_argument(
-        "--config-dir", action="append", default=[], metavar="DIR", help="config directory"
-    )
+    common.add_config_arguments(parser)
     parser.add_argument(
         "--sysfs-root",
         metavar="DIR",
