@@ -62,23 +62,21 @@ class PrivsepWriter:
     """Writes through the oslo.privsep daemon, started on first use with the
     agent's own config files (the daemon reads ``sysfs_root`` from them)."""
 
-    def _ensure_started(self) -> Any:
+    @staticmethod
+    def _started() -> Any:
         # Imported on the first write: oslo.privsep is heavy, and read-only
         # commands build a manager too.
         from accel_agent import privileged
 
-        self._privileged = privileged
         if privileged.sysfs_admin.channel is None:
             privileged.start_privsep()
         return privileged
 
     def create(self, parent: str, mdev_type: str, uuid: str) -> None:
-        self._ensure_started()
-        self._privileged.create_mdev(parent, mdev_type, uuid)
+        self._started().create_mdev(parent, mdev_type, uuid)
 
     def remove(self, uuid: str, timeout: float) -> None:
-        self._ensure_started()
-        self._privileged.remove_mdev(uuid, timeout)
+        self._started().remove_mdev(uuid, timeout)
 
 
 class DirectWriter:
@@ -552,10 +550,9 @@ class MdevManager:
         with self._locked():
             if not self.ledger.by_owner(owner, OwnerKind.CLAIM):
                 raise exception.MigrationClaimNotFound(instance=owner)
-            if self.ledger.by_owner(owner, OwnerKind.INSTANCE):
-                raise exception.InstanceAlreadyAllocated(
-                    instance=owner, count=len(self.ledger.by_owner(owner, OwnerKind.INSTANCE))
-                )
+            held = self.ledger.by_owner(owner, OwnerKind.INSTANCE)
+            if held:
+                raise exception.InstanceAlreadyAllocated(instance=owner, count=len(held))
             self.ledger.commit_claim(owner)
             LOG.info("migration claim of %s committed", owner)
             return self.allocation(owner)
@@ -596,8 +593,9 @@ class MdevManager:
                 raise exception.MdevNotFound(uuid=text)
             if mdev.mdev_type is None:
                 raise exception.MdevInUse(uuid=text, reason="its mdev_type cannot be read")
-            if self.ledger.get(text) is not None:
-                return self.ledger.get(text)  # type: ignore[return-value]
+            existing = self.ledger.get(text)
+            if existing is not None:
+                return existing
             record = self.ledger.adopt(text, mdev.parent, mdev.mdev_type)
             LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
             return record
