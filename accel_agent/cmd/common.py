@@ -6,17 +6,27 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from oslo_config import cfg
-
-from accel_agent import conf as agent_conf
 from accel_agent import exception
+from accel_agent.cmd import config_cache
+from accel_agent.cmd.config_cache import ListingConfig
 from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev import policy as policy_mod
 from accel_agent.sysfs import scanner
 from accel_agent.sysfs.model import HostSnapshot
 
+# oslo.config is imported where a command loads the configuration: the
+# read-only listings usually get by without it (config_cache.py).
+if TYPE_CHECKING:
+    from oslo_config import cfg
+
 DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
+# Read after the files, *.conf in name order (oslo.config's --config-dir).
+# Named here rather than left to oslo.config's search (which also looks in
+# ~/.accel-agent and under the program's name) so that the daemon and
+# accelctl always read the same files.
+DEFAULT_CONFIG_DIR = "/etc/accel-agent/accel-agent.conf.d"
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +43,20 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="directory of *.conf files read after the config files",
+        help=f"directory of *.conf files read after the config files (repeatable); "
+        f"default {DEFAULT_CONFIG_DIR} when it exists",
     )
+
+
+def config_sources(config_files: list[str], config_dirs: list[str]) -> tuple[list[str], list[str]]:
+    """The files and directories oslo.config reads for these arguments."""
+    files = list(config_files)
+    if not files and not config_dirs and os.path.exists(DEFAULT_CONFIG_FILE):
+        files = [DEFAULT_CONFIG_FILE]
+    dirs = list(config_dirs)
+    if not dirs and os.path.isdir(DEFAULT_CONFIG_DIR):
+        dirs = [DEFAULT_CONFIG_DIR]
+    return files, dirs
 
 
 def load_config(
@@ -48,15 +70,25 @@ def load_config(
     Without ``--config-file`` the packaged location is read when present, so
     an operator on a configured host can just run ``accelctl types``.
     """
+    from oslo_config import cfg
+
+    from accel_agent import conf as agent_conf
+
     conf = conf or agent_conf.CONF
     argv: list[str] = []
     for path in config_files:
         argv += ["--config-file", path]
     for path in config_dirs:
         argv += ["--config-dir", path]
-    defaults = [DEFAULT_CONFIG_FILE] if not argv and os.path.exists(DEFAULT_CONFIG_FILE) else []
+    files, dirs = config_sources(config_files, config_dirs)
     try:
-        conf(argv, project="accel-agent", prog=prog, default_config_files=defaults)
+        conf(
+            argv,
+            project="accel-agent",
+            prog=prog,
+            default_config_files=[] if config_files else files,
+            default_config_dirs=[] if config_dirs else dirs,
+        )
     except cfg.ConfigFilesNotFoundError as exc:
         raise exception.InvalidConfig(reason=f"config file not found: {exc.config_files}") from exc
     except (cfg.ConfigFileParseError, cfg.Error) as exc:
@@ -127,12 +159,36 @@ class HostState:
         )
 
 
-def host_state(conf: cfg.ConfigOpts, with_ledger: bool = True) -> HostState:
-    """Policy (raises ConfigErrors), a fresh scan of ``sysfs_root`` and the ledger."""
-    policy = policy_mod.build_policy(conf)
-    snapshot = scanner.scan(conf.sysfs_root)
-    view = read_ledger(conf.state_dir) if with_ledger else LedgerView()
-    return HostState(policy=policy, snapshot=snapshot, host=conf.host, ledger=view)
+def listing_config(
+    config_files: list[str], config_dirs: list[str], prog: str
+) -> tuple[ListingConfig, list[exception.AccelAgentException]]:
+    """The configuration of a read-only listing: from the cache when none of
+    its inputs changed, else loaded by oslo.config (and then cached).  Also
+    the option values oslo.config refused, for host_state to report."""
+    files, dirs = config_sources(config_files, config_dirs)
+    cached = config_cache.load(files, dirs)
+    if cached is not None:
+        return cached, []
+    key = config_cache.inputs_key(files, dirs)
+    conf = load_config(config_files, config_dirs, prog)
+    listing, errors = ListingConfig.from_conf(conf)
+    if not errors and not conf.config_source:
+        config_cache.store(files, dirs, key, listing)
+    return listing, errors
+
+
+def host_state(
+    listing: ListingConfig,
+    errors: list[exception.AccelAgentException] | None = None,
+    with_ledger: bool = True,
+    scan_workers: int = 1,
+) -> HostState:
+    """Policy (raises ConfigErrors with ``errors`` and its own), a fresh scan
+    of ``sysfs_root`` and the ledger."""
+    policy = listing.policy(errors)
+    snapshot = scanner.scan(listing.sysfs_root, workers=scan_workers)
+    view = read_ledger(listing.state_dir) if with_ledger else LedgerView()
+    return HostState(policy=policy, snapshot=snapshot, host=listing.host, ledger=view)
 
 
 def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:
@@ -141,7 +197,7 @@ def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], lis
     errors: list[str] = []
     warnings: list[str] = []
     try:
-        state = host_state(conf)
+        state = host_state(*ListingConfig.from_conf(conf))
     except exception.ConfigErrors as exc:
         return [e.message for e in exc.errors], warnings
     except exception.AccelAgentException as exc:

@@ -50,7 +50,8 @@ def emit_json(document: Any, out: TextIO | None = None) -> None:
     if out.isatty():
         json.dump(document, out, indent=2)
     else:
-        out.write(json.dumps(document, separators=(",", ":")))
+        # Documents are trees built by the views: no cycle to guard against.
+        out.write(json.dumps(document, separators=(",", ":"), check_circular=False))
     out.write("\n")
 
 

@@ -18,14 +18,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
-from oslo_config import cfg
-
-from accel_agent import conf as agent_conf
 from accel_agent import exception
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
 from accel_agent.sysfs.scanner import MDEV_BUS
+
+if TYPE_CHECKING:
+    from oslo_config import cfg
 
 LOG = logging.getLogger(__name__)
 
@@ -75,11 +76,61 @@ def _virtual_parent_name(sysfs_root: str, name: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class TypeOptions:
+    """One ``[mdev_<type>]`` group as written (addresses not yet normalised)."""
+
+    mdev_type: str
+    device_addresses: tuple[str, ...] = ()
+    mdev_class: str = "VGPU"
+    max_instances: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInputs:
+    """What the configuration says about types, before it meets the host:
+    oslo.config's answer, as plain data (the read-only listings keep it in a
+    cache so that they need not import oslo.config; see cmd/config_cache.py)."""
+
+    enabled: tuple[str, ...] = ()
+    type_options: tuple[TypeOptions, ...] = ()
+    # Every section of the config files, for the unused-section warnings.
+    sections: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "enabled": list(self.enabled),
+            "type_options": [
+                [t.mdev_type, list(t.device_addresses), t.mdev_class, t.max_instances]
+                for t in self.type_options
+            ],
+            "sections": list(self.sections),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PolicyInputs:
+        return cls(
+            enabled=tuple(str(t) for t in data["enabled"]),
+            type_options=tuple(
+                TypeOptions(
+                    str(t),
+                    tuple(str(a) for a in addresses),
+                    str(mdev_class),
+                    None if max_instances is None else int(max_instances),
+                )
+                for t, addresses, mdev_class, max_instances in data["type_options"]
+            ),
+            sections=tuple(str(s) for s in data["sections"]),
+        )
+
+
 def _read_type_options(
     conf: cfg.ConfigOpts, mdev_type: str, errors: list[exception.AccelAgentException]
-) -> tuple[list[str], str, int | None]:
+) -> TypeOptions:
+    from oslo_config import cfg
+
     group = conf[f"mdev_{mdev_type}"]
-    addresses = list(group.device_addresses or [])
+    addresses = tuple(group.device_addresses or [])
     try:
         mdev_class = group.mdev_class
     except (ValueError, cfg.ConfigFileValueError):
@@ -96,7 +147,7 @@ def _read_type_options(
             )
         )
         max_instances = None
-    return addresses, mdev_class, max_instances
+    return TypeOptions(mdev_type, addresses, mdev_class, max_instances)
 
 
 def _raw_value(conf: cfg.ConfigOpts, group: str, option: str) -> str:
@@ -110,6 +161,24 @@ def _raw_value(conf: cfg.ConfigOpts, group: str, option: str) -> str:
         return "(unreadable)"
 
 
+def read_policy_inputs(
+    conf: cfg.ConfigOpts,
+) -> tuple[PolicyInputs, list[exception.AccelAgentException]]:
+    """The type options of a loaded oslo.config object, and the values it
+    refused (each an error naming the value and the type)."""
+    from accel_agent import conf as agent_conf
+
+    enabled = tuple(conf.devices.enabled_mdev_types or [])
+    agent_conf.register_dynamic_opts(conf, enabled)
+    errors: list[exception.AccelAgentException] = []
+    options = tuple(_read_type_options(conf, t, errors) for t in dict.fromkeys(enabled))
+    try:
+        sections = tuple(conf.list_all_sections())
+    except Exception:  # pragma: no cover - not parsed from files
+        sections = ()
+    return PolicyInputs(enabled, options, sections), errors
+
+
 def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
     """Resolve the configuration into a :class:`MdevPolicy`.
 
@@ -117,23 +186,37 @@ def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
     accept virtual parent names (``mtty``), like Nova's check of
     ``/sys/devices/virtual``.
     """
-    conf = conf or agent_conf.CONF
-    enabled = list(conf.devices.enabled_mdev_types or [])
-    agent_conf.register_dynamic_opts(conf, enabled)
-    errors: list[exception.AccelAgentException] = []
+    if conf is None:
+        from accel_agent import conf as agent_conf
+
+        conf = agent_conf.CONF
+    inputs, errors = read_policy_inputs(conf)
+    return resolve_policy(inputs, conf.sysfs_root, errors)
+
+
+def resolve_policy(
+    inputs: PolicyInputs,
+    sysfs_root: str,
+    errors: list[exception.AccelAgentException] | None = None,
+) -> MdevPolicy:
+    """Nova's semantics over plain inputs; raises ConfigErrors with every
+    error (``errors`` are those found while reading the options)."""
+    errors = list(errors or [])
     warnings: list[str] = []
     types: list[TypeConfig] = []
     owner_of: dict[str, str] = {}
     default_type: str | None = None
     seen_types: set[str] = set()
+    options = {t.mdev_type: t for t in inputs.type_options}
 
-    for mdev_type in enabled:
+    for mdev_type in inputs.enabled:
         if mdev_type in seen_types:
             warnings.append(f"mdev type {mdev_type} is listed twice in enabled_mdev_types")
             continue
         seen_types.add(mdev_type)
-        raw_addresses, mdev_class, max_instances = _read_type_options(conf, mdev_type, errors)
-        if not raw_addresses:
+        option = options.get(mdev_type, TypeOptions(mdev_type))
+        mdev_class, max_instances = option.mdev_class, option.max_instances
+        if not option.device_addresses:
             if default_type is None:
                 default_type = mdev_type
                 types.append(TypeConfig(mdev_type, (), mdev_class, max_instances))
@@ -144,8 +227,8 @@ def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
                 )
             continue
         parents: list[str] = []
-        for raw in raw_addresses:
-            parent = _normalise_configured(conf.sysfs_root, raw, mdev_type, errors)
+        for raw in option.device_addresses:
+            parent = _normalise_configured(sysfs_root, raw, mdev_type, errors)
             if parent is None:
                 continue
             if parent in owner_of:
@@ -159,7 +242,7 @@ def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
             parents.append(parent)
         types.append(TypeConfig(mdev_type, tuple(parents), mdev_class, max_instances))
 
-    warnings.extend(_unused_sections(conf, set(enabled)))
+    warnings.extend(_unused_sections(inputs.sections, set(inputs.enabled)))
     if errors:
         raise exception.ConfigErrors(errors)
     for warning in warnings:
@@ -192,19 +275,15 @@ def _normalise_configured(
     return None
 
 
-def _unused_sections(conf: cfg.ConfigOpts, enabled: set[str]) -> list[str]:
+def _unused_sections(sections: tuple[str, ...], enabled: set[str]) -> list[str]:
     """``[mdev_X]`` sections for types that are not enabled are silently
     ignored by Nova; say so instead."""
-    try:
-        sections = conf.list_all_sections()
-    except Exception:  # pragma: no cover - not parsed from files
-        return []
     found = []
     for section in sections:
         for prefix in ("mdev_", "vgpu_"):
             if section.startswith(prefix) and section[len(prefix) :] not in enabled:
                 found.append(
-                    f"section [{section}] is ignored: type {section[len(prefix):]} is not in "
+                    f"section [{section}] is ignored: type {section[len(prefix) :]} is not in "
                     "[devices] enabled_mdev_types"
                 )
     return sorted(set(found))

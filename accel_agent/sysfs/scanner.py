@@ -17,6 +17,7 @@ Reads are plain unprivileged reads; nothing here writes.
 from __future__ import annotations
 
 import logging
+import marshal
 import os
 import re
 from types import MappingProxyType
@@ -54,6 +55,8 @@ def parse_description(description: str | None) -> dict[str, str]:
     return fields
 
 
+# A sysfs attribute is at most a page (the kernel's show() buffer).
+_ATTRIBUTE_MAX = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 
@@ -73,7 +76,7 @@ def read_at(dir_fd: int, name: str) -> str | None:
     except OSError:
         return None
     try:
-        return _decode(os.read(fd, 65536))
+        return _decode(os.read(fd, _ATTRIBUTE_MAX))
     except OSError:
         return None
     finally:
@@ -100,12 +103,15 @@ def link_name_at(dir_fd: int, name: str) -> str | None:
 class _Scan:
     """One pass over a tree; collects warnings instead of raising."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, log: bool = True) -> None:
         self.root = os.path.realpath(root)
         self.warnings: list[str] = []
+        # A forked worker only collects: the parent logs what it reports.
+        self.log = log
 
     def warn(self, message: str) -> None:
-        LOG.warning("sysfs scan: %s", message)
+        if self.log:
+            LOG.warning("sysfs scan: %s", message)
         self.warnings.append(message)
 
     def inside_root(self, path: str) -> bool:
@@ -127,18 +133,26 @@ class _Scan:
 
     # -- parents and types ------------------------------------------------------------
 
-    def parents(self) -> dict[str, Parent]:
+    def parent_names(self) -> list[str]:
+        return self.listdir(os.path.join(self.root, MDEV_BUS))
+
+    def parents(self, names: list[str]) -> dict[str, Parent]:
         found: dict[str, Parent] = {}
-        for name in self.listdir(os.path.join(self.root, MDEV_BUS)):
+        for name in names:
             parent = self.parent(name)
             if parent is not None:
                 found[name] = parent
         return found
 
     def parent(self, name: str) -> Parent | None:
-        device = self.resolve(os.path.join(self.root, MDEV_BUS, name))
-        device_fd = open_dir(device) if device is not None else None
-        if device is None or device_fd is None:
+        link = os.path.join(self.root, MDEV_BUS, name)
+        device_fd = open_dir(link)
+        device = None
+        if device_fd is not None:
+            device = self.fd_path(device_fd) or self.resolve(link)
+        if device is None or not self.inside_root(device):
+            if device_fd is not None:
+                os.close(device_fd)
             self.warn(f"parent {name}: class/mdev_bus link is dangling or leaves the root")
             return None
         try:
@@ -146,24 +160,38 @@ class _Scan:
         finally:
             os.close(device_fd)
 
+    @staticmethod
+    def fd_path(fd: int) -> str | None:
+        """Where an open directory is, resolved by the kernel: one readlink
+        instead of posixpath.realpath's lstat of every component."""
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc: resolve it the long way
+            return None
+
+    def physfn(self, device_fd: int) -> str | None:
+        """The PF of an SR-IOV VF: the name of an existing ``physfn`` link's
+        target (only the name is used; nothing is read through it)."""
+        name = link_name_at(device_fd, "physfn")
+        if name is None or not address.is_pci_address(name):
+            return None
+        try:
+            os.stat("physfn", dir_fd=device_fd)
+        except OSError:
+            return None
+        return address.parse_pci_address(name)
+
     def _parent(self, name: str, device: str, device_fd: int) -> Parent:
-        pci_address = (
-            address.parse_pci_address(name) if address.is_pci_address(name) else None
-        )
-        physfn = None
-        physfn_dir = self.resolve(os.path.join(device, "physfn"))
-        if physfn_dir is not None:
-            physfn_name = os.path.basename(physfn_dir)
-            if address.is_pci_address(physfn_name):
-                physfn = address.parse_pci_address(physfn_name)
+        pci_address = address.parse_pci_address(name) if address.is_pci_address(name) else None
+        physfn = self.physfn(device_fd)
         types: dict[str, MdevType] = {}
         types_fd = open_dir(SUPPORTED_TYPES, device_fd)
         if types_fd is not None:
             try:
-                for type_id in self.listdir(types_fd):
-                    mdev_type = self.mdev_type(name, type_id, types_fd)
+                for entry in self.type_entries(name, types_fd):
+                    mdev_type = self.mdev_type(name, entry, types_fd)
                     if mdev_type is not None:
-                        types[type_id] = mdev_type
+                        types[entry] = mdev_type
             finally:
                 os.close(types_fd)
         return Parent(
@@ -179,6 +207,22 @@ class _Scan:
             types=MappingProxyType(types),
         )
 
+    def type_entries(self, parent: str, types_fd: int) -> list[str]:
+        """The type directories of a parent, sorted.  Type directories are
+        never links in the kernel's layout: one that is, is skipped (the
+        directory entry's type says so, no stat needed)."""
+        names = []
+        try:
+            with os.scandir(types_fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        names.append(entry.name)
+                    else:
+                        self.warn(f"parent {parent}: type {entry.name} is not a directory")
+        except OSError:
+            return []
+        return sorted(names)
+
     def numa_node(self, parent: str, device_fd: int) -> int | None:
         raw = read_at(device_fd, "numa_node")
         if raw is None:
@@ -191,38 +235,33 @@ class _Scan:
         return node if node >= 0 else None
 
     def mdev_type(self, parent: str, type_id: str, types_fd: int) -> MdevType | None:
-        # Type directories are never links in the kernel's layout: do not follow one.
-        type_fd = open_dir(type_id, types_fd, follow=False)
-        if type_fd is None:
-            self.warn(f"parent {parent}: type {type_id} is not a directory")
+        # Opened relative to mdev_supported_types ("<type>/<attribute>"): no
+        # directory open and close per type, a sixth of a scan's syscalls.
+        prefix = type_id + "/"
+        device_api = read_at(types_fd, prefix + "device_api")
+        raw_available = read_at(types_fd, prefix + "available_instances")
+        if device_api is None or raw_available is None:
+            missing = "device_api" if device_api is None else "available_instances"
+            self.warn(f"parent {parent}: type {type_id} has no readable {missing}; skipped")
             return None
         try:
-            device_api = read_at(type_fd, "device_api")
-            raw_available = read_at(type_fd, "available_instances")
-            if device_api is None or raw_available is None:
-                missing = "device_api" if device_api is None else "available_instances"
-                self.warn(f"parent {parent}: type {type_id} has no readable {missing}; skipped")
-                return None
-            try:
-                available = int(raw_available.strip())
-            except ValueError:
-                self.warn(
-                    f"parent {parent}: type {type_id} available_instances {raw_available!r} "
-                    "is not a number; skipped"
-                )
-                return None
-            if available < 0:
-                self.warn(f"parent {parent}: type {type_id} available_instances {available} < 0")
-                return None
-            return MdevType(
-                type_id=type_id,
-                device_api=device_api.strip(),
-                available_instances=available,
-                name=read_at(type_fd, "name"),
-                description=read_at(type_fd, "description"),
+            available = int(raw_available)
+        except ValueError:
+            self.warn(
+                f"parent {parent}: type {type_id} available_instances {raw_available!r} "
+                "is not a number; skipped"
             )
-        finally:
-            os.close(type_fd)
+            return None
+        if available < 0:
+            self.warn(f"parent {parent}: type {type_id} available_instances {available} < 0")
+            return None
+        return MdevType(
+            type_id,
+            device_api.strip(),
+            available,
+            read_at(types_fd, prefix + "name"),
+            read_at(types_fd, prefix + "description"),
+        )
 
     # -- mediated devices ---------------------------------------------------------
 
@@ -280,12 +319,112 @@ class _Scan:
             return None
 
 
-def scan(sysfs_root: str) -> HostSnapshot:
-    """Scan ``sysfs_root`` (``/sys`` or any tree shaped like it)."""
+# Below this many parents a forked worker costs more than it saves.
+PARALLEL_MIN_PARENTS = 32
+
+
+def _encode_parent(parent: Parent) -> tuple:
+    types = tuple(
+        (t.type_id, t.device_api, t.available_instances, t.name, t.description)
+        for t in parent.types.values()
+    )
+    return (
+        parent.name,
+        parent.device_path,
+        parent.pci_address,
+        parent.physical_gpu,
+        parent.physfn,
+        parent.numa_node,
+        parent.driver,
+        parent.vendor_id,
+        parent.device_id,
+        types,
+    )
+
+
+def _decode_parent(data: tuple) -> Parent:
+    *fields, types = data
+    return Parent(*fields, types=MappingProxyType({t[0]: MdevType(*t) for t in types}))
+
+
+def _fork_worker(walker: _Scan, names: list[str]) -> tuple[int, int]:
+    """Scan ``names`` in a forked child that sends its parents and warnings
+    back marshalled through a pipe: (pid, read end)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no logging, no exit handlers, no stdio flush
+        status = 1
+        try:
+            os.close(read_end)
+            child = _Scan(walker.root, log=False)
+            found = child.parents(names)
+            data = marshal.dumps(([_encode_parent(p) for p in found.values()], child.warnings))
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(data)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    return pid, read_end
+
+
+def _collect_worker(pid: int, read_end: int) -> tuple[list[Parent], list[str]] | None:
+    """The worker's parents, or None when it failed.  Decoded before the
+    worker is reaped: its address space takes milliseconds to tear down and a
+    complete message already says it succeeded (a crash truncates it)."""
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    try:
+        encoded, warnings = marshal.loads(data)
+        result = [_decode_parent(p) for p in encoded], list(warnings)
+    except (EOFError, ValueError, TypeError):
+        result = None
+    os.waitpid(pid, 0)
+    return result
+
+
+def _split(names: list[str], workers: int) -> list[list[str]]:
+    """Contiguous chunks of equal size, the first for this process."""
+    size = -(-len(names) // workers)
+    return [names[i : i + size] for i in range(0, len(names), size)]
+
+
+def _parents_in_parallel(walker: _Scan, names: list[str], workers: int) -> dict[str, Parent]:
+    """Split the parents between this process and ``workers - 1`` forked
+    children: a scan is thousands of tiny syscalls, so processes (not
+    threads, which contend for the GIL after every one) use the other
+    cores.  A worker that fails is redone here."""
+    chunks = _split(names, workers)
+    children = [(chunk, *_fork_worker(walker, chunk)) for chunk in chunks[1:]]
+    found = walker.parents(chunks[0])
+    for chunk, pid, read_end in children:
+        result = _collect_worker(pid, read_end)
+        if result is None:
+            LOG.debug("sysfs scan worker %d failed; scanning its %d parents here", pid, len(chunk))
+            found.update(walker.parents(chunk))
+            continue
+        parents, warnings = result
+        for warning in warnings:
+            walker.warn(warning)
+        found.update((p.name, p) for p in parents)
+    return found
+
+
+def scan(sysfs_root: str, workers: int = 1) -> HostSnapshot:
+    """Scan ``sysfs_root`` (``/sys`` or any tree shaped like it).
+
+    ``workers`` > 1 forks that many processes in all for a large host: only
+    for single-threaded callers (accelctl), never in the daemon.
+    """
     if not os.path.isdir(sysfs_root):
         raise exception.SysfsRootNotFound(root=sysfs_root)
     walker = _Scan(sysfs_root)
-    parents = walker.parents()
+    names = walker.parent_names()
+    if workers > 1 and len(names) >= PARALLEL_MIN_PARENTS:
+        parents = _parents_in_parallel(walker, names, workers)
+    else:
+        parents = walker.parents(names)
+    parents = dict(sorted(parents.items()))
     mdevs = walker.mdevs(parents)
     by_parent: dict[str, list[Mdev]] = {}
     for mdev in sorted(mdevs.values(), key=lambda m: m.uuid):

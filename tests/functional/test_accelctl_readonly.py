@@ -200,3 +200,32 @@ def test_commands_on_a_mounted_simulator(tmp_path):
         }
     finally:
         assert ctl("simulate", "umount", str(mnt)).returncode == 0
+
+
+def test_a_listing_with_an_unchanged_config_does_not_import_oslo_config(tmp_path, nova_root):
+    """The cold listing's budget (BENCHMARKS.md (a)) has no room for
+    oslo.config's 70 ms import: the second run answers from the cache."""
+    conf = write_conf(
+        str(tmp_path / "a.conf"), "[devices]\nenabled_mdev_types = nvidia-11\n", nova_root
+    )
+    code = (
+        "import sys; from accel_agent.cmd.ctl import main; rc = main(sys.argv[1:]); "
+        "print('oslo_config' in sys.modules, file=sys.stderr); sys.exit(rc)"
+    )
+    env = dict(os.environ, ACCEL_AGENT_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code, "--offline", "--config-file", conf, "types", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=True,
+        )
+        for _ in range(2)
+    ]
+    assert [r.stderr.split()[-1] for r in runs] == ["True", "False"]
+    assert runs[0].stdout == runs[1].stdout
+    document = json.loads(runs[1].stdout)
+    assert document["host"] == "testhost"
+    assert {p["configured_type"] for p in document["parents"]} == {"nvidia-11"}

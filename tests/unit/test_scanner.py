@@ -161,3 +161,93 @@ def test_mdevs_found_through_type_dirs_when_bus_is_absent(tmp_path):
     root, _ = tree(tmp_path, "nova")
     shutil.rmtree(os.path.join(root, "bus", "mdev"))
     assert set(scan(root).mdevs) == {NOVA_MDEV_06, NOVA_MDEV_07}
+
+
+def _big_tree(tmp_path, parents=40):
+    host = SimulatedHost(build_spec(["synthetic"], parents=parents, types=3))
+    root = tmp_path / "big"
+    materialise(host, str(root))
+    return str(root)
+
+
+def _spoil(root, parent_index, what):
+    """Garbage in one parent (by sorted position) so that a worker warns."""
+    bus = os.path.join(root, "class/mdev_bus")
+    name = sorted(os.listdir(bus))[parent_index]
+    types = os.path.join(bus, name, "mdev_supported_types")
+    first = sorted(os.listdir(types))[0]
+    with open(os.path.join(types, first, "available_instances"), "w") as f:
+        f.write(what)
+    return name, first
+
+
+def _count_forks(monkeypatch) -> list[int]:
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def counting_fork():
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", counting_fork)
+    return forks
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_parallel_scan_is_the_serial_scan(tmp_path, monkeypatch, workers):
+    root = _big_tree(tmp_path)
+    # Warnings from this process's share and from a worker's, in order.
+    _spoil(root, 1, "garbage-early\n")
+    _spoil(root, 38, "garbage-late\n")
+    serial = scan(root)
+    forks = _count_forks(monkeypatch)
+    parallel = scan(root, workers=workers)
+    assert len(forks) == workers - 1
+    assert parallel == serial
+    assert list(parallel.parents) == list(serial.parents)
+    assert len(serial.warnings) == 2 and parallel.warnings == serial.warnings
+
+
+def test_a_failed_scan_worker_is_redone_in_process(tmp_path, monkeypatch):
+    from accel_agent.sysfs import scanner
+
+    root = _big_tree(tmp_path)
+    serial = scan(root)
+    me = os.getpid()
+    real_parents = scanner._Scan.parents
+
+    def dying_in_workers(self, names):
+        if os.getpid() != me:
+            os._exit(3)  # a worker that dies before it sends anything
+        return real_parents(self, names)
+
+    monkeypatch.setattr(scanner._Scan, "parents", dying_in_workers)
+    forks = _count_forks(monkeypatch)
+    assert scan(root, workers=2) == serial
+    assert len(forks) == 1
+
+
+def test_small_hosts_are_scanned_in_process(tmp_path, monkeypatch):
+    from accel_agent.sysfs import scanner
+
+    root, _ = tree(tmp_path, "nova")
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked for a small host"))
+    assert scanner.scan(root, workers=4) == scan(root)
+
+
+def test_without_proc_parents_are_resolved_by_path(tmp_path, monkeypatch):
+    from accel_agent.sysfs import scanner
+
+    root, _ = tree(tmp_path, "nova", "mtty")
+    expected = scan(root)
+    monkeypatch.setattr(scanner._Scan, "fd_path", staticmethod(lambda fd: None))
+    assert scan(root) == expected
+
+
+def test_a_type_directory_that_is_a_link_is_skipped(tmp_path):
+    root, _ = tree(tmp_path, "mtty")
+    types = os.path.join(root, "class/mdev_bus/mtty/mdev_supported_types")
+    os.symlink("mtty-1", os.path.join(types, "mtty-9"))
+    snap = scan(root)
+    assert sorted(snap.parents["mtty"].types) == ["mtty-1", "mtty-2"]
+    assert any("mtty-9 is not a directory" in w for w in snap.warnings)

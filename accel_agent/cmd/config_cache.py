@@ -1,0 +1,217 @@
+"""What the read-only listings need from the configuration, remembered
+between runs so that ``accelctl types`` need not import oslo.config.
+
+Importing oslo.config costs ~70 ms (netaddr, rfc3986 and stevedore come with
+it), more than half of what ``mdevctl types`` takes for a whole 256-GPU host
+(BENCHMARKS.md (a)).  oslo.config stays the only thing that *parses* the
+configuration: on a miss accelctl loads it as always and stores the handful of
+resolved values the listings use (:class:`ListingConfig`); on a hit those
+values are used as they are.
+
+A hit needs every input of oslo.config's answer to be unchanged, compared
+field by field (not by a hash): the config files and ``*.conf`` in the config
+directories that will be read (path, inode, size, mtime and ctime in ns), the
+``OS_*`` environment variables (oslo.config's environment source), the host
+name (the default of ``[DEFAULT] host``) and the code that declares the
+options and reads them.  Nothing is stored when oslo.config reported an
+error, when the values came from a ``config_source`` (remote, unversioned)
+or when a file changed while it was being read.  ``check-config``, the
+mutating commands and the daemon never use the cache.
+
+The cache lives in ``/var/cache/accel-agent`` for root, else in
+``$XDG_CACHE_HOME/accel-agent``; ``ACCEL_AGENT_CACHE_DIR`` moves it and an
+empty value turns it off.  Files are 0600 in a 0700 directory and are only
+trusted when owned by the caller and writable by nobody else.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from accel_agent import __version__, exception
+from accel_agent.mdev.policy import (
+    MdevPolicy,
+    PolicyInputs,
+    read_policy_inputs,
+    resolve_policy,
+)
+
+if TYPE_CHECKING:
+    from oslo_config import cfg
+
+LOG = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "ACCEL_AGENT_CACHE_DIR"
+# Bump when ListingConfig's shape or meaning changes.
+FORMAT = 1
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The code whose behaviour the cached values depend on: option declarations
+# (defaults) and how the type options are read.
+_CODE_FILES = (
+    os.path.join(_PACKAGE_DIR, "conf.py"),
+    os.path.join(_PACKAGE_DIR, "mdev", "policy.py"),
+    os.path.abspath(__file__),
+)
+
+
+@dataclass(frozen=True)
+class ListingConfig:
+    """The configuration as the read-only listings see it."""
+
+    sysfs_root: str
+    host: str
+    state_dir: str
+    api_socket_path: str
+    policy_inputs: PolicyInputs
+
+    @classmethod
+    def from_conf(
+        cls, conf: cfg.ConfigOpts
+    ) -> tuple[ListingConfig, list[exception.AccelAgentException]]:
+        """From a loaded oslo.config object; also the option values it
+        refused, for :func:`resolve_policy` to report with the rest."""
+        inputs, errors = read_policy_inputs(conf)
+        return (
+            cls(
+                sysfs_root=conf.sysfs_root,
+                host=conf.host,
+                state_dir=conf.state_dir,
+                api_socket_path=conf.api.socket_path,
+                policy_inputs=inputs,
+            ),
+            errors,
+        )
+
+    def policy(self, errors: list[exception.AccelAgentException] | None = None) -> MdevPolicy:
+        return resolve_policy(self.policy_inputs, self.sysfs_root, errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sysfs_root": self.sysfs_root,
+            "host": self.host,
+            "state_dir": self.state_dir,
+            "api_socket_path": self.api_socket_path,
+            "policy_inputs": self.policy_inputs.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ListingConfig:
+        return cls(
+            sysfs_root=str(data["sysfs_root"]),
+            host=str(data["host"]),
+            state_dir=str(data["state_dir"]),
+            api_socket_path=str(data["api_socket_path"]),
+            policy_inputs=PolicyInputs.from_dict(data["policy_inputs"]),
+        )
+
+
+def cache_dir() -> str | None:
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured is not None:
+        return configured or None
+    if os.geteuid() == 0:
+        return "/var/cache/accel-agent"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "accel-agent")
+
+
+def _stat_key(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _dir_key(path: str) -> dict[str, Any] | None:
+    """A config directory: itself and the ``*.conf`` files oslo.config reads
+    from it (its glob skips dot files)."""
+    try:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".conf") and n[0] != ".")
+    except OSError:
+        return None
+    return {
+        "self": _stat_key(path),
+        "files": {n: _stat_key(os.path.join(path, n)) for n in names},
+    }
+
+
+def inputs_key(files: list[str], dirs: list[str]) -> dict[str, Any]:
+    """Everything oslo.config's answer depends on, for config ``files`` and
+    ``dirs`` (what common.config_sources says will be read)."""
+    return {
+        "format": FORMAT,
+        "version": __version__,
+        "code": {path: _stat_key(path) for path in _CODE_FILES},
+        "files": [[path, _stat_key(path)] for path in files],
+        "dirs": [[path, _dir_key(path)] for path in dirs],
+        "env": sorted([k, v] for k, v in os.environ.items() if k.startswith("OS_")),
+        "hostname": os.uname().nodename,
+    }
+
+
+def _cache_path(directory: str, files: list[str], dirs: list[str]) -> str:
+    # One file per set of sources, so that edits replace it instead of
+    # piling up.  The full key is inside and compared on every read, so a
+    # checksum will do for the name (hashlib would cost 2 ms of OpenSSL).
+    names = json.dumps([os.geteuid(), files, dirs]).encode()
+    return os.path.join(directory, f"listing-{binascii.crc32(names):08x}.json")
+
+
+def _trusted(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def load(files: list[str], dirs: list[str]) -> ListingConfig | None:
+    """The cached ListingConfig when every input is unchanged, else None."""
+    directory = cache_dir()
+    if directory is None:
+        return None
+    path = _cache_path(directory, files, dirs)
+    try:
+        if not _trusted(os.stat(directory)):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            if not _trusted(os.fstat(handle.fileno())):
+                return None
+            entry = json.loads(handle.read())
+        if entry.get("key") != inputs_key(files, dirs):
+            return None
+        return ListingConfig.from_dict(entry["value"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        LOG.debug("config cache %s unusable: %s", path, exc)
+        return None
+
+
+def store(files: list[str], dirs: list[str], key: dict[str, Any], value: ListingConfig) -> None:
+    """Remember ``value`` for ``key`` (computed before the load); silently
+    skipped when the cache directory cannot be written."""
+    import tempfile  # only on a miss: 3 ms of imports
+
+    directory = cache_dir()
+    if directory is None or key != inputs_key(files, dirs):
+        return  # turned off, or a file changed while oslo.config read it
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if not _trusted(os.stat(directory)):
+            return
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".listing-")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump({"key": key, "value": value.to_dict()}, handle)
+            os.replace(tmp, _cache_path(directory, files, dirs))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        LOG.debug("config cache not written in %s: %s", directory, exc)
