@@ -193,6 +193,12 @@ def _count_forks(monkeypatch) -> list[int]:
     return forks
 
 
+# Some test modules import eventlet, which warns on every fork; accelctl,
+# the only caller that forks, never imports it.
+FORK_UNDER_EVENTLET = pytest.mark.filterwarnings("ignore:Using fork:DeprecationWarning")
+
+
+@FORK_UNDER_EVENTLET
 @pytest.mark.parametrize("workers", [2, 3])
 def test_a_parallel_scan_is_the_serial_scan(tmp_path, monkeypatch, workers):
     root = _big_tree(tmp_path)
@@ -208,6 +214,7 @@ def test_a_parallel_scan_is_the_serial_scan(tmp_path, monkeypatch, workers):
     assert len(serial.warnings) == 2 and parallel.warnings == serial.warnings
 
 
+@FORK_UNDER_EVENTLET
 def test_a_failed_scan_worker_is_redone_in_process(tmp_path, monkeypatch):
     from accel_agent.sysfs import scanner
 
