@@ -1,7 +1,8 @@
 """The mdev ledger: every mdev the agent owns, crash-safe, in SQLite.
 
 ``<state_dir>/ledger.sqlite3`` (directory 0700, file 0600), WAL mode with
-``synchronous=FULL`` so a returned commit survives a power cut, schema
+``synchronous=FULL`` so a returned commit survives a power cut (intents,
+which a durable commit always follows, skip the fsync), schema
 versioned by ``PRAGMA user_version`` and migrated in one transaction.
 
 The manager's protocol (DESIGN.md §5) is "intent before every sysfs write,
@@ -287,7 +288,8 @@ class Ledger:
         if str(mode).lower() != "wal":
             raise exception.LedgerError(reason=f"{self.path}: cannot enable WAL (got {mode})")
         # FULL: fsync the WAL at every commit; NORMAL could lose the last
-        # commits on power loss, i.e. forget an mdev we just created.
+        # commits on power loss, i.e. forget an assignment we acknowledged.
+        # Only intents relax it (transaction(durable=False)).
         self._conn.execute("PRAGMA synchronous = FULL")
         self._conn.execute("PRAGMA foreign_keys = ON")
 
@@ -320,34 +322,56 @@ class Ledger:
             return self._user_version()
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, durable: bool = True) -> Iterator[None]:
         """BEGIN IMMEDIATE ... COMMIT; nested uses become savepoints.
 
         IMMEDIATE takes the write lock at BEGIN, so a read-then-write here
         can never interleave with another process's; it waits up to
         ``busy_timeout`` for the lock, then raises LedgerError.
+
+        ``durable=False`` commits without the fsync (``synchronous=NORMAL``):
+        the commit survives the process dying, not the host losing power.
+        For the manager's intents only, which a durable commit always
+        follows before anything is acknowledged: a power cut in between
+        also takes every mdev with it, so the intent would have nothing
+        left to settle, and the ledger falls back to the last acknowledged
+        state, which recovery restores.  The fsync of that later commit
+        makes this one durable too (one WAL, written in order).
         """
         with self._lock:
             savepoint = f"sp{self._depth}" if self._depth else None
-            self._execute(f"SAVEPOINT {savepoint}" if savepoint else "BEGIN IMMEDIATE")
-            self._depth += 1
+            relaxed = not durable and savepoint is None
+            if relaxed:
+                self._execute("PRAGMA synchronous = NORMAL")
             try:
-                yield
-            except BaseException:
-                self._depth -= 1
-                if savepoint:
-                    self._conn.execute(f"ROLLBACK TO {savepoint}")
-                    self._conn.execute(f"RELEASE {savepoint}")
-                else:
-                    self._conn.execute("ROLLBACK")
-                raise
+                with self._transaction_body(savepoint):
+                    yield
+            finally:
+                if relaxed:
+                    self._execute("PRAGMA synchronous = FULL")
+
+    @contextlib.contextmanager
+    def _transaction_body(self, savepoint: str | None) -> Iterator[None]:
+        """The transaction itself; the caller holds the ledger's lock."""
+        self._execute(f"SAVEPOINT {savepoint}" if savepoint else "BEGIN IMMEDIATE")
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
             self._depth -= 1
-            try:
-                self._execute(f"RELEASE {savepoint}" if savepoint else "COMMIT")
-            except BaseException:
-                if not savepoint and self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
+            if savepoint:
+                self._conn.execute(f"ROLLBACK TO {savepoint}")
+                self._conn.execute(f"RELEASE {savepoint}")
+            else:
+                self._conn.execute("ROLLBACK")
+            raise
+        self._depth -= 1
+        try:
+            self._execute(f"RELEASE {savepoint}" if savepoint else "COMMIT")
+        except BaseException:
+            if not savepoint and self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
 
     def _execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         try:

@@ -366,11 +366,11 @@ class MdevManager:
         """Reserve or create every slot, then assign them all, or undo what
         this call did.
 
-        Two ledger commits whatever the count (each one an fsync): the
-        intent with every reservation and create intent before the first
-        sysfs write, then the settlement with every assignment after the
-        last.  A reuse-only allocation writes nothing to sysfs, so it is a
-        single transaction with no intent at all.
+        Two ledger commits whatever the count, one fsync: the intent with
+        every reservation and create intent before the first sysfs write,
+        then the settlement with every assignment after the last.  A
+        reuse-only allocation writes nothing to sysfs, so it is a single
+        transaction with no intent at all.
         """
         kind = IntentKind.CLAIM if owner_kind is OwnerKind.CLAIM else IntentKind.ALLOCATE
         chosen: list[tuple[str, str | None]] = []
@@ -383,7 +383,8 @@ class MdevManager:
             self._step("allocate.assigned")
             self._log_assigned(owner, owner_kind, [slot.reuse for slot, _, _ in items])
             return
-        with self.ledger.transaction():
+        # The intent needs no fsync: the settlement's below covers it (Ledger.transaction).
+        with self.ledger.transaction(durable=False):
             intent = self.ledger.begin_intent(kind, owner)
             for slot, mdev_type, source in items:
                 if slot.reuse:
@@ -497,7 +498,8 @@ class MdevManager:
                         kept.append(record.uuid)
                     else:
                         removable.append(record.uuid)
-            with self.ledger.transaction():
+            # With removes to follow, the closing commit is the durable one.
+            with self.ledger.transaction(durable=not removable):
                 intent = self.ledger.begin_intent(IntentKind.RELEASE, instance)
                 self.ledger.release_owner(instance, OwnerKind.INSTANCE)
                 for uuid in removable:

@@ -243,3 +243,37 @@ def test_bad_requests_are_refused_before_anything_happens(host):
     assert not os.path.exists(os.path.join(host.state_dir, "ledger.sqlite3")) or (
         manager.ledger.all() == []
     )
+
+
+def _commit_durability(monkeypatch, ledger) -> list[str]:
+    """'FULL' or 'NORMAL' for every top-level COMMIT the ledger makes."""
+    seen: list[str] = []
+    real_execute = ledger._execute
+
+    def recording(sql, params=()):
+        if sql == "COMMIT":
+            level = ledger._conn.execute("PRAGMA synchronous").fetchone()[0]
+            seen.append({2: "FULL", 1: "NORMAL"}.get(level, str(level)))
+        return real_execute(sql, params)
+
+    monkeypatch.setattr(ledger, "_execute", recording)
+    return seen
+
+
+def test_one_fsync_per_operation_and_always_before_the_answer(host, monkeypatch):
+    """Intents skip the fsync, the closing commit never does: what the
+    caller is told survives a power cut, and a power cut also removes every
+    mdev an unsettled intent could refer to."""
+    manager = host.manager(PF_CONF)
+    commits = _commit_durability(monkeypatch, manager.ledger)
+    manager.allocate("vm-1", 2)  # creates
+    assert commits == ["NORMAL", "FULL"]
+    commits.clear()
+    manager.release("vm-1")  # keeps them, free for reuse
+    manager.allocate("vm-2", 2)  # reuses
+    assert commits == ["FULL", "FULL"]
+    commits.clear()
+    manager.release("vm-2", remove=True)
+    assert commits == ["NORMAL", "FULL"]
+    # Back to FULL for every other transaction.
+    assert manager.ledger._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
