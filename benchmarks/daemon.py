@@ -185,7 +185,10 @@ def report(only: str, quick: bool) -> list[str]:
                         note = (
                             f"{seconds:.0f} s per level; clients are threads of one process "
                             "over the unix socket; latency is the allocate call only; "
-                            "mutations are serialised by the manager's lock."
+                            "mutations are serialised by the manager's lock. The FUSE "
+                            "simulator is in the path of every sysfs access (a round trip to "
+                            "a Python process each): the simulator's speed more than the "
+                            "agent's; the static-tree rows below leave it out."
                         )
                         lines += section(title, results, [note])
                 if "c" in only:

@@ -172,11 +172,12 @@ def report(quick: bool) -> list[str]:
         rows[f"one create-path allocate, {phase}"] = value
     rows["daemon peak RSS in the guest"] = f"{data['rss_mb']:.1f} MB"
     notes = [
-        f"Guest kernel {data['uname']}, 2 vCPUs under TCG: the same pure-Python workload runs "
-        f"{slowdown:.1f}x slower in the guest than on this host, so these times are an upper "
-        "bound for the same kernel on hardware. Every create and remove is the kernel's own "
-        f"sysfs write (mtty, type {TYPE}); {seconds:.0f} s per level; phases come from the "
-        "manager's step hooks in process.",
+        f"Guest kernel {data['uname']}, 2 vCPUs under TCG (no usable KVM here): the same "
+        f"pure-Python workload runs {slowdown:.1f}x slower in the guest than on this host. "
+        "Every create and remove is the kernel's own sysfs write (mtty, type "
+        f"{TYPE}); {seconds:.0f} s per level; phases come from the manager's step hooks in "
+        "process. The guest's state directory is a tmpfs, so the ledger's fsyncs cost "
+        "nothing here: they are in the static-tree rows, which run on this host's disk.",
         "Command: `python -m benchmarks --only k` (part of `make bench`).",
     ]
     return section(title, rows, notes)
