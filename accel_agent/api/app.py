@@ -96,7 +96,8 @@ class Response:
 
     @classmethod
     def json(cls, document: Any, status: int = 200) -> Response:
-        return cls(status, json.dumps(document).encode("utf-8"))
+        # Compact: what accelctl prints into a pipe, byte for byte.
+        return cls(status, json.dumps(document, separators=(",", ":")).encode("utf-8"))
 
     @classmethod
     def text(cls, text: str | bytes, content_type: str, status: int = 200) -> Response:

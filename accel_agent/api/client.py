@@ -133,6 +133,19 @@ class ApiClient:
                 socket=self.socket_path, reason=f"the answer to {method} {path} is not JSON"
             ) from None
 
+    def call_json_bytes(self, method: str, path: str) -> bytes:
+        """The JSON body exactly as the daemon sent it (compact): for
+        ``accelctl ... --json`` into a pipe, which need not decode and
+        re-encode megabytes to print them."""
+        status, content_type, data = self.request(method, path)
+        if status >= 400:
+            raise self._api_error(status, data)
+        if "json" not in content_type:
+            raise exception.AgentUnreachable(
+                socket=self.socket_path, reason=f"the answer to {method} {path} is not JSON"
+            )
+        return data
+
     @staticmethod
     def _api_error(status: int, data: bytes) -> exception.ApiError:
         try:

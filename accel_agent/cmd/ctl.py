@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import operator
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -63,19 +62,30 @@ def _via_api(args: argparse.Namespace, socket_path: str, call: Callable[[Any], A
 
 
 def _listing(
-    fetch: Callable[[Any], dict[str, Any]],
+    path: str,
     offline: Callable[[common.HostState], dict[str, Any]],
     render: Callable[[argparse.Namespace, dict[str, Any]], int],
 ) -> Callable[[argparse.Namespace], int]:
-    """A read-only listing: from the daemon when it runs, else from sysfs + ledger."""
+    """A read-only listing: from the daemon (GET ``path``) when it runs, else
+    from sysfs + ledger."""
 
     def run(args: argparse.Namespace) -> int:
         listing, errors = common.listing_config(args.config_file, args.config_dir, "accelctl")
+        # JSON into a pipe is printed as the daemon sent it (the same compact
+        # encoding as ours): no decoding and re-encoding of megabytes.
+        as_sent = args.json and not sys.stdout.isatty()
         if args.sysfs_root:
             listing = dataclasses.replace(listing, sysfs_root=args.sysfs_root)
             document = _OFFLINE
         else:
-            document = _via_api(args, listing.api_socket_path, fetch)
+            document = _via_api(
+                args,
+                listing.api_socket_path,
+                lambda api: api.call_json_bytes("GET", path) if as_sent else api.call("GET", path),
+            )
+        if isinstance(document, bytes):
+            output.emit_json_bytes(document)
+            return EXIT_OK
         with _collector_paused():
             if document is _OFFLINE:
                 state = common.host_state(listing, errors, scan_workers=_scan_workers())
@@ -482,8 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = subparsers.add_parser(name, help=text, description=text)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
-        fetch = operator.methodcaller(name)
-        sub.set_defaults(func=_listing(fetch, offline, render))
+        sub.set_defaults(func=_listing(f"/v1/{name}", offline, render))
 
     allocate = subparsers.add_parser(
         "allocate",

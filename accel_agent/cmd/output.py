@@ -55,6 +55,13 @@ def emit_json(document: Any, out: TextIO | None = None) -> None:
     out.write("\n")
 
 
+def emit_json_bytes(document: bytes) -> None:
+    """Compact JSON received from the daemon, printed as it is."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(document.rstrip(b"\n") + b"\n")
+    sys.stdout.buffer.flush()
+
+
 def error(message: str) -> None:
     """One error per line on stderr, as the CLI contract says."""
     for line in str(message).splitlines() or [""]:

@@ -195,10 +195,16 @@ def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
     uuids = [m["uuid"] for m in json.loads(proc.stdout)["mdevs"]]
     assert daemon.metric("accel_agent_allocations_total") == 1.0  # it went through the API
     for listing in ("types", "mdevs", "inventory"):
+        route = {"method": "GET", "route": f"/v1/{listing}", "status": "200"}
+        served = daemon.metric("accel_agent_api_request_duration_seconds_count", **route)
         via_api = ctl(setup.config, listing, "--json")
         offline = ctl(setup.config, "--offline", listing, "--json")
         assert via_api.returncode == offline.returncode == 0, via_api.stderr
-        assert json.loads(via_api.stdout) == json.loads(offline.stdout), listing
+        # Into a pipe the daemon's body is printed as sent: the same bytes.
+        assert via_api.stdout == offline.stdout, listing
+        json.loads(via_api.stdout)
+        after = daemon.metric("accel_agent_api_request_duration_seconds_count", **route)
+        assert after == served + 1, listing
     table = ctl(setup.config, "inventory").stdout.splitlines()
     rows = {line.split()[0]: line.split() for line in table}
     assert rows["testhost_pci_0000_84_00_0"][3:5] == ["16", "2"]  # total, used
