@@ -448,6 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="accelctl",
         description="Inspect and manage the mediated devices (vGPUs) of this host. "
         "Read-only commands work offline from sysfs; exit 0 ok, 1 error, 2 usage.",
+        epilog="The listings (types, mdevs, inventory) reuse what oslo.config resolved "
+        "while the config files, config directories, OS_* variables and host name are "
+        "unchanged, in /var/cache/accel-agent (root) or $XDG_CACHE_HOME/accel-agent; "
+        "ACCEL_AGENT_CACHE_DIR moves that cache and an empty value turns it off.",
     )
     common.add_config_arguments(parser)
     parser.add_argument(
