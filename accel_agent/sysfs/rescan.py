@@ -150,7 +150,7 @@ class Rescanner:
                 # parent buys this check): read the parent again in full.
                 return walker.parent(parent.name) or parent
             for type_id in wanted:
-                raw = scanner.read_at(types_fd, os.path.join(type_id, "available_instances"))
+                raw = scanner.read_at(types_fd, f"{type_id}/available_instances")
                 try:
                     available = int(raw.strip()) if raw is not None else -1
                 except ValueError:
