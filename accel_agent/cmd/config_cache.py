@@ -142,13 +142,23 @@ def _dir_key(path: str) -> dict[str, Any] | None:
     }
 
 
+def _oslo_config_files() -> tuple[str, ...]:
+    """oslo.config's own parser and types (an upgrade may parse differently),
+    found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("oslo_config")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return tuple(os.path.join(d, name) for d in locations for name in ("cfg.py", "types.py"))
+
+
 def inputs_key(files: list[str], dirs: list[str]) -> dict[str, Any]:
     """Everything oslo.config's answer depends on, for config ``files`` and
     ``dirs`` (what common.config_sources says will be read)."""
     return {
         "format": FORMAT,
         "version": __version__,
-        "code": {path: _stat_key(path) for path in _CODE_FILES},
+        "code": {path: _stat_key(path) for path in _CODE_FILES + _oslo_config_files()},
         "files": [[path, _stat_key(path)] for path in files],
         "dirs": [[path, _dir_key(path)] for path in dirs],
         "env": sorted([k, v] for k, v in os.environ.items() if k.startswith("OS_")),

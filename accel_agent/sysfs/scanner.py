@@ -165,9 +165,11 @@ class _Scan:
         """Where an open directory is, resolved by the kernel: one readlink
         instead of posixpath.realpath's lstat of every component."""
         try:
-            return os.readlink(f"/proc/self/fd/{fd}")
+            path = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:  # no /proc: resolve it the long way
             return None
+        # Unregistered since it was opened: the kernel says so in the path.
+        return None if path.endswith(" (deleted)") else path
 
     def physfn(self, device_fd: int) -> str | None:
         """The PF of an SR-IOV VF: the name of an existing ``physfn`` link's
