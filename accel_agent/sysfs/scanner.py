@@ -353,7 +353,12 @@ def _fork_worker(walker: _Scan, names: list[str]) -> tuple[int, int]:
     """Scan ``names`` in a forked child that sends its parents and warnings
     back marshalled through a pipe: (pid, read end)."""
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
     if pid == 0:  # the child: no logging, no exit handlers, no stdio flush
         status = 1
         try:
@@ -395,10 +400,18 @@ def _parents_in_parallel(walker: _Scan, names: list[str], workers: int) -> dict[
     """Split the parents between this process and ``workers - 1`` forked
     children: a scan is thousands of tiny syscalls, so processes (not
     threads, which contend for the GIL after every one) use the other
-    cores.  A worker that fails is redone here."""
+    cores.  A worker that fails, or cannot be forked (RLIMIT_NPROC, memory),
+    is redone here."""
     chunks = _split(names, workers)
-    children = [(chunk, *_fork_worker(walker, chunk)) for chunk in chunks[1:]]
-    found = walker.parents(chunks[0])
+    children = []
+    here = list(chunks[0])
+    for chunk in chunks[1:]:
+        try:
+            children.append((chunk, *_fork_worker(walker, chunk)))
+        except OSError as exc:
+            LOG.debug("cannot fork a sysfs scan worker (%s); scanning here", exc)
+            here += chunk
+    found = walker.parents(here)
     for chunk, pid, read_end in children:
         result = _collect_worker(pid, read_end)
         if result is None:

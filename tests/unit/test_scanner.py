@@ -234,6 +234,21 @@ def test_a_failed_scan_worker_is_redone_in_process(tmp_path, monkeypatch):
     assert len(forks) == 1
 
 
+def test_a_worker_that_cannot_be_forked_is_scanned_in_process(tmp_path, monkeypatch):
+    import errno
+
+    root = _big_tree(tmp_path)
+    serial = scan(root)
+    fds_before = len(os.listdir("/proc/self/fd"))
+
+    def no_fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert scan(root, workers=3) == serial
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # no pipe left open
+
+
 def test_small_hosts_are_scanned_in_process(tmp_path, monkeypatch):
     from accel_agent.sysfs import scanner
 
