@@ -68,7 +68,7 @@ run "${CTL[@]}" --config-file "$CONF" inventory
 step "Start the agent daemon (API on $DEMO_DIR/api.sock, rescan every second)"
 .venv/bin/accel-agent --config-file "$CONF" >"$DEMO_DIR/agent.log" 2>&1 &
 AGENT_PID=$!
-trap 'kill $AGENT_PID 2>/dev/null; wait $AGENT_PID 2>/dev/null; "${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true' EXIT
+trap 'kill "$AGENT_PID" 2>/dev/null || true; wait "$AGENT_PID" 2>/dev/null || true; "${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true' EXIT
 for _ in $(seq 120); do [ -S "$DEMO_DIR/api.sock" ] && break; sleep 0.5; done
 [ -S "$DEMO_DIR/api.sock" ] || { echo "the daemon did not start:" >&2; cat "$DEMO_DIR/agent.log" >&2; exit 1; }
 echo "accel-agent running as pid $AGENT_PID"
