@@ -106,11 +106,12 @@ class Rescanner:
                     target = self._parent_targets[name]
                     parents[name] = self._refresh_counters(walker, cached, target, counters)
                 else:
-                    target = walker.resolve(os.path.join(bus_dir, name)) or ""
                     fresh = walker.parent(name)
                     if fresh is None:
                         continue
                     parents[name] = fresh
+                    # The scan resolved the device already (as _remember does).
+                    target = os.path.join(root, fresh.device_path)
                 targets[name] = target
                 links[name] = link
         finally:
