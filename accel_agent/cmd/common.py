@@ -194,14 +194,24 @@ def host_state(
 def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:
     """Everything ``check-config`` and the daemon's start-up check:
     (errors, warnings), each a list of one-line messages."""
+    errors, warnings, _state = check(conf, strict)
+    return errors, warnings
+
+
+def check(
+    conf: cfg.ConfigOpts, strict: bool = False
+) -> tuple[list[str], list[str], HostState | None]:
+    """:func:`validate`, and the host state it looked at (None when the
+    configuration could not be resolved), so that a caller reporting on the
+    host need not scan it again."""
     errors: list[str] = []
     warnings: list[str] = []
     try:
         state = host_state(*ListingConfig.from_conf(conf))
     except exception.ConfigErrors as exc:
-        return [e.message for e in exc.errors], warnings
+        return [e.message for e in exc.errors], warnings, None
     except exception.AccelAgentException as exc:
-        return [exc.message], warnings
+        return [exc.message], warnings, None
     warnings += list(state.policy.warnings)
     warnings += policy_mod.host_warnings(state.policy, state.snapshot)
     warnings += list(state.inventory().warnings)
@@ -210,4 +220,4 @@ def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], lis
     if strict:
         errors += warnings
         warnings = []
-    return errors, warnings
+    return errors, warnings, state

@@ -30,7 +30,6 @@ from typing import Any
 
 from accel_agent import exception
 from accel_agent.cmd import common, output
-from accel_agent.cmd.config_cache import ListingConfig
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -129,14 +128,13 @@ def _load(args: argparse.Namespace):
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     conf = _load(args)
-    errors, warnings = common.validate(conf, strict=args.strict)
+    errors, warnings, state = common.check(conf, strict=args.strict)
     for warning in warnings:
         output.warning(warning)
-    if errors:
+    if errors or state is None:
         for error in errors:
             output.error(error)
         return EXIT_ERROR
-    state = common.host_state(*ListingConfig.from_conf(conf))
     providers = state.inventory().providers
     print(
         f"configuration OK: {len(state.policy.types)} mdev type(s) enabled, "
