@@ -35,6 +35,15 @@ from accel_agent.api.client import ApiClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 90.0
+# nvidia-35 the default type of every GPU, mtty-2 on the mtty parent: the
+# config of the daemon tests on the nvidia-pf + mtty simulated host.
+BOTH = """
+[devices]
+enabled_mdev_types = nvidia-35, mtty-2
+[mdev_nvidia-35]
+[mdev_mtty-2]
+device_addresses = mtty
+"""
 _T = TypeVar("_T")
 
 

@@ -20,20 +20,20 @@ import pytest
 
 from accel_agent import exception
 from accel_agent.mdev.ledger import Ledger
-from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir, wait_for
+from tests.functional.daemon_fixture import (
+    BOTH,
+    AgentDaemon,
+    agent_config,
+    ctl,
+    short_dir,
+    wait_for,
+)
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
 pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 
 GPU = "0000:84:00.0"
-BOTH = """
-[devices]
-enabled_mdev_types = nvidia-35, mtty-2
-[mdev_nvidia-35]
-[mdev_mtty-2]
-device_addresses = mtty
-"""
 NVIDIA_ONLY = """
 [devices]
 enabled_mdev_types = nvidia-35

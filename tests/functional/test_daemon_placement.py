@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir, wait_for
+from tests.functional.daemon_fixture import (
+    BOTH,
+    AgentDaemon,
+    agent_config,
+    ctl,
+    short_dir,
+    wait_for,
+)
 from tests.functional.placement_fixture import PlacementServer, placement_available
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
@@ -22,13 +29,6 @@ pytestmark = [
 ]
 
 HOST = "testhost"
-BOTH = """
-[devices]
-enabled_mdev_types = nvidia-35, mtty-2
-[mdev_nvidia-35]
-[mdev_mtty-2]
-device_addresses = mtty
-"""
 NVIDIA_ONLY = "[devices]\nenabled_mdev_types = nvidia-35\n"
 
 

@@ -319,6 +319,15 @@ def test_missing_root_is_reported(tmp_path: Path) -> None:
 # --- errno mapping -------------------------------------------------------------------
 
 
+def _kernel_answers(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Every sysfs write fails with ``code``, as the kernel would refuse it."""
+
+    def fail(path: str, data: bytes) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(privileged, "_write_once", fail)
+
+
 @pytest.mark.parametrize(
     ("code", "cls"),
     [
@@ -336,10 +345,7 @@ def test_missing_root_is_reported(tmp_path: Path) -> None:
 def test_create_errno_mapping(
     tree: Tree, monkeypatch: pytest.MonkeyPatch, code: int, cls: type
 ) -> None:
-    def fail(path: str, data: bytes) -> None:
-        raise OSError(code, os.strerror(code))
-
-    monkeypatch.setattr(privileged, "_write_once", fail)
+    _kernel_answers(monkeypatch, code)
     with pytest.raises(exception.AccelAgentException) as info:
         privileged.write_create(str(tree.root), PCI, NV, U1)
     assert type(info.value) is cls
@@ -366,10 +372,7 @@ def test_create_enoent_tells_parent_from_type(tree: Tree) -> None:
 def test_remove_errno_mapping(
     tree: Tree, monkeypatch: pytest.MonkeyPatch, code: int, cls: type
 ) -> None:
-    def fail(path: str, data: bytes) -> None:
-        raise OSError(code, os.strerror(code))
-
-    monkeypatch.setattr(privileged, "_write_once", fail)
+    _kernel_answers(monkeypatch, code)
     with pytest.raises(exception.AccelAgentException) as info:
         privileged.write_remove(str(tree.root), U1, 5.0)
     assert type(info.value) is cls
