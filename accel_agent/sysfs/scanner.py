@@ -91,9 +91,10 @@ def open_dir(name: str, dir_fd: int | None = None, follow: bool = True) -> int |
         return None
 
 
-def link_name_at(dir_fd: int, name: str) -> str | None:
+def link_name_at(dir_fd: int | None, name: str) -> str | None:
     """basename of a link's target, the way mdevctl and KubeVirt name
-    drivers, types and groups; None when the link is absent."""
+    drivers, types and groups; None when the link is absent.  ``name`` is
+    relative to ``dir_fd``, or a plain path when it is None."""
     try:
         return os.path.basename(os.readlink(name, dir_fd=dir_fd).rstrip("/")) or None
     except OSError:
@@ -304,7 +305,7 @@ class _Scan:
             mdev_type = os.path.basename(type_dir)
         else:
             self.warn(f"mdev {name}: mdev_type link is missing or dangling")
-        group_name = self.link_name(os.path.join(device, "iommu_group"))
+        group_name = link_name_at(None, os.path.join(device, "iommu_group"))
         iommu_group = int(group_name) if group_name and group_name.isdigit() else None
         return Mdev(
             uuid=name,
@@ -312,13 +313,6 @@ class _Scan:
             mdev_type=mdev_type,
             iommu_group=iommu_group,
         )
-
-    @staticmethod
-    def link_name(path: str) -> str | None:
-        try:
-            return os.path.basename(os.readlink(path).rstrip("/")) or None
-        except OSError:
-            return None
 
 
 # Below this many parents a forked worker costs more than it saves.
