@@ -63,10 +63,10 @@ def _via_api(args: argparse.Namespace, socket_path: str, call: Callable[[Any], A
 def _listing(
     path: str,
     offline: Callable[[common.HostState], dict[str, Any]],
-    render: Callable[[argparse.Namespace, dict[str, Any]], int],
+    table: Callable[[dict[str, Any]], tuple[Sequence[str], list[tuple[Any, ...]]]],
 ) -> Callable[[argparse.Namespace], int]:
     """A read-only listing: from the daemon (GET ``path``) when it runs, else
-    from sysfs + ledger."""
+    from sysfs + ledger; printed as JSON or as the rows of ``table``."""
 
     def run(args: argparse.Namespace) -> int:
         listing, errors = common.listing_config(args.config_file, args.config_dir, "accelctl")
@@ -91,7 +91,11 @@ def _listing(
                 for warning in state.snapshot.warnings:
                     output.warning(f"sysfs: {warning}")
                 document = offline(state)
-            return render(args, document)
+            if args.json:
+                output.emit_json(document)
+            else:
+                output.table(*table(document))
+            return EXIT_OK
 
     return run
 
@@ -164,10 +168,7 @@ def _inventory_offline(state: common.HostState) -> dict[str, Any]:
     return inventory.to_dict()
 
 
-def _render_types(args: argparse.Namespace, document: dict[str, Any]) -> int:
-    if args.json:
-        output.emit_json(document)
-        return EXIT_OK
+def _types_table(document: dict[str, Any]) -> tuple[Sequence[str], list[tuple[Any, ...]]]:
     rows = [
         (
             parent["name"],
@@ -181,14 +182,10 @@ def _render_types(args: argparse.Namespace, document: dict[str, Any]) -> int:
         for parent in document["parents"]
         for t in parent["types"]
     ]
-    output.table(("parent", "type", "name", "api", "available", "mdevs", "configured"), rows)
-    return EXIT_OK
+    return ("parent", "type", "name", "api", "available", "mdevs", "configured"), rows
 
 
-def _render_mdevs(args: argparse.Namespace, document: dict[str, Any]) -> int:
-    if args.json:
-        output.emit_json(document)
-        return EXIT_OK
+def _mdevs_table(document: dict[str, Any]) -> tuple[Sequence[str], list[tuple[Any, ...]]]:
     rows = [
         (
             m["uuid"],
@@ -200,14 +197,10 @@ def _render_mdevs(args: argparse.Namespace, document: dict[str, Any]) -> int:
         )
         for m in document["mdevs"]
     ]
-    output.table(("uuid", "parent", "type", "iommu group", "owned", "instance"), rows)
-    return EXIT_OK
+    return ("uuid", "parent", "type", "iommu group", "owned", "instance"), rows
 
 
-def _render_inventory(args: argparse.Namespace, document: dict[str, Any]) -> int:
-    if args.json:
-        output.emit_json(document)
-        return EXIT_OK
+def _inventory_table(document: dict[str, Any]) -> tuple[Sequence[str], list[tuple[Any, ...]]]:
     rows = [
         (
             p["name"],
@@ -220,8 +213,7 @@ def _render_inventory(args: argparse.Namespace, document: dict[str, Any]) -> int
         )
         for p in document["providers"]
     ]
-    output.table(("provider", "type", "class", "total", "used", "parents", "numa"), rows)
-    return EXIT_OK
+    return ("provider", "type", "class", "total", "used", "parents", "numa"), rows
 
 
 def _load_for_writes(args: argparse.Namespace):
@@ -477,24 +469,24 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--strict", action="store_true", help="treat warnings as errors")
     check.set_defaults(func=cmd_check_config)
 
-    for name, offline, render, text in (
+    for name, offline, table, text in (
         (
             "types",
             _types_offline,
-            _render_types,
+            _types_table,
             "mdev types offered by each parent, with counters",
         ),
-        ("mdevs", _mdevs_offline, _render_mdevs, "existing mediated devices, owned and foreign"),
+        ("mdevs", _mdevs_offline, _mdevs_table, "existing mediated devices, owned and foreign"),
         (
             "inventory",
             _inventory_offline,
-            _render_inventory,
+            _inventory_table,
             "inventory per physical GPU (resource providers)",
         ),
     ):
         sub = subparsers.add_parser(name, help=text, description=text)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
-        sub.set_defaults(func=_listing(f"/v1/{name}", offline, render))
+        sub.set_defaults(func=_listing(f"/v1/{name}", offline, table))
 
     allocate = subparsers.add_parser(
         "allocate",
