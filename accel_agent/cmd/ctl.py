@@ -612,6 +612,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (``accelctl types | head``): no traceback, and
+        # nothing more to flush into the closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
 
 
 def console_main() -> int:

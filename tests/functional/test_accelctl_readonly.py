@@ -229,3 +229,22 @@ def test_a_listing_with_an_unchanged_config_does_not_import_oslo_config(tmp_path
     document = json.loads(runs[1].stdout)
     assert document["host"] == "testhost"
     assert {p["configured_type"] for p in document["parents"]} == {"nvidia-11"}
+
+
+def test_a_reader_that_goes_away_ends_the_listing_without_a_traceback(tmp_path):
+    """`accelctl types | head`: the pipe closes after a few lines."""
+    root = tmp_path / "big"
+    materialise(SimulatedHost(build_spec(["synthetic"], parents=64, types=24)), str(root))
+    reader_r, writer_w = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accel_agent.cmd.ctl", "--sysfs-root", str(root), "types"],
+        stdout=writer_w,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(writer_w)
+    with os.fdopen(reader_r, "rb") as reader:
+        assert reader.readline().startswith(b"PARENT")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr
