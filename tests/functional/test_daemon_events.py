@@ -78,18 +78,30 @@ def test_uevents_trigger_rescans_that_recreate_vanished_mdevs(service):
     core, metrics = agent.core, agent.core.metrics
     assert agent.udev is not None  # the service wired its watcher
     uuid = core.allocate("vm-u", 1).uuids[0]
-    wait_for(lambda: metrics.value("accel_agent_rescans_total", {"reason": "api"}),
-             what="the post-allocate rescan")
+    # The post-allocate ("api") rescan must have *finished* before the mdev
+    # vanishes: a rescan still running would see it missing and re-create it
+    # itself, and the udev path would prove nothing.  The scheduler counts a
+    # run once it returned; with the periodic timer at an hour, nothing else
+    # can start one until the test's uevent.
+    scheduler = agent.scheduler
+    assert scheduler is not None
+    wait_for(lambda: scheduler.runs >= 1, what="the post-allocate rescan to finish")
+    assert scheduler.runs == 1
+    assert metrics.value("accel_agent_rescans_total", {"reason": "api"}) == 1
     assert metrics.value("accel_agent_rescans_total", {"reason": "udev"}) is None
+    assert metrics.value("accel_agent_recreated_mdevs_total") == 0
 
     remove_behind_the_back(host, uuid)
     agent.udev.handle(FakeDevice("net", "add", "/sys/devices/virtual/net/tap0"))
     assert agent.udev.events == 0  # not ours: ignored
     agent.udev.handle(FakeDevice("mdev", "remove", f"/sys/devices/x/{GPU}/{uuid}"))
-    wait_for(lambda: metrics.value("accel_agent_recreated_mdevs_total") == 1,
-             what="the re-created mdev")
-    assert uuid in host.sysfs_uuids()
+    wait_for(lambda: scheduler.runs >= 2, what="the uevent's rescan to finish")
+    # That rescan, and no other, saw the mdev missing and re-created it.
+    assert scheduler.runs == 2
     assert metrics.value("accel_agent_rescans_total", {"reason": "udev"}) == 1
+    assert metrics.value("accel_agent_rescans_total", {"reason": "api"}) == 1
+    assert metrics.value("accel_agent_recreated_mdevs_total") == 1
+    assert uuid in host.sysfs_uuids()
     assert core.allocation("vm-u").uuids == [uuid]
 
     # A parent unregistering (driver unloaded) announces MDEV_STATE on itself.
