@@ -56,6 +56,15 @@ class InvalidDeviceAddress(InvalidMdevConfig):
     )
 
 
+class DuplicateMdevType(InvalidMdevConfig):
+    # Nova refuses this too (its duplicate-address check trips over the
+    # repeated type's addresses); the agent names the type instead.
+    msg_fmt = (
+        "Invalid configuration for mdev-capable devices: type %(mdev_type)s is listed "
+        "%(count)d times in [devices] enabled_mdev_types; list each type once"
+    )
+
+
 class InvalidMdevClass(InvalidMdevConfig):
     msg_fmt = (
         "Invalid configuration for mdev-capable devices: mdev_class %(mdev_class)s of "

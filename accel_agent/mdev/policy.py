@@ -211,9 +211,12 @@ def resolve_policy(
 
     for mdev_type in inputs.enabled:
         if mdev_type in seen_types:
-            warnings.append(f"mdev type {mdev_type} is listed twice in enabled_mdev_types")
             continue
         seen_types.add(mdev_type)
+        if (count := inputs.enabled.count(mdev_type)) > 1:
+            # Stricter than a warning: which of the two places did the
+            # operator mean?  (Nova refuses it too.)
+            errors.append(exception.DuplicateMdevType(mdev_type=mdev_type, count=count))
         option = options.get(mdev_type, TypeOptions(mdev_type))
         mdev_class, max_instances = option.mdev_class, option.max_instances
         if not option.device_addresses:
@@ -259,6 +262,16 @@ def _normalise_configured(
     sysfs_root: str, raw: str, mdev_type: str, errors: list[exception.AccelAgentException]
 ) -> str | None:
     text = raw.strip()
+    if not text:
+        # "a,,b": a stray comma, or an address lost in an edit.
+        errors.append(
+            exception.InvalidDeviceAddress(
+                address="''",
+                where=f" (an empty item in [mdev_{mdev_type}] device_addresses; "
+                "remove the extra comma)",
+            )
+        )
+        return None
     if address.is_pci_address(text):
         return address.parse_pci_address(text)
     virtual = _virtual_parent_name(sysfs_root, text)

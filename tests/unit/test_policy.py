@@ -99,6 +99,40 @@ def test_upper_case_and_short_forms_match_kernel_names(sysfs):
     assert policy.type_for("0000:85:00.0") is None
 
 
+@pytest.mark.parametrize("addresses", ["", "0000:07:00.0"])
+def test_a_type_listed_twice_is_refused_naming_it(sysfs, addresses):
+    # Nova refuses "nvidia-12, nvidia-12" (with addresses); never be laxer.
+    messages = errors_of(
+        f"""
+        [devices]
+        enabled_mdev_types = nvidia-12, nvidia-35, nvidia-12
+        [mdev_nvidia-12]
+        device_addresses = {addresses}
+        [mdev_nvidia-35]
+        device_addresses = 0000:08:00.0
+        """,
+        sysfs,
+    )
+    assert messages == [
+        "Invalid configuration for mdev-capable devices: type nvidia-12 is listed 2 times "
+        "in [devices] enabled_mdev_types; list each type once"
+    ]
+
+
+def test_an_empty_address_in_a_list_is_refused_and_quoted(sysfs):
+    messages = errors_of(
+        """
+        [devices]
+        enabled_mdev_types = nvidia-35
+        [mdev_nvidia-35]
+        device_addresses = 0000:84:00.0,,0000:85:00.0
+        """,
+        sysfs,
+    )
+    assert len(messages) == 1
+    assert "incorrect device address: '' (an empty item in [mdev_nvidia-35]" in messages[0]
+
+
 def test_malformed_address_refused_and_virtual_parent_accepted(sysfs):
     messages = errors_of(
         """
