@@ -37,6 +37,24 @@ def type_trait(mdev_type: str) -> str:
     return "CUSTOM_MDEV_" + re.sub(r"[^A-Z0-9]", "_", mdev_type.upper())
 
 
+def nodedev_name(physical_gpu: str, member: Parent) -> str:
+    """libvirt's node-device name of a provider's device, which Nova puts
+    after ``<host>_`` in its provider names: keeping them means a host taken
+    over from Nova keeps its providers and the allocations against them.
+
+    PCI: ``pci_0000_84_00_0``.  Anything else: libvirt's ``<subsystem>_<sysname>``.
+    A parent with no bus is a class device under ``devices/virtual/<class>/``
+    (mtty: ``devices/virtual/mtty/mtty`` -> ``mtty_mtty``), so the directory
+    above it names its subsystem; the path is in the snapshot already, no
+    read needed.
+    """
+    if address.is_pci_address(physical_gpu):
+        return address.provider_suffix(physical_gpu)
+    components = member.device_path.rstrip("/").split("/")
+    subsystem = components[-2] if len(components) >= 2 else member.name
+    return address.provider_suffix(f"{subsystem}_{member.name}")
+
+
 @dataclass(frozen=True, slots=True)
 class Provider:
     name: str
@@ -151,7 +169,7 @@ def compute_inventory(
         if total == 0:
             LOG.debug("no capacity for %s on %s: no provider", mdev_type, gpu)
             continue
-        suffix = address.provider_suffix(gpu)
+        suffix = nodedev_name(gpu, members[0])
         if types_per_gpu[gpu] > 1:
             # Two types on one card (VFs configured apart): keep names unique.
             suffix += "_" + re.sub(r"[^A-Za-z0-9_-]", "_", mdev_type)

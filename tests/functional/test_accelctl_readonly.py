@@ -196,7 +196,7 @@ def test_commands_on_a_mounted_simulator(tmp_path):
         assert {p["name"]: p["inventory"]["total"] for p in inv["providers"]} == {
             "testhost_pci_0000_84_00_0": 16,
             "testhost_pci_0000_85_00_0": 16,
-            "testhost_mtty": 12,
+            "testhost_mtty_mtty": 12,
         }
     finally:
         assert ctl("simulate", "umount", str(mnt)).returncode == 0

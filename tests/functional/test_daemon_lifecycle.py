@@ -264,10 +264,10 @@ def provider_names(daemon: AgentDaemon) -> set[str]:
 def test_sighup_applies_a_changed_type_list_without_restart(setup):
     daemon = setup.start(NVIDIA_ONLY)
     pid = daemon.pid
-    assert "testhost_mtty" not in provider_names(daemon)
+    assert "testhost_mtty_mtty" not in provider_names(daemon)
     setup.write(BOTH)
     daemon.sighup()
-    wait_for(lambda: "testhost_mtty" in provider_names(daemon), what="the mtty provider")
+    wait_for(lambda: "testhost_mtty_mtty" in provider_names(daemon), what="the mtty provider")
     assert daemon.pid == pid and daemon.running
     wait_for(lambda: daemon.read_notifications().count("READY=1") == 2, what="READY=1 again")
     notes = daemon.notifications
@@ -303,7 +303,7 @@ def test_sighup_that_would_orphan_an_assigned_mdev_is_refused(setup):
     daemon.client().release("vm-o", remove=True)
     setup.write(NVIDIA_ONLY)
     daemon.sighup()
-    wait_for(lambda: "testhost_mtty" not in provider_names(daemon), what="mtty to go")
+    wait_for(lambda: "testhost_mtty_mtty" not in provider_names(daemon), what="mtty to go")
     wait_for(lambda: daemon.health()["status"] == "ok", what="health ok after the reload")
     assert daemon.health()["config"]["last_reload_result"] == "applied"
 

@@ -94,7 +94,7 @@ def test_placement_follows_the_daemon(tmp_path):
             daemon.start()
             expected = reported_by_accelctl(config)
             assert set(expected) == {
-                "testhost_mtty", "testhost_pci_0000_84_00_0", "testhost_pci_0000_85_00_0"
+                "testhost_mtty_mtty", "testhost_pci_0000_84_00_0", "testhost_pci_0000_85_00_0"
             }
             wait_for(lambda: held_by_placement(admin) == expected, what="the first sync")
             wait_for(lambda: daemon.health()["reporting"]["state"] == "ok", what="reporting ok")
@@ -107,7 +107,7 @@ def test_placement_follows_the_daemon(tmp_path):
             # SIGHUP drops mtty: its provider leaves Placement.
             write(NVIDIA_ONLY)
             daemon.sighup()
-            wait_for(lambda: "testhost_mtty" not in (held_by_placement(admin) or {"testhost_mtty"}),
+            wait_for(lambda: "testhost_mtty_mtty" not in (held_by_placement(admin) or {"testhost_mtty_mtty"}),
                      what="the mtty provider to go")
             assert held_by_placement(admin) == reported_by_accelctl(config)
 
@@ -124,7 +124,7 @@ def test_placement_follows_the_daemon(tmp_path):
             # ...and the inventory changes meanwhile.
             write(BOTH)
             daemon.sighup()
-            wait_for(lambda: "testhost_mtty" in reported_by_accelctl(config), what="mtty back")
+            wait_for(lambda: "testhost_mtty_mtty" in reported_by_accelctl(config), what="mtty back")
             # Placement comes back (same port, same database): converge, no restart.
             pid = daemon.pid
             server.start()

@@ -199,7 +199,7 @@ def test_types_and_inventory_show_real_counters(agent_config: Path) -> None:
     providers = inventory["providers"]
     assert len(providers) == 1, inventory
     provider = providers[0]
-    assert provider["name"] == "realkernel_mtty"
+    assert provider["name"] == "realkernel_mtty_mtty"
     assert (provider["mdev_type"], provider["resource_class"]) == ("mtty-2", "VGPU")
     assert (provider["parent_device"], provider["pci_address"]) == ("mtty", None)
     # the mdev made behind the agent's back is foreign: it uses capacity

@@ -187,7 +187,7 @@ def test_traits_and_provider_fields(tmp_path):
     doc = inv.to_dict()
     assert doc["host"] == "testhost"
     entry = doc["providers"][0]
-    assert entry["name"] == "testhost_mtty" and entry["parent_provider"] == "testhost"
+    assert entry["name"] == "testhost_mtty_mtty" and entry["parent_provider"] == "testhost"
     assert entry["parent_device"] == "mtty" and entry["pci_address"] is None
     assert entry["traits"] == ["CUSTOM_MDEV_MTTY_2", "CUSTOM_OWNER_ACCEL_AGENT"]
     assert entry["inventory"]["total"] == 12 == provider.total
