@@ -36,6 +36,18 @@ default_opts = [
         default="/var/lib/accel-agent",
         help="Directory for the agent's crash-safe state (the mdev ledger).",
     ),
+    cfg.StrOpt(
+        "vfio_dev_dir",
+        default="",
+        sample_default="",
+        help="Directory of the VFIO group device nodes (/dev/vfio/<group>). Before "
+        "every mdev remove the agent opens the mdev's group node read-only, as libvirt "
+        "does: EBUSY means a VM or another process holds the device, and the mdev is "
+        "kept instead of removed (the kernel's remove would block until the holder "
+        "lets go). Empty: /dev/vfio when sysfs_root is the real /sys, else "
+        "<sysfs_root>/vfio, where the simulator serves its stand-ins. A group node the "
+        "agent cannot check (no such directory, permission denied) also keeps the mdev.",
+    ),
     cfg.FloatOpt(
         "remove_timeout",
         default=30.0,

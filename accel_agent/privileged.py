@@ -2,7 +2,10 @@
 
 One oslo.privsep context, ``sysfs_admin``, and two entrypoints: write a UUID
 to ``.../mdev_supported_types/<type>/create`` and write ``1`` to
-``bus/mdev/devices/<uuid>/remove``.  Everything else (scans, policy, ledger)
+``bus/mdev/devices/<uuid>/remove``, the latter only after a read-only open of
+the mdev's VFIO group node (``/dev/vfio/<group>``, root 0600) shows that no VM
+holds it: the kernel's ``remove`` would block until the holder lets go, and
+the probe belongs next to the write it guards.  Everything else (scans, policy, ledger)
 runs unprivileged; reads are never privileged (os-vif's style, see
 research/cyborg-osacc-placement.md §3.4 and §7).
 
@@ -320,17 +323,84 @@ _pending_lock = threading.Lock()
 _pending_removes: dict[str, _RemoveWriter] = {}
 
 
-def write_remove(sysfs_root: str, uuid: str, timeout: float) -> None:
-    """Remove mdev ``uuid``; raise MdevRemoveTimeout after ``timeout`` s (undecorated).
+def vfio_dev_dir(sysfs_root: str, configured: str = "") -> str:
+    """Where the VFIO group nodes of ``sysfs_root``'s devices live:
+    ``configured`` when set, ``/dev/vfio`` for the real /sys, else
+    ``<sysfs_root>/vfio`` (the simulator serves its group nodes there)."""
+    if configured:
+        return configured
+    if os.path.realpath(sysfs_root) == "/sys":
+        return "/dev/vfio"
+    return os.path.join(sysfs_root, "vfio")
 
-    On timeout the writer thread stays blocked in the kernel until the device
-    is released (then the removal completes on its own); this call returns.
+
+def _iommu_group(root: str, uuid: str) -> str | None:
+    """The mdev's IOMMU group number, or None when it has none (no VFIO
+    driver bound: nothing can hold it through VFIO)."""
+    link = os.path.join(root, "bus", "mdev", "devices", uuid, "iommu_group")
+    try:
+        target = os.path.realpath(link, strict=True)
+    except OSError:
+        return None
+    group = os.path.basename(target)
+    if os.path.commonpath([root, target]) != root or not group.isdigit():
+        raise _reject(f"the iommu_group of mdev {uuid} resolves to {target}, not a group")
+    return group
+
+
+def check_not_in_use(sysfs_root: str, uuid: str, vfio_dir: str = "") -> None:
+    """Raise MdevInUse unless the mdev's VFIO group can be opened now.
+
+    libvirt's own test (virNodeDeviceDestroy, virHostdevIsPCINodeDeviceUsed):
+    the kernel lets one process at a time open ``/dev/vfio/<group>``, so an
+    open that fails with EBUSY means a VM (or anything else) holds the
+    device, and a ``remove`` write would block until it lets go.  The probe
+    holds the group for the instant of one open/close.  A group node that
+    cannot be checked at all (directory hidden by a sandbox, EACCES) counts
+    as in use: keeping a free mdev is harmless, a blocked remove is not.
+    A holder that arrives after the probe is caught by the remove timeout.
+    """
+    validate_uuid(uuid)
+    root = _real_root(sysfs_root)
+    group = _iommu_group(root, uuid)
+    if group is None:
+        return
+    directory = vfio_dev_dir(sysfs_root, vfio_dir)
+    node = os.path.join(directory, group)
+    try:
+        fd = os.open(node, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.EBUSY:
+            raise exception.MdevInUse(
+                uuid=uuid, reason=f"its VFIO group {node} is open (a VM or another process "
+                "holds it); kept, not removed"
+            ) from None
+        if err.errno == errno.ENOENT and os.path.isdir(directory):
+            return  # no group node: VFIO does not offer the device to anyone
+        _, text = _errno_text(err)
+        raise exception.MdevInUse(
+            uuid=uuid, reason=f"cannot check whether it is in use: opening {node} failed "
+            f"with {text}; kept, not removed"
+        ) from None
+    os.close(fd)
+
+
+def write_remove(sysfs_root: str, uuid: str, timeout: float, vfio_dir: str = "") -> None:
+    """Remove mdev ``uuid`` unless it is in use; raise MdevRemoveTimeout
+    after ``timeout`` s (undecorated).
+
+    MdevInUse when :func:`check_not_in_use` finds its VFIO group held: no
+    write at all.  On timeout the writer thread stays blocked in the kernel
+    until the device is released (then the removal completes on its own);
+    this call returns.
     """
     timeout = validate_timeout(timeout)
     path = resolve_remove_path(sysfs_root, uuid)
     with _pending_lock:
         writer = _pending_removes.get(uuid)
         if writer is None:
+            # Under the lock: no second writer can start between probe and write.
+            check_not_in_use(sysfs_root, uuid, vfio_dir)
             writer = _RemoveWriter(uuid, path)
             _pending_removes[uuid] = writer
             LOG.debug("Writing 1 to %s", path)
@@ -398,7 +468,9 @@ def _priv_create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
 
 @sysfs_admin.entrypoint
 def _priv_remove_mdev(uuid: str, timeout: float) -> None:
-    _daemon_side(write_remove, _daemon_sysfs_root(), uuid, timeout)
+    _daemon_side(
+        write_remove, _daemon_sysfs_root(), uuid, timeout, str(agent_conf.CONF.vfio_dev_dir)
+    )
 
 
 def _call(entrypoint: Callable[..., None], *args: Any) -> None:
@@ -421,9 +493,9 @@ def create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
 def remove_mdev(uuid: str, timeout: float) -> None:
     """Remove mdev ``uuid`` in the privsep daemon, waiting at most ``timeout`` s.
 
-    Raises PrivilegedInputRejected, MdevNotFound (ENOENT), ParentGone (ENODEV),
-    MdevRemoveTimeout (the write is still blocked: a VM holds the device),
-    SysfsWriteFailed (other).
+    Raises PrivilegedInputRejected, MdevInUse (its VFIO group is held: nothing
+    written), MdevNotFound (ENOENT), ParentGone (ENODEV), MdevRemoveTimeout (the
+    write is still blocked: a VM holds the device), SysfsWriteFailed (other).
     """
     _call(_priv_remove_mdev, uuid, timeout)
 

@@ -160,6 +160,7 @@ class AgentCore:
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
         self.manager = manager or common.build_manager(conf, writer=writer)
+        self.manager.on_kept_in_use = lambda uuid: self.metrics.kept_in_use.inc()
         if reporter is None:
             from accel_agent.reporting.placement import PlacementReporter
 

@@ -83,17 +83,18 @@ class DirectWriter:
     """Same validation and writes, in this process: for unprivileged trees
     (the simulator as its owner) and benchmarks.  Production uses privsep."""
 
-    def __init__(self, sysfs_root: str) -> None:
+    def __init__(self, sysfs_root: str, vfio_dev_dir: str = "") -> None:
         from accel_agent import privileged
 
         self._privileged = privileged
         self.sysfs_root = sysfs_root
+        self.vfio_dev_dir = vfio_dev_dir
 
     def create(self, parent: str, mdev_type: str, uuid: str) -> None:
         self._privileged.write_create(self.sysfs_root, parent, mdev_type, uuid)
 
     def remove(self, uuid: str, timeout: float) -> None:
-        self._privileged.write_remove(self.sysfs_root, uuid, timeout)
+        self._privileged.write_remove(self.sysfs_root, uuid, timeout, self.vfio_dev_dir)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,8 @@ class RecoveryReport:
     waiting_for_parent: list[str] = field(default_factory=list)
     released_claims: list[str] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
+    # Interrupted removes that found the mdev in use: kept, free, owned.
+    kept_in_use: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[str]]:
         return {k: sorted(v) for k, v in self.__dict__.items()}
@@ -146,6 +149,7 @@ class MdevManager:
         domains: DomainReferences | None = None,
         remove_timeout: float = 30.0,
         on_step: Callable[[str], None] | None = None,
+        on_kept_in_use: Callable[[str], None] | None = None,
     ) -> None:
         self.sysfs_root = sysfs_root
         self.policy = policy
@@ -156,6 +160,8 @@ class MdevManager:
         self.remove_timeout = remove_timeout
         # Crash tests hook here to kill the process between two steps.
         self._on_step = on_step or (lambda step: None)
+        # Told the UUID of every mdev a remove kept because it is in use (metrics).
+        self.on_kept_in_use = on_kept_in_use or (lambda uuid: None)
         self._thread_lock = threading.RLock()
         self._rescanner = Rescanner(sysfs_root)
 
@@ -462,12 +468,25 @@ class MdevManager:
                     self.ledger.settle_created(uuid)
         self.ledger.finish_intent(intent)
 
-    def _remove_owned(self, uuid: str) -> None:
-        """Remove one owned, unassigned mdev (rollback and recovery paths)."""
+    def _remove_owned(self, uuid: str) -> bool:
+        """Remove one owned, unassigned mdev (rollback and recovery paths).
+
+        False when it is in use (its VFIO group is held, or the remove timed
+        out): it stays recorded as a free, owned mdev, never leaked."""
         self.ledger.record_remove_intent(uuid)
-        with contextlib.suppress(exception.MdevNotFound):
-            self.writer.remove(uuid, self.remove_timeout)
+        try:
+            with contextlib.suppress(exception.MdevNotFound):
+                self.writer.remove(uuid, self.remove_timeout)
+        except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
+            self.ledger.cancel_remove(uuid)
+            self._kept_in_use(uuid, exc)
+            return False
         self.ledger.forget(uuid)
+        return True
+
+    def _kept_in_use(self, uuid: str, exc: exception.AccelAgentException) -> None:
+        LOG.warning("mdev %s kept as a free mdev instead of removed: %s", uuid, exc.message)
+        self.on_kept_in_use(uuid)
 
     # --- release / adopt ------------------------------------------------------------
 
@@ -496,6 +515,7 @@ class MdevManager:
                             record.uuid,
                         )
                         kept.append(record.uuid)
+                        self.on_kept_in_use(record.uuid)
                     else:
                         removable.append(record.uuid)
             # With removes to follow, the closing commit is the durable one.
@@ -540,8 +560,8 @@ class MdevManager:
                 with contextlib.suppress(exception.MdevNotFound):
                     self.writer.remove(uuid, self.remove_timeout)
                 gone.append(uuid)
-            except exception.MdevRemoveTimeout:
-                LOG.error("mdev %s is still held by a VM; kept as a free mdev", uuid)
+            except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
+                self._kept_in_use(uuid, exc)
                 held.append(uuid)
             self._step("release.removed")
         return gone, held
@@ -654,8 +674,10 @@ class MdevManager:
                     report.forgotten.append(record.uuid)
             elif record.state is MdevState.REMOVING:
                 if exists:
-                    self._remove_owned(record.uuid)
-                    report.removed.append(record.uuid)
+                    if self._remove_owned(record.uuid):
+                        report.removed.append(record.uuid)
+                    else:
+                        report.kept_in_use.append(record.uuid)
                 else:
                     self.ledger.forget(record.uuid)
                     report.forgotten.append(record.uuid)

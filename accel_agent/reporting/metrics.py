@@ -107,6 +107,12 @@ class AgentMetrics:
             "Recorded mdevs found missing and re-created with the same UUID.",
             registry=r,
         )
+        self.kept_in_use = Counter(
+            f"{PREFIX}_mdevs_kept_in_use",
+            "Removes not done because the mdev was in use (its VFIO group open, a libvirt "
+            "domain referencing it, or a remove that timed out): kept as free mdevs.",
+            registry=r,
+        )
         self.reloads = Counter(
             f"{PREFIX}_config_reloads",
             "SIGHUP reloads, by result (applied, refused).",

@@ -122,7 +122,7 @@ def cmd_reboot(args: argparse.Namespace) -> int:
 
 @_handled
 def cmd_hold(args: argparse.Namespace) -> int:
-    _client(args).hold(args.uuid)
+    _client(args).hold(args.uuid, after_probe=args.after_probe)
     return 0
 
 
@@ -261,7 +261,12 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes")
     p = action("status", cmd_status, "show parents, counters and mdevs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    action("hold", cmd_hold, "mark an mdev as held by a VM (remove blocks)").add_argument("uuid")
+    hold = action("hold", cmd_hold, "mark an mdev as held by a VM (its vfio/<group> node "
+                  "answers EBUSY, a remove write blocks)")
+    hold.add_argument("uuid")
+    hold.add_argument("--after-probe", action="store_true",
+                      help="the VM arrives only after the next open of the group node is "
+                      "closed: between the agent's in-use probe and its remove write")
     action("release", cmd_release, "the VM releases the mdev").add_argument("uuid")
     action("unregister", cmd_unregister,
            "unregister a parent (its mdevs vanish)").add_argument("parent")

@@ -9,7 +9,8 @@ simulator serving a directory without reading that directory.
 Protocol: JSON lines.  A request is ``{"op": NAME, ...args}``; the reply is
 ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "message"}``.
 Operations: ``ping``, ``status`` (``counters``: bool), ``reboot``,
-``hold``/``release`` (``uuid``), ``unregister``/``register`` (``parent``),
+``hold`` (``uuid``, ``after_probe``)/``release`` (``uuid``),
+``unregister``/``register`` (``parent``),
 ``fail-next-create`` (``errno`` name such as ``"ENOSPC"``, optional ``parent``,
 ``type_id``), ``stop``.
 """
@@ -184,8 +185,8 @@ class SimulatorClient:
     def reboot(self) -> None:
         self.call("reboot")
 
-    def hold(self, uuid: str) -> None:
-        self.call("hold", uuid=uuid)
+    def hold(self, uuid: str, after_probe: bool = False) -> None:
+        self.call("hold", uuid=uuid, after_probe=after_probe)
 
     def release(self, uuid: str) -> None:
         self.call("release", uuid=uuid)
@@ -273,7 +274,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         if op == "reboot":
             host.reboot()
         elif op == "hold":
-            host.hold(str(req["uuid"]))
+            host.hold(str(req["uuid"]), after_probe=bool(req.get("after_probe", False)))
         elif op == "release":
             host.release(str(req["uuid"]))
         elif op == "unregister":

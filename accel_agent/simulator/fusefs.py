@@ -118,7 +118,9 @@ class SysfsOperations(mfusepy.Operations):
 
     def release(self, path: str, fh: int) -> int:
         with self._hlock:
-            self._handles.pop(fh, None)
+            handle = self._handles.pop(fh, None)
+        if handle is not None:
+            handle.close()  # a VFIO group node lets its next opener in
         return 0
 
     def flush(self, path: str, fh: int) -> int:

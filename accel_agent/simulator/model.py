@@ -27,6 +27,13 @@ Tree layout (every link relative, every value ending in ``\\n``)::
   bus/pci/devices/<addr>, bus/pci/drivers/<drv>/<addr>
   bus/mdev/devices/<uuid>, bus/mdev/drivers/<mdev drv>/<uuid>
   kernel/iommu_groups/<N>/devices/<addr|uuid>
+  vfio/<N>                                         stand-in for /dev/vfio/<N> of an mdev's group
+
+``vfio/<N>`` is not part of a real /sys: it plays the VFIO group node
+(``/dev/vfio/<N>``, root 0600) that the agent probes before a remove.  Like the
+kernel's group file, one opener at a time: a second ``open`` gets EBUSY, and
+while it is open (or the mdev is ``hold``-ed, a VM holding the device) a
+``remove`` write blocks.
 
 The root port directory above a PCI function is derived from its address
 alone (so combining profiles never moves a device): bus ``b`` hangs off root
@@ -65,7 +72,15 @@ class _Mdev:
     parent: str
     type_id: str
     group: int
-    held: bool = False
+    held: bool = False  # a VM holds it (control ``hold``)
+    opened: bool = False  # its vfio/<N> group node is open
+    # ``hold --after-probe``: the holder arrives right after the next group
+    # open closes, i.e. between the agent's in-use probe and its remove write.
+    late_hold: bool = False
+
+    @property
+    def busy(self) -> bool:
+        return self.held or self.opened
 
 
 @dataclass
@@ -116,15 +131,33 @@ class TreeEntry:
     target: str | None = None  # link text
 
 
+class GroupNode(Attr):
+    """``vfio/<N>``: the group node of one mdev (see the module docstring)."""
+
+    __slots__ = ("uuid",)
+
+    def __init__(self, uuid: str) -> None:
+        super().__init__(mode=0o600)
+        self.uuid = uuid
+
+
 class Handle:
     """An open attribute: keeps the node itself, so a write after the node was
     removed (parent unregistered, mdev removed) gets ENODEV like kernfs."""
 
-    def __init__(self, host: SimulatedHost, node: Attr, path: str) -> None:
+    def __init__(self, host: SimulatedHost, node: Attr, path: str,
+                 on_close: Callable[[], None] | None = None) -> None:
         self._host = host
         self._node = node
         self.path = path
         self._cache = b""
+        self._on_close = on_close
+
+    def close(self) -> None:
+        """The last reference went (FUSE ``release``); idempotent."""
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     def read(self) -> bytes:
         with self._host._lock:
@@ -173,7 +206,7 @@ class SimulatedHost:
         tr = self._tree
         for base in (("class", "mdev_bus"), ("bus", "mdev", "devices"), ("bus", "mdev", "drivers"),
                      ("bus", "pci", "devices"), ("bus", "pci", "drivers"),
-                     ("kernel", "iommu_groups"), ("devices", "virtual")):
+                     ("kernel", "iommu_groups"), ("devices", "virtual"), ("vfio",)):
             tr.mkdir(base)
         pfs: dict[str, Path] = {}
         vfs_of: dict[str, list[str]] = {}
@@ -366,6 +399,7 @@ class SimulatedHost:
         tr.symlink(("bus", "mdev", "devices", mdev.uuid), path)
         tr.symlink(("bus", "mdev", "drivers", drv, mdev.uuid), path)
         tr.symlink((*group, "devices", mdev.uuid), path)
+        tr.add(("vfio", str(mdev.group)), GroupNode(mdev.uuid))
 
     def _add_remove_attr(self, mdev: _Mdev) -> None:
         path = (*self._parents[mdev.parent].path, mdev.uuid, "remove")
@@ -383,11 +417,11 @@ class SimulatedHost:
             return len(data)
         parent = self._parents[mdev.parent]
         self._tree.remove((*parent.path, mdev.uuid, "remove"))
-        if mdev.held:
+        if mdev.busy:
             record = BlockedRemove(mdev.uuid, time.monotonic())
             self.blocked_removes.append(record)
             deadline = record.started + self.remove_block_timeout
-            while mdev.held and self._mdevs.get(mdev.uuid) is mdev:
+            while mdev.busy and self._mdevs.get(mdev.uuid) is mdev:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -396,7 +430,7 @@ class SimulatedHost:
             if self._mdevs.get(mdev.uuid) is not mdev:
                 record.outcome = "vanished"
                 return len(data)
-            if mdev.held:
+            if mdev.busy:
                 record.outcome = "timeout"
                 self._add_remove_attr(mdev)
                 raise oserror(errno.EINTR, f"{mdev.uuid} still held after "
@@ -412,6 +446,7 @@ class SimulatedHost:
         drv = parent.spec.effective_mdev_driver
         tr = self._tree
         for link in (
+            ("vfio", str(mdev.group)),
             ("kernel", "iommu_groups", str(mdev.group)),
             ("bus", "mdev", "drivers", drv, mdev.uuid),
             ("bus", "mdev", "devices", mdev.uuid),
@@ -422,7 +457,7 @@ class SimulatedHost:
         self._groups_used.discard(mdev.group)
         del self._mdevs[mdev.uuid]
         del parent.mdevs[mdev.uuid]
-        mdev.held = False
+        mdev.held = mdev.opened = mdev.late_hold = False
         self._event("remove", path, "mdev", MDEV_TYPE=mdev.type_id)
         self._changed()
         self._cond.notify_all()  # a blocked remove of this device may finish now
@@ -442,21 +477,29 @@ class SimulatedHost:
             self.boot_count += 1
             self._changed()
 
-    def hold(self, uuid: str) -> None:
-        """Mark an mdev as opened by a VM: a remove write now blocks."""
+    def hold(self, uuid: str, after_probe: bool = False) -> None:
+        """Mark an mdev as opened by a VM: its group node answers EBUSY and a
+        remove write blocks.  ``after_probe``: not yet; the VM arrives right
+        after the next open of the group node is closed (the race between an
+        in-use probe and the remove write that follows it)."""
         with self._lock:
-            self._mdev(uuid).held = True
+            mdev = self._mdev(uuid)
+            if after_probe:
+                mdev.late_hold = True
+            else:
+                mdev.held = True
 
     def release(self, uuid: str) -> None:
         """The VM lets go: a blocked remove completes."""
         with self._lock:
-            self._mdev(uuid).held = False
+            mdev = self._mdev(uuid)
+            mdev.held = mdev.late_hold = False
             self._cond.notify_all()
 
     def release_all(self) -> None:
         with self._lock:
             for m in self._mdevs.values():
-                m.held = False
+                m.held = m.late_hold = False
             self._cond.notify_all()
 
     def fail_next_create(self, code: int, parent: str | None = None,
@@ -494,7 +537,7 @@ class SimulatedHost:
 
     def mdevs(self) -> list[MdevInfo]:
         with self._lock:
-            return [MdevInfo(m.uuid, m.parent, m.type_id, m.group, m.held)
+            return [MdevInfo(m.uuid, m.parent, m.type_id, m.group, m.busy)
                     for m in sorted(self._mdevs.values(), key=lambda m: (m.parent, m.uuid))]
 
     def parent_names(self, registered_only: bool = False) -> list[str]:
@@ -579,7 +622,27 @@ class SimulatedHost:
             if isinstance(node, Dir):
                 raise oserror(errno.EISDIR, path)
             assert isinstance(node, Attr)
+            if isinstance(node, GroupNode):
+                return self._open_group(node, path)
             return Handle(self, node, path)
+
+    def _open_group(self, node: GroupNode, path: str) -> Handle:
+        """vfio_group_fops_open(): one opener at a time, else EBUSY."""
+        mdev = self._mdevs.get(node.uuid)
+        if mdev is None or not node.alive:
+            raise oserror(errno.ENODEV, path)
+        if mdev.busy:
+            raise oserror(errno.EBUSY, f"group {mdev.group} of {mdev.uuid} is in use")
+        mdev.opened = True
+
+        def close() -> None:
+            with self._lock:
+                mdev.opened = False
+                if mdev.late_hold and self._mdevs.get(mdev.uuid) is mdev:
+                    mdev.late_hold, mdev.held = False, True
+                self._cond.notify_all()
+
+        return Handle(self, node, path, on_close=close)
 
     def read(self, path: str) -> bytes:
         return self.open(path).read()

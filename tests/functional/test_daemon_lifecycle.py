@@ -148,11 +148,39 @@ def test_refuses_to_start_when_recovery_would_need_another_type(setup):
     assert not os.path.exists(setup.socket_path)
 
 
+def test_release_remove_of_an_mdev_in_use_keeps_it_through_the_real_privsep_helper(setup):
+    """The in-use probe runs in the privsep helper, beside the write it guards:
+    a process holding the VFIO group makes release --remove answer 409 at once
+    (no remove write reaches the kernel), the mdev stays free and owned, and
+    the kept removal is counted."""
+    daemon = setup.start()
+    client = daemon.client()
+    uuid = client.allocate("vm-k", 1)["mdevs"][0]["uuid"]
+    group = os.path.basename(os.readlink(
+        os.path.join(setup.host.root, "bus", "mdev", "devices", uuid, "iommu_group")))
+    blocked_before = setup.host.sim.status()["blocked_removes"]
+    fd = os.open(os.path.join(setup.host.root, "vfio", group), os.O_RDONLY)
+    try:
+        with pytest.raises(exception.ApiError) as info:
+            client.release("vm-k", remove=True)
+    finally:
+        os.close(fd)
+    assert info.value.kwargs["status"] == 409 and info.value.kwargs["code"] == "MdevInUse"
+    assert uuid in info.value.message
+    assert setup.host.sim.status()["blocked_removes"] == blocked_before
+    assert uuid in setup.host.sysfs_uuids()
+    assert ledger_rows(setup.host) == {uuid: None}  # released, kept, owned
+    assert daemon.metric("accel_agent_mdevs_kept_in_use_total") == 1
+    # Nothing holds it any more: the next allocation reuses it.
+    assert [m["uuid"] for m in client.allocate("vm-l", 1)["mdevs"]] == [uuid]
+
+
 def test_sigterm_lets_the_request_in_flight_finish(setup):
     daemon = setup.start()
     client = daemon.client()
     uuid = client.allocate("vm-d", 1)["mdevs"][0]["uuid"]
-    setup.host.sim.hold(uuid)  # a VM holds it: the remove write blocks
+    # A VM opens it right after the in-use probe: the remove write blocks.
+    setup.host.sim.hold(uuid, after_probe=True)
     answers: list[object] = []
 
     def release() -> None:

@@ -30,6 +30,7 @@ pytestmark = [
 
 HOST = "testhost"
 NVIDIA_ONLY = "[devices]\nenabled_mdev_types = nvidia-35\n"
+MTTY = "testhost_mtty_mtty"  # Nova's name: libvirt's node device mtty_mtty
 
 
 def placement_section(endpoint: str) -> str:
@@ -94,7 +95,7 @@ def test_placement_follows_the_daemon(tmp_path):
             daemon.start()
             expected = reported_by_accelctl(config)
             assert set(expected) == {
-                "testhost_mtty_mtty", "testhost_pci_0000_84_00_0", "testhost_pci_0000_85_00_0"
+                MTTY, "testhost_pci_0000_84_00_0", "testhost_pci_0000_85_00_0"
             }
             wait_for(lambda: held_by_placement(admin) == expected, what="the first sync")
             wait_for(lambda: daemon.health()["reporting"]["state"] == "ok", what="reporting ok")
@@ -107,7 +108,7 @@ def test_placement_follows_the_daemon(tmp_path):
             # SIGHUP drops mtty: its provider leaves Placement.
             write(NVIDIA_ONLY)
             daemon.sighup()
-            wait_for(lambda: "testhost_mtty_mtty" not in (held_by_placement(admin) or {"testhost_mtty_mtty"}),
+            wait_for(lambda: MTTY not in (held_by_placement(admin) or {MTTY}),
                      what="the mtty provider to go")
             assert held_by_placement(admin) == reported_by_accelctl(config)
 
@@ -124,7 +125,7 @@ def test_placement_follows_the_daemon(tmp_path):
             # ...and the inventory changes meanwhile.
             write(BOTH)
             daemon.sighup()
-            wait_for(lambda: "testhost_mtty_mtty" in reported_by_accelctl(config), what="mtty back")
+            wait_for(lambda: MTTY in reported_by_accelctl(config), what="mtty back")
             # Placement comes back (same port, same database): converge, no restart.
             pid = daemon.pid
             server.start()

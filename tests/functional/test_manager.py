@@ -140,17 +140,86 @@ def test_remove_refuses_an_mdev_a_libvirt_domain_references(host, tmp_path):
     assert record.free  # released, kept for reuse
 
 
-def test_held_device_remove_times_out_and_is_kept(host):
-    manager = host.manager(PF_CONF, remove_timeout=0.5)
+def group_node(host, uuid):
+    """The simulator's stand-in for /dev/vfio/<group> of an mdev."""
+    group = os.path.basename(
+        os.readlink(os.path.join(host.root, "bus", "mdev", "devices", uuid, "iommu_group"))
+    )
+    return os.path.join(host.root, "vfio", group)
+
+
+def blocked_removes(host):
+    """Remove writes that blocked on a held device (the simulator keeps them
+    across its reboots, so tests compare before and after)."""
+    return [b["uuid"] for b in host.sim.status()["blocked_removes"]]
+
+
+@pytest.mark.parametrize("holder", ["open group node", "VM"])
+def test_an_mdev_in_use_is_kept_and_no_remove_is_written(host, holder):
+    """The in-use probe: EBUSY on the VFIO group keeps the mdev (free, owned,
+    counted) and the kernel never sees a remove write that would block."""
+    kept: list[str] = []
+    manager = host.manager(PF_CONF, remove_timeout=60, on_kept_in_use=kept.append)
+    (uuid, other) = manager.allocate("vm-1", 2).uuids
+    node = group_node(host, uuid)
+    blocked_before = blocked_removes(host)
+    fd = None
+    if holder == "VM":
+        host.sim.hold(uuid)
+    else:
+        fd = os.open(node, os.O_RDONLY)  # as QEMU holds /dev/vfio/<group>
+    try:
+        with pytest.raises(exception.MdevInUse) as info:
+            manager.release("vm-1", remove=True)
+        assert uuid in info.value.message and other not in info.value.message
+        assert blocked_removes(host) == blocked_before  # no write reached the kernel
+        assert uuid in host.sysfs_uuids() and other not in host.sysfs_uuids()
+        (record,) = manager.ledger.all()
+        assert record.uuid == uuid and record.free and record.state == "present"
+        assert kept == [uuid]
+    finally:
+        if fd is not None:
+            os.close(fd)
+        host.sim.release(uuid)
+    # Once the holder let go, the kept mdev is reused like any free one.
+    assert manager.allocate("vm-2", 1).uuids == [uuid]
+
+
+def test_a_holder_arriving_after_the_probe_times_out_and_is_kept(host):
+    kept: list[str] = []
+    manager = host.manager(PF_CONF, remove_timeout=0.5, on_kept_in_use=kept.append)
     (uuid,) = manager.allocate("vm-1", 1).uuids
-    host.sim.hold(uuid)
+    blocked_before = blocked_removes(host)
+    host.sim.hold(uuid, after_probe=True)
     try:
         with pytest.raises(exception.MdevInUse):
             manager.release("vm-1", remove=True)
+        # The write happened and blocked (the race the timeout is for) ...
+        assert blocked_removes(host) == [*blocked_before, uuid]
         (record,) = manager.ledger.all()
-        assert record.free and record.state == "present"
+        assert record.free and record.state == "present"  # ... and nothing was lost
+        assert kept == [uuid]
     finally:
         host.sim.release(uuid)
+
+
+def test_recover_keeps_an_interrupted_remove_whose_mdev_is_in_use(host):
+    manager = host.manager(PF_CONF)
+    (uuid,) = manager.allocate("vm-1", 1).uuids
+    manager.release("vm-1")
+    manager.ledger.record_remove_intent(uuid)  # a crash after the intent, before the write
+    blocked_before = blocked_removes(host)
+    fd = os.open(group_node(host, uuid), os.O_RDONLY)
+    try:
+        report = manager.recover()
+    finally:
+        os.close(fd)
+    assert report.kept_in_use == [uuid] and report.removed == []
+    assert blocked_removes(host) == blocked_before
+    (record,) = manager.ledger.all()
+    assert record.free and record.state == "present" and uuid in host.sysfs_uuids()
+    # Free again: the next recover finds nothing to do, the next release removes it.
+    assert manager.recover().kept_in_use == []
 
 
 def test_foreign_mdevs_are_never_touched_until_adopted(host):

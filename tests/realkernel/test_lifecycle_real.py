@@ -10,7 +10,11 @@ The guest has no libvirtd, so the config sets ``[libvirt] uri =`` (none).
 
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +168,66 @@ def test_allocate_beyond_capacity_fails_and_leaves_nothing(agent_config: Path) -
     # all or nothing
     assert mdevlab.mdevs() == {}
     assert mdevlab.available() == mdevlab.IDLE_AVAILABLE
+
+
+# --- never remove an mdev in use ----------------------------------------------------------
+
+HOLD_GROUP = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)  # what QEMU holds while a guest runs
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def _privsep_daemons() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if b"--privsep_context" in handle.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_release_remove_keeps_an_mdev_whose_vfio_group_is_held(agent_config: Path) -> None:
+    """A process holding /dev/vfio/<group> (as QEMU does) makes the kernel's
+    remove write block until it lets go.  The agent probes the group first:
+    release --remove returns, the mdev stays (free, owned), and no remove
+    write is left blocked in the kernel to complete later behind its back."""
+    with agent_config.open("a") as handle:
+        handle.write("\n[DEFAULT]\nremove_timeout = 5\n")
+    (uuid,) = _allocate(agent_config, "vm-held", 1, "--parent", "mtty")
+    group = os.path.basename(os.readlink(f"{DEVICES_DIR}/{uuid}/iommu_group"))
+    node = f"/dev/vfio/{group}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_GROUP, node],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        # The kernel's own answer, the probe's premise: one opener at a time.
+        with pytest.raises(OSError) as info:
+            os.close(os.open(node, os.O_RDONLY))
+        assert info.value.errno == errno.EBUSY
+        result = mdevlab.accelctl("release", "vm-held", "--remove", config=agent_config)
+        assert result.returncode == 1, mdevlab.describe(result)
+        assert "is in use" in result.stderr and uuid in result.stderr, mdevlab.describe(result)
+        assert mdevlab.mdevs() == {uuid: "mtty-2"}
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    # A remove write blocked in the kernel would finish now that the holder is
+    # gone; wait until no privsep daemon is left, then the mdev must be there.
+    deadline = time.monotonic() + 60
+    while _privsep_daemons() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _privsep_daemons() == []
+    assert mdevlab.mdevs() == {uuid: "mtty-2"}
+    listing = mdevlab.ok_json(mdevlab.accelctl("mdevs", "--json", config=agent_config))
+    (entry,) = [m for m in listing["mdevs"] if m["uuid"] == uuid]
+    assert entry["owned"] is True and entry["instance"] is None  # free, kept for reuse

@@ -402,6 +402,71 @@ def test_blocked_remove_times_out_and_one_writer_finishes_later(tree: Tree) -> N
     assert got == [b"1"]
 
 
+# --- the in-use probe before a remove ----------------------------------------------------
+
+
+def _with_group(tree: Tree, group: str = "7") -> Path:
+    """Give U1 an IOMMU group (as a VFIO mdev driver does); returns the vfio dir."""
+    groups = tree.root / "kernel" / "iommu_groups" / group
+    groups.mkdir(parents=True)
+    (tree.dev / U1 / "iommu_group").symlink_to(groups)
+    return tree.root / "vfio"
+
+
+def test_remove_without_a_vfio_dir_to_check_keeps_the_mdev(tree: Tree) -> None:
+    _with_group(tree)
+    with pytest.raises(exception.MdevInUse, match="cannot check whether it is in use"):
+        privileged.write_remove(str(tree.root), U1, 5)
+    assert tree.remove.read_bytes() == b""  # nothing written
+
+
+def test_remove_proceeds_when_the_group_node_opens_or_does_not_exist(tree: Tree) -> None:
+    vfio = _with_group(tree)
+    vfio.mkdir()
+    privileged.write_remove(str(tree.root), U1, 5)  # no node: VFIO offers it to no one
+    assert tree.remove.read_bytes() == b"1"
+    tree.remove.write_bytes(b"")
+    (vfio / "7").touch(mode=0o600)
+    privileged.write_remove(str(tree.root), U1, 5)
+    assert tree.remove.read_bytes() == b"1"
+
+
+def test_ebusy_on_the_group_node_keeps_the_mdev(
+    tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vfio = _with_group(tree)
+    vfio.mkdir()
+    (vfio / "7").touch(mode=0o600)
+    real_open = os.open
+
+    def held(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path) == str(vfio / "7"):
+            assert flags & os.O_ACCMODE == os.O_RDONLY
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(privileged.os, "open", held)
+    with pytest.raises(exception.MdevInUse, match=r"VFIO group .*/vfio/7 is open"):
+        privileged.write_remove(str(tree.root), U1, 5)
+    assert tree.remove.read_bytes() == b""
+
+
+def test_a_group_link_leaving_the_root_is_refused(tree: Tree) -> None:
+    (tree.outside / "9").mkdir()
+    (tree.dev / U1 / "iommu_group").symlink_to(tree.outside / "9")
+    with pytest.raises(exception.PrivilegedInputRejected, match="iommu_group"):
+        privileged.write_remove(str(tree.root), U1, 5)
+    assert tree.remove.read_bytes() == b""
+    tree.assert_outside_untouched()
+
+
+def test_vfio_dev_dir_follows_the_sysfs_root() -> None:
+    assert privileged.vfio_dev_dir("/sys") == "/dev/vfio"
+    assert privileged.vfio_dev_dir("/sys/") == "/dev/vfio"
+    assert privileged.vfio_dev_dir("/run/sim") == "/run/sim/vfio"
+    assert privileged.vfio_dev_dir("/run/sim", "/dev/vfio") == "/dev/vfio"
+
+
 # --- the privsep channel and the helper command ------------------------------------------
 
 

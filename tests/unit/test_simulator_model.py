@@ -411,6 +411,51 @@ def test_blocked_remove_gives_up_with_eintr_after_the_cap():
     assert host.mdevs() == []
 
 
+def test_vfio_group_node_is_exclusive_and_blocks_remove_while_open(mtty):
+    mtty.create_mdev("mtty", "mtty-1", U1)
+    (info,) = mtty.mdevs()
+    node = f"vfio/{info.iommu_group}"
+    assert mtty.lstat(node).mode & 0o777 == 0o600
+    first = mtty.open(node)
+    # vfio_group_fops_open(): one opener at a time.
+    assert errno_of(mtty.open, node) == errno.EBUSY
+    writer = threading.Thread(target=lambda: mtty.remove_mdev(U1), daemon=True)
+    writer.start()
+    deadline = time.monotonic() + 10
+    while not mtty.blocked_removes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [b.outcome for b in mtty.blocked_removes] == ["waiting"]
+    first.close()
+    writer.join(10)
+    assert not writer.is_alive() and mtty.mdevs() == []
+    assert not mtty.exists(node)  # the group node goes with its mdev
+
+
+def test_a_held_mdev_answers_ebusy_on_its_group_node_until_released(mtty):
+    mtty.create_mdev("mtty", "mtty-1", U1)
+    (info,) = mtty.mdevs()
+    mtty.hold(U1)
+    assert errno_of(mtty.open, f"vfio/{info.iommu_group}") == errno.EBUSY
+    mtty.release(U1)
+    handle = mtty.open(f"vfio/{info.iommu_group}")
+    handle.close()
+    handle.close()  # idempotent
+    mtty.remove_mdev(U1)
+    assert mtty.mdevs() == []
+
+
+def test_hold_after_probe_lets_one_open_in_then_holds(mtty):
+    """The race the agent's remove timeout exists for: a VM that opens the
+    group right after the in-use probe closed it."""
+    mtty.create_mdev("mtty", "mtty-1", U1)
+    (info,) = mtty.mdevs()
+    mtty.hold(U1, after_probe=True)
+    assert [m.held for m in mtty.mdevs()] == [False]
+    mtty.open(f"vfio/{info.iommu_group}").close()  # the probe
+    assert [m.held for m in mtty.mdevs()] == [True]
+    assert errno_of(mtty.open, f"vfio/{info.iommu_group}") == errno.EBUSY
+
+
 def test_hold_of_unknown_mdev_is_an_error(mtty):
     with pytest.raises(exception.MdevNotFound):
         mtty.hold(U1)
