@@ -1,0 +1,670 @@
+"""SIGKILL at a random instant of any mutating operation, then ``recover``,
+then the crash-safety promises checked from sysfs and the ledger separately.
+
+Each iteration runs ONE operation (allocate, release, release --remove,
+migration claim, commit, abort, adopt, recover) in a child process
+(``tests/functional/kill_child.py``) that writes through the REAL privsep
+helper onto the FUSE-simulated host.  The child prints ``begin`` right before
+the call; the harness then sleeps a random delay drawn uniformly over the
+operation's measured duration (x1.25, so some calls finish first) and
+SIGKILLs it, its privsep helper too half of the time (as systemd kills a
+crashed unit's cgroup; otherwise the helper finishes the write in flight
+after the agent died).  Then ``accelctl recover`` runs (a quarter of the time
+after a first ``recover`` that is itself killed mid-way), and the promises are
+checked from two independent sources: the mdevs listed under ``sysfs``
+(``bus/mdev/devices``, their links) and the ledger's rows read with plain
+SQL, against what the clients were told (the ``ack`` lines):
+
+* every mdev in sysfs is recorded or one of the harness's foreign mdevs, with
+  the parent and type the ledger says; every recorded mdev is in sysfs;
+  nothing is left creating, removing or reserved;
+* no UUID has two owners, in the ledger's rows and in the acknowledged
+  answers alike, and no owner holds more mdevs than it asked for;
+* the interrupted operation took effect wholly or not at all, and every
+  acknowledged allocation, claim or commit is still there;
+* a completed operation left the ledger settled without any ``recover``;
+* a second ``recover`` changes nothing.
+
+Deliberate faults this harness was seen to catch (``tests/faults/*.patch``,
+``make prove-faults`` applies each to a copy of the tree and expects a
+violation; see README):
+
+* ``early-create``: the first sysfs ``create`` of an allocation moved before
+  the intent commit (same steps, same commit count): a kill between the two
+  leaks an mdev that is neither recorded nor foreign;
+* ``skip-settle``: ``release --remove`` skips its closing commit: the call
+  returns, the ledger still says ``removing`` with a pending intent;
+* ``claim-create-first``: a migration claim creates its mdevs before
+  recording its intent: a leaked mdev after a kill.
+
+Run it alone: ``python -m tests.functional.killharness --kills 1000`` (what
+``make soak`` does; it prints runs, kills per operation and violations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid as uuid_mod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TYPE = "nvidia-15"  # GRID M60-1Q: 8 per GPU
+GPUS = 3
+CONF = f"[devices]\nenabled_mdev_types = {TYPE}\n[libvirt]\nuri =\n"
+INSTANCES = tuple(f"vm-{n}" for n in range(4))
+CLAIMS = tuple(f"mig-{n}" for n in range(2))
+MAX_FOREIGN = 2
+OPERATIONS = (
+    "allocate", "release", "release --remove", "claim", "commit", "abort", "adopt", "recover",
+)
+CHILD_TIMEOUT = 120.0
+# Until an operation has been timed, it runs to completion (its first run is
+# its calibration); afterwards the kill delay is drawn over its median x1.25.
+DELAY_SPAN = 1.25
+
+
+# --- independent readers ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    uuid: str
+    parent: str
+    mdev_type: str
+    state: str
+    owner: str | None
+    owner_kind: str | None
+    source_uuid: str | None
+    intent_id: int | None
+    adopted: bool
+
+
+def read_ledger(state_dir: str) -> tuple[list[Row], int]:
+    """Every row with its assignment, and the number of pending intents,
+    with plain SQL (not through the Ledger class under test)."""
+    path = os.path.join(state_dir, "ledger.sqlite3")
+    if not os.path.exists(path):
+        return [], 0
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = conn.execute(
+            "SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind, "
+            "a.source_uuid, m.intent_id, m.adopted FROM mdevs m "
+            "LEFT JOIN assignments a ON a.uuid = m.uuid"
+        ).fetchall()
+        intents = conn.execute("SELECT count(*) FROM intents").fetchone()[0]
+    finally:
+        conn.close()
+    return [Row(*r[:8], bool(r[8])) for r in rows], int(intents)
+
+
+def read_sysfs(root: str) -> dict[str, tuple[str, str]]:
+    """uuid -> (parent, type) of every mdev the (simulated) kernel lists."""
+    devices = os.path.join(root, "bus", "mdev", "devices")
+    found = {}
+    for uuid in os.listdir(devices):
+        link = os.path.join(devices, uuid)
+        parent = os.path.basename(os.path.dirname(os.path.realpath(link)))
+        found[uuid] = (parent, os.path.basename(os.readlink(os.path.join(link, "mdev_type"))))
+    return found
+
+
+# --- what the clients were told -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    kind: str  # instance | claim
+    uuids: frozenset[str]
+    requested: int
+    sources: tuple[tuple[str, str], ...] = ()  # claim: (source uuid, our uuid)
+
+
+@dataclass
+class Model:
+    holdings: dict[str, Holding] = field(default_factory=dict)
+    foreign: set[str] = field(default_factory=set)
+
+
+def holdings_of(rows: list[Row]) -> dict[str, Holding]:
+    owners: dict[str, list[Row]] = collections.defaultdict(list)
+    for row in rows:
+        if row.owner is not None:
+            owners[row.owner].append(row)
+    result = {}
+    for owner, held in owners.items():
+        kinds = {r.owner_kind for r in held}
+        kind = kinds.pop() if len(kinds) == 1 else "mixed:" + ",".join(sorted(map(str, kinds)))
+        result[owner] = Holding(
+            kind,
+            frozenset(r.uuid for r in held),
+            len(held),
+            tuple(sorted((r.source_uuid, r.uuid) for r in held if r.source_uuid)),
+        )
+    return result
+
+
+# --- one operation in a child, killed ---------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    operation: str
+    args: dict[str, Any]
+    delay: float | None  # None: not killed (calibration)
+    result: str = "killed"  # acked | refused | killed
+    answer: Any = None
+    duration: float | None = None
+    helper_killed: bool = False
+
+
+def _helper_pids(config: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--privsep_context" in argv and os.fsencode(config) in argv:
+            found.append(int(entry))
+    return found
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        if pids:
+            time.sleep(0.02)
+    return pids
+
+
+def run_child(
+    config: str, operation: str, args: dict[str, Any], delay: float | None, kill_helper: bool
+) -> Outcome:
+    name = "release" if operation.startswith("release") else operation
+    outcome = Outcome(operation, args, delay)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.functional.kill_child", config, name, json.dumps(args)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        ready = proc.stdout.readline()
+        if ready != "ready\n":
+            proc.kill()
+            _, err = proc.communicate(timeout=CHILD_TIMEOUT)
+            raise RuntimeError(f"child for {operation} did not start: {ready!r} {err}")
+        assert proc.stdout.readline() == "begin\n"
+        started = time.monotonic()
+        if delay is not None:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            if kill_helper:
+                outcome.helper_killed = True
+                for pid in _helper_pids(config):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+        finished = time.monotonic()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    for line in out.splitlines():
+        if line.startswith("ack "):
+            outcome.result, outcome.answer = "acked", json.loads(line[4:])
+            outcome.duration = finished - started
+        elif line.startswith("error "):
+            outcome.result, outcome.answer = "refused", line[6:]
+    if outcome.result != "killed" and proc.returncode not in (0, -signal.SIGKILL):
+        raise RuntimeError(f"child for {operation} failed ({proc.returncode}): {err}")
+    if outcome.result == "killed" and proc.returncode != -signal.SIGKILL:
+        raise RuntimeError(f"child for {operation} died on its own ({proc.returncode}): {err}")
+    # A crashed agent's helper either dies with it or finishes the write it
+    # was doing and exits on EOF; recovery starts only once it is gone.
+    left = _wait_gone(_helper_pids(config), 30.0)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _wait_gone(left, 10.0)
+    return outcome
+
+
+# --- the harness -------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    iterations: int = 0
+    kills: collections.Counter[str] = field(default_factory=collections.Counter)
+    completed: collections.Counter[str] = field(default_factory=collections.Counter)
+    refused: collections.Counter[str] = field(default_factory=collections.Counter)
+    recover_kills: int = 0
+    helper_kills: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def total_kills(self) -> int:
+        return sum(self.kills.values()) + self.recover_kills
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "iterations": self.iterations,
+            "kills": sum(self.kills.values()) + self.recover_kills,
+            "kills_per_operation": dict(sorted(self.kills.items())),
+            "kills_of_a_first_recover": self.recover_kills,
+            "helper_killed_too": self.helper_kills,
+            "completed_per_operation": dict(sorted(self.completed.items())),
+            "refused_per_operation": dict(sorted(self.refused.items())),
+            "violations": len(self.violations),
+        }
+
+
+class KillHarness:
+    """Runs iterations against one simulated host (``host``: tests.functional.simhost.SimHost)."""
+
+    def __init__(self, host: Any, seed: int, log: Callable[[str], None] = lambda line: None):
+        self.host = host
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.log = log
+        self.config = host.config(CONF, name="killharness.conf")
+        self.model = Model()
+        self.stats = Stats()
+        self.durations: dict[str, list[float]] = collections.defaultdict(list)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _manager(self) -> Iterator[Any]:
+        """An in-process manager for setting the scene (not under test)."""
+        manager = self.host.manager(CONF)
+        try:
+            yield manager
+        finally:
+            manager.ledger.close()
+
+    def _delay(self, operation: str) -> float | None:
+        measured = self.durations.get(operation)
+        if not measured:
+            return None
+        return self.rng.uniform(0.0, statistics.median(measured) * DELAY_SPAN)
+
+    def _free_name(self, names: tuple[str, ...]) -> str | None:
+        free = [n for n in names if n not in self.model.holdings]
+        return self.rng.choice(free) if free else None
+
+    def _held(self, kind: str) -> list[str]:
+        return sorted(o for o, h in self.model.holdings.items() if h.kind == kind)
+
+    def _violation(self, text: str, outcome: Outcome | None = None) -> None:
+        where = (
+            f" [seed {self.seed}, iteration {self.stats.iterations}, {outcome.operation} "
+            f"{json.dumps(outcome.args, sort_keys=True)}, delay {outcome.delay}, "
+            f"{outcome.result}, helper killed {outcome.helper_killed}]"
+            if outcome else f" [seed {self.seed}, iteration {self.stats.iterations}]"
+        )
+        self.stats.violations.append(text + where)
+        self.log("VIOLATION " + text + where)
+
+    # -- setting the scene (in process) -------------------------------------------------
+
+    def _setup_allocate(self) -> str | None:
+        instance = self._free_name(INSTANCES)
+        if instance is None:
+            return None
+        with self._manager() as manager:
+            uuids = manager.allocate(instance, 1 + self.rng.randrange(2)).uuids
+        self.model.holdings[instance] = Holding("instance", frozenset(uuids), len(uuids))
+        return instance
+
+    def _setup_claim(self) -> str | None:
+        owner = self._free_name(CLAIMS)
+        if owner is None:
+            return None
+        sources = {str(uuid_mod.uuid4()): TYPE for _ in range(1 + self.rng.randrange(2))}
+        with self._manager() as manager:
+            mapping = manager.claim(owner, sources, time.time() + 24 * 3600)
+        self.model.holdings[owner] = Holding(
+            "claim", frozenset(mapping.values()), len(sources), tuple(sorted(mapping.items()))
+        )
+        return owner
+
+    def _release_some(self, names: tuple[str, ...] | None = None) -> None:
+        """Make room: free one holder (in process), one of ``names`` if given."""
+        owners = sorted(o for o in self.model.holdings if names is None or o in names)
+        if not owners:
+            return
+        owner = self.rng.choice(owners)
+        with self._manager() as manager:
+            if self.model.holdings[owner].kind == "claim":
+                manager.abort_claim(owner)
+            else:
+                manager.release(owner, remove=self.rng.random() < 0.5)
+        del self.model.holdings[owner]
+
+    def _create_foreign(self) -> str:
+        uuid = str(uuid_mod.uuid4())
+        parents = sorted(p for p in os.listdir(os.path.join(self.host.root, "class", "mdev_bus")))
+        for parent in self.rng.sample(parents, len(parents)):
+            try:
+                self.host.create_foreign(parent, TYPE, uuid)
+            except OSError:
+                continue  # full
+            self.model.foreign.add(uuid)
+            return uuid
+        raise RuntimeError("no GPU has room for a foreign mdev")
+
+    def prepare(self, operation: str) -> dict[str, Any]:
+        """Arguments for ``operation``, after making it possible."""
+        if operation == "allocate":
+            instance = self._free_name(INSTANCES)
+            if instance is None:
+                self._release_some(INSTANCES)
+                instance = self._free_name(INSTANCES)
+            assert instance is not None
+            return {"instance": instance, "count": 1 + self.rng.randrange(3)}
+        if operation.startswith("release"):
+            held = self._held("instance") or [self._setup_allocate() or self._held("instance")[0]]
+            return {"instance": self.rng.choice(held), "remove": operation.endswith("--remove")}
+        if operation == "claim":
+            owner = self._free_name(CLAIMS)
+            if owner is None:
+                self._release_some(CLAIMS)
+                owner = self._free_name(CLAIMS)
+            assert owner is not None
+            sources = {str(uuid_mod.uuid4()): TYPE for _ in range(1 + self.rng.randrange(2))}
+            return {"owner": owner, "sources": sources}
+        if operation in ("commit", "abort"):
+            held = self._held("claim")
+            if not held:
+                if self._free_name(CLAIMS) is None:
+                    self._release_some(CLAIMS)
+                owner = self._setup_claim()
+                assert owner is not None
+                held = [owner]
+            return {"owner": self.rng.choice(held)}
+        if operation == "adopt":
+            foreign = sorted(self.model.foreign) or [self._create_foreign()]
+            return {"uuid": self.rng.choice(foreign)}
+        if operation == "recover":
+            if not any(h.uuids for h in self.model.holdings.values()):
+                self._setup_allocate() or self._release_some()
+            if self.rng.random() < 0.5:
+                self.host.sim.reboot()  # every mdev is gone: recover re-creates them all
+                self.model.foreign.clear()
+            else:
+                owned = sorted(u for h in self.model.holdings.values() for u in h.uuids)
+                if owned:  # one vanishes behind the agent's back
+                    uuid = self.rng.choice(owned)
+                    path = os.path.join(self.host.root, "bus", "mdev", "devices", uuid, "remove")
+                    fd = os.open(path, os.O_WRONLY)
+                    try:
+                        os.write(fd, b"1")
+                    finally:
+                        os.close(fd)
+            return {}
+        raise ValueError(operation)
+
+    # -- one iteration ----------------------------------------------------------------------
+
+    def iteration(self, operation: str) -> Outcome:
+        self.stats.iterations += 1
+        if operation != "adopt" and len(self.model.foreign) < MAX_FOREIGN and (
+            self.rng.random() < 0.15
+        ):
+            with contextlib.suppress(RuntimeError):
+                self._create_foreign()  # another tool's mdev, never to be touched
+        args = self.prepare(operation)
+        before = dict(self.model.holdings)
+        delay = self._delay(operation)
+        kill_helper = delay is not None and self.rng.random() < 0.5
+        outcome = run_child(self.config, operation, args, delay, kill_helper)
+        if outcome.result == "acked":
+            assert outcome.duration is not None
+            self.durations[operation].append(outcome.duration)
+            self.stats.completed[operation] += 1
+        elif outcome.result == "refused":
+            self.stats.refused[operation] += 1
+        else:
+            self.stats.kills[operation] += 1
+            self.stats.helper_kills += outcome.helper_killed
+        if outcome.result != "killed":
+            self._check_settled(outcome)
+        self._recover(outcome)
+        self._check(outcome, before)
+        self._check_idempotent(outcome)
+        self.log(
+            f"{self.stats.iterations:5d} {operation:18s} {outcome.result:8s} "
+            f"delay={'-' if delay is None else f'{delay * 1000:.1f}ms'} "
+            f"helper_killed={outcome.helper_killed} holders={len(self.model.holdings)} "
+            f"foreign={len(self.model.foreign)}"
+        )
+        return outcome
+
+    def _recover(self, outcome: Outcome) -> None:
+        if self.durations.get("recover") and self.rng.random() < 0.25:
+            first = run_child(
+                self.config, "recover", {}, self._delay("recover"), self.rng.random() < 0.5
+            )
+            if first.result == "killed":
+                self.stats.recover_kills += 1
+            elif first.result == "refused":
+                self._violation(f"a recover refused: {first.answer}", outcome)
+        proc = subprocess.run(
+            [sys.executable, "-m", "accel_agent.cmd.ctl", "--config-file", self.config,
+             "recover", "--json"],
+            cwd=REPO, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+        )
+        if proc.returncode != 0:
+            self._violation(f"accelctl recover failed: {proc.stderr.strip()}", outcome)
+
+    # -- the promises -----------------------------------------------------------------------
+
+    def _check_settled(self, outcome: Outcome) -> None:
+        """A call that returned left nothing for recovery to finish."""
+        rows, intents = read_ledger(self.host.state_dir)
+        unsettled = [r.uuid for r in rows if r.state != "present" or r.intent_id is not None]
+        if intents or unsettled:
+            self._violation(
+                f"the ledger is not settled after a completed call: {intents} pending "
+                f"intent(s), unsettled rows {unsettled}", outcome,
+            )
+
+    def _check(self, outcome: Outcome, before: dict[str, Holding]) -> None:
+        rows, intents = read_ledger(self.host.state_dir)
+        sysfs = read_sysfs(self.host.root)
+        recorded = {r.uuid: r for r in rows}
+        # sysfs <-> ledger, both directions, parent and type included
+        leaked = set(sysfs) - set(recorded) - self.model.foreign
+        if leaked:
+            self._violation(f"mdevs in sysfs neither recorded nor foreign (leaked): "
+                            f"{sorted(leaked)}", outcome)
+        missing = set(recorded) - set(sysfs)
+        if missing:
+            self._violation(f"recorded mdevs missing from sysfs: {sorted(missing)}", outcome)
+        for uuid, row in recorded.items():
+            if uuid in sysfs and sysfs[uuid] != (row.parent, row.mdev_type):
+                self._violation(f"mdev {uuid} is {sysfs[uuid]} in sysfs but "
+                                f"{(row.parent, row.mdev_type)} in the ledger", outcome)
+        if intents or any(r.state != "present" or r.intent_id is not None for r in rows):
+            self._violation("recover left pending intents or unsettled rows", outcome)
+        gone_foreign = self.model.foreign - set(sysfs)
+        if gone_foreign:
+            self._violation(f"foreign mdevs were removed: {sorted(gone_foreign)}", outcome)
+        touched = self.model.foreign & set(recorded)
+        adopting = {outcome.args["uuid"]} if outcome.operation == "adopt" else set()
+        if touched - adopting:
+            self._violation(f"foreign mdevs were recorded without adopt: {sorted(touched)}",
+                            outcome)
+        if outcome.operation == "adopt" and outcome.result == "acked" and not touched:
+            self._violation(f"adopted mdev {outcome.args['uuid']} is not recorded", outcome)
+        for uuid in touched & adopting:
+            adopted = recorded[uuid]
+            if not adopted.adopted or adopted.owner is not None:
+                self._violation(f"adopted mdev {uuid} is recorded as {adopted}", outcome)
+        self.model.foreign -= touched & adopting
+        # owners: one per UUID (counted from the rows themselves), no more than asked
+        per_uuid = collections.Counter(r.uuid for r in rows if r.owner is not None)
+        if any(n > 1 for n in per_uuid.values()):
+            self._violation(f"UUIDs with two owners: {per_uuid}", outcome)
+        ledger = holdings_of(rows)
+        self._check_owners(outcome, before, ledger)
+        # ... and in the answers the clients hold: no UUID told to two owners
+        told: dict[str, str] = {}
+        for owner, holding in self.model.holdings.items():
+            for uuid in holding.uuids:
+                if uuid in told:
+                    self._violation(f"mdev {uuid} was given to {told[uuid]} and {owner}", outcome)
+                told[uuid] = owner
+
+    def _check_owners(
+        self, outcome: Outcome, before: dict[str, Holding], ledger: dict[str, Holding]
+    ) -> None:
+        op, args, result = outcome.operation, outcome.args, outcome.result
+        target = args.get("instance") or args.get("owner")
+        for owner in sorted(set(before) | set(ledger)):
+            now, was = ledger.get(owner), before.get(owner)
+            if owner != target:
+                if now != was:
+                    self._violation(f"{owner} changed from {was} to {now} although "
+                                    f"the operation was about {target}", outcome)
+                continue
+            allowed = self._allowed(op, args, result, was, outcome.answer)
+            if not any(self._matches(now, a) for a in allowed):
+                self._violation(f"{owner} holds {now}; allowed after {result} {op}: "
+                                f"{allowed}", outcome)
+        if target is not None:
+            held = ledger.get(target)
+            requested = (
+                args.get("count") or len(args.get("sources") or {})
+                or (before[target].requested if target in before else 0)
+            )
+            if held is not None and len(held.uuids) > requested:
+                self._violation(f"{target} holds {len(held.uuids)} mdevs, asked for {requested}",
+                                outcome)
+            if held is None:
+                self.model.holdings.pop(target, None)
+            else:
+                self.model.holdings[target] = Holding(
+                    held.kind, held.uuids, max(requested, len(held.uuids)), held.sources
+                )
+
+    @staticmethod
+    def _matches(now: Holding | None, allowed: Any) -> bool:
+        if allowed is None or now is None:
+            return allowed is None and now is None
+        if callable(allowed):
+            return bool(allowed(now))
+        return now == allowed
+
+    @staticmethod
+    def _allowed(op: str, args: dict[str, Any], result: str, was: Holding | None,
+                 answer: Any) -> list[Any]:
+        """What the target owner may hold after ``op`` ended as ``result``."""
+        unchanged = [was]
+        if result == "refused":
+            return unchanged
+        if op == "allocate":
+            count = args["count"]
+            if result == "acked":
+                return [Holding("instance", frozenset(answer), count)]
+            return [None, lambda h: h.kind == "instance" and len(h.uuids) == count]
+        if op.startswith("release") or op == "abort":
+            return [None] if result == "acked" else [None, was]
+        if op == "claim":
+            sources = set(args["sources"])
+            if result == "acked":
+                return [lambda h: h.kind == "claim" and dict(h.sources) == answer]
+            return [None, lambda h: h.kind == "claim" and {s for s, _ in h.sources} == sources]
+        if op == "commit":
+            assert was is not None
+            committed = lambda h: h.kind == "instance" and h.uuids == was.uuids  # noqa: E731
+            return [committed] if result == "acked" else [was, committed]
+        return unchanged  # adopt and recover never change an owner
+
+    def _check_idempotent(self, outcome: Outcome) -> None:
+        state = (read_ledger(self.host.state_dir), read_sysfs(self.host.root))
+        with self._manager() as manager:
+            report = manager.recover().to_dict()
+        changed = {k: v for k, v in report.items() if v and k != "foreign"}
+        if changed or (read_ledger(self.host.state_dir), read_sysfs(self.host.root)) != state:
+            self._violation(f"a second recover changed something: {changed}", outcome)
+
+    # -- a run ------------------------------------------------------------------------------
+
+    def run(
+        self, kills: int, max_iterations: int | None = None, stop_on_violation: bool = False
+    ) -> Stats:
+        """Round-robin over the operations until ``kills`` children died
+        before answering (calibration runs first)."""
+        limit = max_iterations or kills * 4 + 4 * len(OPERATIONS)
+        index = 0
+        while self.stats.total_kills < kills and self.stats.iterations < limit:
+            self.iteration(OPERATIONS[index % len(OPERATIONS)])
+            index += 1
+            if stop_on_violation and self.stats.violations:
+                break
+        return self.stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.functional.killharness",
+        description="SIGKILL random instants of the agent's mutating operations on a "
+        "FUSE-simulated host (real privsep helper), recover, and check the crash-safety "
+        "promises from sysfs and the ledger. Needs root and /dev/fuse.",
+    )
+    parser.add_argument("--kills", type=int, default=1000, help="stop after this many kills")
+    parser.add_argument("--seed", type=int, default=None, help="default: random, printed")
+    parser.add_argument("--log", help="write one line per iteration here")
+    parser.add_argument("--json", help="write the summary as JSON here")
+    args = parser.parse_args(argv)
+    from tests.functional.simhost import simulated_host
+
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    log_file = open(args.log, "w") if args.log else None  # noqa: SIM115
+    started = time.monotonic()
+
+    def log(line: str) -> None:
+        if log_file is not None:
+            log_file.write(line + "\n")
+            log_file.flush()
+        if line.startswith("VIOLATION"):
+            print(line, file=sys.stderr, flush=True)
+
+    with (
+        tempfile.TemporaryDirectory(prefix="accel-soak-") as tmp,
+        simulated_host(Path(tmp), ["nvidia-pf"], gpus=GPUS) as host,
+    ):
+        stats = KillHarness(host, seed, log).run(args.kills)
+    summary = {"seed": seed, "seconds": round(time.monotonic() - started), **stats.to_dict()}
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    if log_file is not None:
+        log_file.close()
+    return 1 if stats.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
