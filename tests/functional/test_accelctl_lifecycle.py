@@ -38,6 +38,19 @@ def ctl(config, *args, rc=0):
     return proc
 
 
+def sysfs_mdevs(host):
+    """uuid -> (parent, type), read from the kernel-shaped tree itself."""
+    devices = os.path.join(host.root, "bus", "mdev", "devices")
+    found = {}
+    for uuid in os.listdir(devices):
+        device = os.path.realpath(os.path.join(devices, uuid))
+        found[uuid] = (
+            os.path.basename(os.path.dirname(device)),
+            os.path.basename(os.readlink(os.path.join(device, "mdev_type"))),
+        )
+    return found
+
+
 def test_lifecycle_through_the_cli(host):
     config = host.config(CONF)
     allocated = json.loads(ctl(config, "allocate", "vm-1", "--count", "2", "--json").stdout)
@@ -64,12 +77,17 @@ def test_lifecycle_through_the_cli(host):
     proc = ctl(config, "allocate", "vm-3", "--count", "40", rc=1)
     assert "insufficient capacity" in proc.stderr and "nvidia-35" in proc.stderr
 
-    # host reboot: the same UUIDs come back on the same parents
+    # host reboot: the same UUIDs come back on the same parents, with the same types
+    before = sysfs_mdevs(host)
+    assert before == {
+        **{m["uuid"]: (m["parent"], "nvidia-35") for m in allocated["mdevs"]},
+        serial["mdevs"][0]["uuid"]: ("mtty", "mtty-2"),
+    }
     host.sim.reboot()
     assert host.sysfs_uuids() == set()
     report = json.loads(ctl(config, "recover", "--json").stdout)
-    assert sorted(report["recreated"]) == sorted([*uuids, serial["mdevs"][0]["uuid"]])
-    assert set(uuids) <= host.sysfs_uuids()
+    assert sorted(report["recreated"]) == sorted(before)
+    assert sysfs_mdevs(host) == before
 
     ctl(config, "release", "vm-1", "--remove")
     assert not set(uuids) & host.sysfs_uuids()

@@ -74,6 +74,23 @@ def reported_by_accelctl(config: Path) -> dict:
     }
 
 
+def _record(total: int) -> dict:
+    return {"total": total, "reserved": 0, "min_unit": 1, "max_unit": total, "step_size": 1,
+            "allocation_ratio": 1.0}
+
+
+# What Placement must hold for the nvidia-pf (2 GPUs) + mtty host under BOTH,
+# written out: 16 nvidia-35 per M60 PF, 12 mtty-2 (24 ports, 2 each).
+OWNER = "CUSTOM_OWNER_ACCEL_AGENT"
+GPUS = {
+    f"{HOST}_pci_0000_{bus}_00_0": (
+        {"VGPU": _record(16)}, ["CUSTOM_MDEV_NVIDIA_35", OWNER], HOST
+    )
+    for bus in ("84", "85")
+}
+WITH_MTTY = {**GPUS, MTTY: ({"VGPU": _record(12)}, ["CUSTOM_MDEV_MTTY_2", OWNER], HOST)}
+
+
 def test_placement_follows_the_daemon(tmp_path):
     skip_unless_root()
     (tmp_path / "host").mkdir()
@@ -93,24 +110,21 @@ def test_placement_follows_the_daemon(tmp_path):
         write(BOTH)
         with AgentDaemon(config, socket_path, tmp_path) as daemon:
             daemon.start()
-            expected = reported_by_accelctl(config)
-            assert set(expected) == {
-                MTTY, "testhost_pci_0000_84_00_0", "testhost_pci_0000_85_00_0"
-            }
-            wait_for(lambda: held_by_placement(admin) == expected, what="the first sync")
+            assert reported_by_accelctl(config) == WITH_MTTY
+            wait_for(lambda: held_by_placement(admin) == WITH_MTTY, what="the first sync")
             wait_for(lambda: daemon.health()["reporting"]["state"] == "ok", what="reporting ok")
             assert daemon.health()["reporting"]["providers"] == 3
 
             # Allocations change "used" only: nothing to tell Placement.
             daemon.client().allocate("vm-p", 2)
-            assert held_by_placement(admin) == expected
+            assert held_by_placement(admin) == WITH_MTTY
 
             # SIGHUP drops mtty: its provider leaves Placement.
             write(NVIDIA_ONLY)
             daemon.sighup()
             wait_for(lambda: MTTY not in (held_by_placement(admin) or {MTTY}),
                      what="the mtty provider to go")
-            assert held_by_placement(admin) == reported_by_accelctl(config)
+            assert held_by_placement(admin) == GPUS == reported_by_accelctl(config)
 
             # Placement goes down: the agent keeps serving, health says so...
             server.stop()
@@ -131,7 +145,8 @@ def test_placement_follows_the_daemon(tmp_path):
             server.start()
             wait_for(lambda: daemon.health()["reporting"]["state"] == "ok", timeout=60,
                      what="reporting ok again")
-            wait_for(lambda: held_by_placement(admin) == reported_by_accelctl(config),
+            wait_for(lambda: held_by_placement(admin) == WITH_MTTY,
                      what="Placement to converge")
+            assert reported_by_accelctl(config) == WITH_MTTY
             assert daemon.pid == pid and daemon.health()["status"] == "ok"
             assert daemon.stop() == 0

@@ -95,18 +95,34 @@ def test_allocate_is_idempotent_and_a_different_request_is_refused(host):
 
 
 def test_concurrent_allocations_never_share_an_mdev(host):
+    """Eight allocations at once, four managers (as the daemon's threads and
+    an offline accelctl would be), over a pool of free owned mdevs: what is
+    raced is the reuse of the same free mdevs, and the same instance asked
+    for twice at once.  Every call must succeed with distinct mdevs, all
+    reused (no create), and an instance must end with what it asked for."""
+    seed = host.manager(PF_CONF)
+    pool_uuids = set(seed.allocate("seed-a", 4).uuids) | set(seed.allocate("seed-b", 4).uuids)
+    seed.release("seed-a")
+    seed.release("seed-b")
+    seed.ledger.close()
     managers = [host.manager(PF_CONF) for _ in range(4)]
     barrier = threading.Barrier(8)
 
     def allocate(i):
         barrier.wait()
-        return managers[i % 4].allocate(f"vm-{i}", 1).uuids
+        # vm-0..vm-5 once each, vm-6 twice (an idempotent retry racing itself).
+        return managers[i % 4].allocate(f"vm-{min(i, 6)}", 1).uuids
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(allocate, range(8)))
-    uuids = [u for r in results for u in r]
-    assert len(uuids) == len(set(uuids)) == 8
-    assert set(uuids) == host.sysfs_uuids()
+    assert results[6] == results[7]  # the same answer to the same request
+    uuids = [u for r in results[:7] for u in r]
+    assert len(uuids) == len(set(uuids)) == 7
+    assert set(uuids) <= pool_uuids and host.sysfs_uuids() == pool_uuids
+    with Ledger(host.state_dir) as ledger:
+        owners = {r.uuid: r.owner for r in ledger.all()}
+    assert {owners[u] for u in uuids} == {f"vm-{i}" for i in range(7)}
+    assert sum(1 for owner in owners.values() if owner == "vm-6") == 1
 
 
 def test_release_is_idempotent_and_remove_restores_counters(host):

@@ -134,7 +134,6 @@ class Admin:
             providers.append(
                 {
                     "name": rp["name"],
-                    "uuid": rp["uuid"],
                     "parent_provider": host,
                     "inventories": inventories,
                     "traits": sorted(self.call("GET", f"{base}/traits")["traits"]),
@@ -143,21 +142,33 @@ class Admin:
         return {"host": host, "providers": providers}
 
 
-def expected_view(inventory: Inventory) -> dict[str, Any]:
-    doc = inventory.to_dict()
+# Written out, not derived with the reporter's own helpers: a change of the
+# names, traits or inventory fields Placement sees must fail these tests.
+TRAITS = {
+    "nvidia-35": ["CUSTOM_MDEV_NVIDIA_35", "CUSTOM_OWNER_ACCEL_AGENT"],
+    "nvidia-36": ["CUSTOM_MDEV_NVIDIA_36", "CUSTOM_OWNER_ACCEL_AGENT"],
+}
+
+
+def record(total: int, reserved: int = 0) -> dict[str, Any]:
+    return {"total": total, "reserved": reserved, "min_unit": 1, "max_unit": total,
+            "step_size": 1, "allocation_ratio": 1.0}
+
+
+def want(
+    host: str, bus: str, total: int = 16, rc: str = "VGPU", mdev_type: str = "nvidia-35"
+) -> dict[str, Any]:
+    """One provider as Placement must show it."""
     return {
-        "host": doc["host"],
-        "providers": [
-            {
-                "name": p["name"],
-                "uuid": provider_uuid(p["name"]),
-                "parent_provider": p["parent_provider"],
-                "inventories": {p["resource_class"]: p["inventory"]},
-                "traits": sorted(p["traits"]),
-            }
-            for p in doc["providers"]
-        ],
+        "name": f"{host}_pci_0000_{bus}_00_0",
+        "parent_provider": host,
+        "inventories": {rc: record(total)},
+        "traits": TRAITS[mdev_type],
     }
+
+
+def expected_view(host: str, *providers: dict[str, Any]) -> dict[str, Any]:
+    return {"host": host, "providers": sorted(providers, key=lambda p: p["name"])}
 
 
 def gpu(
@@ -242,7 +253,11 @@ def test_sync_reports_exactly_the_inventory_and_then_writes_nothing(
     assert sorted(result.created) == [p.name for p in inventory.providers]
     view = admin.view(host)
     ours = [p for p in view["providers"] if p["name"] != f"{host}_nova_gpu"]
-    assert {"host": host, "providers": ours} == expected_view(inventory)
+    assert {"host": host, "providers": ours} == expected_view(
+        host,
+        want(host, "84"),
+        want(host, "85", total=4, rc="CUSTOM_NVIDIA_GRID", mdev_type="nvidia-36"),
+    )
     assert admin.call("GET", f"/resource_providers/{nova_child}")["generation"] == nova_generation
     assert reporter.health() == {
         "enabled": True,
@@ -295,7 +310,7 @@ def test_config_path_admin_token_against_noauth2(
     result = reporter.sync(inventory)
 
     assert result.ok, result
-    assert admin.view(host) == expected_view(inventory)
+    assert admin.view(host) == expected_view(host, want(host, "84", total=2))
     # The root the agent created is not its to delete, nor does it carry the owner trait.
     root = admin.provider(host)
     assert root is not None and root["uuid"] == provider_uuid(host)
@@ -322,7 +337,7 @@ def test_missing_root_provider_is_reported_and_retried(
     assert not reporter.sync(inventory).attempted
     clock.now = reporter.next_attempt_at
     assert reporter.sync(inventory).ok
-    assert admin.view(host) == expected_view(inventory)
+    assert admin.view(host) == expected_view(host, want(host, "84"))
     assert reporter.health()["state"] == "ok"
 
 
@@ -370,7 +385,7 @@ def test_concurrent_writer_is_redriven_and_converges(
     assert raced and result.conflicts == 1
     assert result.updated == (target.name,)
     # The refetch saw the rival's trait and the agent restored its own set.
-    assert admin.view(host) == expected_view(shrunk)
+    assert admin.view(host) == expected_view(host, want(host, "84", 8), want(host, "85"))
     adapter.before = None
     adapter.calls.clear()
     assert reporter.sync(shrunk).ok and adapter.writes() == []
@@ -410,7 +425,7 @@ def test_writer_that_always_wins_fails_after_bounded_retries(
 
     adapter.before = None
     assert reporter.sync(wanted, force=True).ok
-    assert admin.view(host) == expected_view(wanted)
+    assert admin.view(host) == expected_view(host, want(host, "84", 8), want(host, "85", 8))
 
 
 def test_removed_gpu_is_deleted_or_drained_until_free(
@@ -440,7 +455,7 @@ def test_removed_gpu_is_deleted_or_drained_until_free(
     final = reporter.sync(inventory_of(host, c))
 
     assert final.ok and final.deleted == (b.name,)
-    assert admin.view(host) == expected_view(inventory_of(host, c))
+    assert admin.view(host) == expected_view(host, want(host, "86"))
     assert reporter.health()["providers"] == 1
 
 
@@ -452,20 +467,17 @@ def test_total_and_resource_class_changes(server: PlacementServer, admin: Admin,
     smaller = inventory_of(host, gpu(host, "84", total=8))
     result = reporter.sync(smaller)
     assert result.ok and result.updated == (gpu(host, "84").name,)
-    assert admin.view(host) == expected_view(smaller)
+    assert admin.view(host) == expected_view(host, want(host, "84", total=8))
 
     # VGPU -> CUSTOM_ while an instance holds VGPU: the old class stays, drained.
     consumer = admin.allocate(rp, {"VGPU": 1})
     custom = inventory_of(host, gpu(host, "84", total=8, rc="CUSTOM_NVIDIA_35"))
     assert reporter.sync(custom).ok
     inventories = admin.call("GET", f"/resource_providers/{rp}/inventories")["inventories"]
-    assert inventories == {
-        "CUSTOM_NVIDIA_35": gpu(host, "84", total=8).inventory_record(),
-        "VGPU": {**gpu(host, "84", total=8).inventory_record(), "reserved": 8},
-    }
+    assert inventories == {"CUSTOM_NVIDIA_35": record(8), "VGPU": record(8, reserved=8)}
     admin.free(consumer)
     assert reporter.sync(custom).ok
-    assert admin.view(host) == expected_view(custom)
+    assert admin.view(host) == expected_view(host, want(host, "84", 8, "CUSTOM_NVIDIA_35"))
 
 
 def test_placement_outage_backs_off_and_recovers_without_restart(tmp_path: Path) -> None:
@@ -505,7 +517,7 @@ def test_placement_outage_backs_off_and_recovers_without_restart(tmp_path: Path)
         recovered = reporter.sync(wanted)
 
         assert recovered.ok, recovered
-        assert admin.view(host) == expected_view(wanted)
+        assert admin.view(host) == expected_view(host, want(host, "84", 8), want(host, "85"))
         health = reporter.health()
         assert health["state"] == "ok" and health["consecutive_failures"] == 0
         assert health["providers"] == 2 and health["next_attempt_at"] is None

@@ -87,6 +87,14 @@ def state_of(
 def test_provider_uuid_is_deterministic_and_name_specific() -> None:
     assert provider_uuid("a") == provider_uuid("a") != provider_uuid("b")
     assert uuid.UUID(provider_uuid("a")).version == 5
+    # Pinned: a provider's UUID must never change between releases (Placement
+    # keys allocations by it), so the scheme is written out here.
+    assert provider_uuid("compute1.example.org_pci_0000_84_00_0") == (
+        "0c798f08-985b-535c-912f-f2fd7b1d6fc0"
+    )
+    assert provider_uuid("compute1.example.org_mtty_mtty") == (
+        "cd52b99c-036a-5fb6-8aae-8be5b3a73c7c"
+    )
 
 
 def test_new_provider_created_traits_first_then_inventory() -> None:
