@@ -13,7 +13,7 @@ DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
 PYTEST_ARGS ?=
 
 .PHONY: all deps venv demo test test-unit test-functional test-realkernel lint sample-config \
-	bench clean
+	bench soak prove-faults test-stress clean
 
 all: test
 
@@ -62,6 +62,22 @@ sample-config: venv
 
 bench: venv .stamps/bench-apt
 	$(PY) -m benchmarks --output BENCHMARKS.md
+
+# The random-kill harness at length (about an hour for 1,000 kills on 2 cores);
+# its figures go into BENCHMARKS.md, where make bench keeps them.
+SOAK_KILLS ?= 1000
+soak: venv
+	$(PY) -m benchmarks.soak --kills $(SOAK_KILLS) --log soak.log --output BENCHMARKS.md
+
+# Each deliberate fault of tests/faults/ must make the test it names fail.
+prove-faults: venv
+	bash tools/prove-faults.sh
+
+# The unit and functional tiers STRESS_RUNS times in a row while both cores
+# are kept busy by stress-ng: every run must pass (a flaky test fails this).
+STRESS_RUNS ?= 10
+test-stress: venv
+	bash tools/stress-tests.sh $(STRESS_RUNS)
 
 # mdevctl (Debian's 1.2.0) is the reference the cold-listing benchmark compares against.
 .stamps/bench-apt:

@@ -132,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     report = "\n".join(header + out)
     if args.output:
+        # The soak's figures take an hour to make (make soak): keep them.
+        from benchmarks import soak
+
+        kept = soak.block(args.output)
+        if kept:
+            report = report.rstrip("\n") + "\n\n" + "\n".join(kept) + "\n"
         with open(args.output, "w") as handle:
             handle.write(report)
     print(report)

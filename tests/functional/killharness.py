@@ -362,6 +362,19 @@ class KillHarness:
                 manager.release(owner, remove=self.rng.random() < 0.5)
         del self.model.holdings[owner]
 
+    def _drain_free(self) -> None:
+        """Remove the free owned mdevs (in process), so that the next
+        allocation or claim has to create: reuse alone writes no sysfs."""
+        rows, _ = read_ledger(self.host.state_dir)
+        free: dict[str, int] = collections.Counter(
+            r.parent for r in rows if r.owner is None and r.state == "present"
+        )
+        with self._manager() as manager:
+            for parent, count in sorted(free.items()):
+                # On one parent, reuse comes before create: this takes exactly them.
+                manager.allocate("drain", count, parent=parent)
+                manager.release("drain", remove=True)
+
     def _create_foreign(self) -> str:
         uuid = str(uuid_mod.uuid4())
         parents = sorted(p for p in os.listdir(os.path.join(self.host.root, "class", "mdev_bus")))
@@ -435,6 +448,8 @@ class KillHarness:
             with contextlib.suppress(RuntimeError):
                 self._create_foreign()  # another tool's mdev, never to be touched
         args = self.prepare(operation)
+        if operation in ("allocate", "claim") and self.rng.random() < 0.5:
+            self._drain_free()
         before = dict(self.model.holdings)
         delay = self._delay(operation)
         kill_helper = delay is not None and self.rng.random() < 0.5
