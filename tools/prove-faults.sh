@@ -5,8 +5,10 @@
 #
 #   tools/prove-faults.sh [PATCH...]      (make prove-faults; needs root and FUSE)
 #
-# Each patch names the test that catches it on its first line:
+# Each patch names the test that catches it, and what its failure must say
+# (a failure for another reason is not a catch), in its first lines:
 #   # caught-by: tests/functional/test_random_kill.py
+#   # expect: leaked
 # Exit status 0 when every fault was caught, 1 otherwise.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,7 +20,8 @@ missed=0
 for patch in "${patches[@]}"; do
 	name=$(basename "$patch" .patch)
 	tests=$(sed -n 's/^# caught-by: //p' "$patch")
-	[ -n "$tests" ] || { echo "$patch: no '# caught-by:' line" >&2; exit 2; }
+	expect=$(sed -n 's/^# expect: //p' "$patch")
+	[ -n "$tests" ] && [ -n "$expect" ] || { echo "$patch: no '# caught-by:'/'# expect:' line" >&2; exit 2; }
 	work=$(mktemp -d "/tmp/accel-fault-$name.XXXXXX")
 	git worktree add -q --detach "$work" HEAD
 	trap 'git -C "$REPO" worktree remove --force "$work" 2>/dev/null || true' EXIT
@@ -29,11 +32,14 @@ for patch in "${patches[@]}"; do
 	# every process (children, accelctl, the privsep helper).
 	if (cd "$work" && PYTHONPATH=$work ACCEL_KILL_STOP_ON_VIOLATION=1 \
 		"$PY" -m pytest -q -x -p no:cacheprovider $tests >"$work.log" 2>&1); then
-		echo "== $name: NOT CAUGHT ($(($(date +%s) - start)) s; log $work.log)"
+		echo "== $name: NOT CAUGHT, the test passed ($(($(date +%s) - start)) s; log $work.log)"
+		missed=1
+	elif ! grep -qE "$expect" "$work.log"; then
+		echo "== $name: NOT CAUGHT, the test failed without '$expect' (log $work.log)"
 		missed=1
 	else
 		echo "== $name: caught ($(($(date +%s) - start)) s):"
-		grep -m3 -E "VIOLATION|AssertionError|assert " "$work.log" | cut -c1-300 | sed 's/^/   /'
+		grep -m1 -E "$expect" "$work.log" | cut -c1-400 | sed 's/^/   /'
 		rm -f "$work.log"
 	fi
 	git worktree remove --force "$work"

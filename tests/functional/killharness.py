@@ -72,6 +72,15 @@ MAX_FOREIGN = 2
 OPERATIONS = (
     "allocate", "release", "release --remove", "claim", "commit", "abort", "adopt", "recover",
 )
+# The round robin: the operations that write sysfs (create, remove) and so
+# have a window between a write and its record come twice.
+SCHEDULE = (
+    "allocate", "release", "claim", "release --remove", "recover",
+    "allocate", "commit", "claim", "abort", "release --remove", "adopt",
+)
+# Most allocations and claims start from an empty free pool, so that they
+# create (a reuse-only one is a single transaction: nothing to interrupt).
+DRAIN = 0.8
 CHILD_TIMEOUT = 120.0
 # Until an operation has been timed, it runs to completion (its first run is
 # its calibration); afterwards the kill delay is drawn over its median x1.25.
@@ -448,15 +457,17 @@ class KillHarness:
             with contextlib.suppress(RuntimeError):
                 self._create_foreign()  # another tool's mdev, never to be touched
         args = self.prepare(operation)
-        if operation in ("allocate", "claim") and self.rng.random() < 0.5:
+        timing = operation
+        if operation in ("allocate", "claim") and self.rng.random() < DRAIN:
             self._drain_free()
+            timing += " (creates)"  # timed apart: creates take longer than reuse
         before = dict(self.model.holdings)
-        delay = self._delay(operation)
+        delay = self._delay(timing)
         kill_helper = delay is not None and self.rng.random() < 0.5
         outcome = run_child(self.config, operation, args, delay, kill_helper)
         if outcome.result == "acked":
             assert outcome.duration is not None
-            self.durations[operation].append(outcome.duration)
+            self.durations[timing].append(outcome.duration)
             self.stats.completed[operation] += 1
         elif outcome.result == "refused":
             self.stats.refused[operation] += 1
@@ -630,12 +641,15 @@ class KillHarness:
     def run(
         self, kills: int, max_iterations: int | None = None, stop_on_violation: bool = False
     ) -> Stats:
-        """Round-robin over the operations until ``kills`` children died
-        before answering (calibration runs first)."""
-        limit = max_iterations or kills * 4 + 4 * len(OPERATIONS)
+        """Round-robin over :data:`SCHEDULE` until ``kills`` children died
+        before answering and every operation was killed at least once
+        (calibration runs first)."""
+        limit = max_iterations or kills * 4 + 4 * len(SCHEDULE)
         index = 0
-        while self.stats.total_kills < kills and self.stats.iterations < limit:
-            self.iteration(OPERATIONS[index % len(OPERATIONS)])
+        while (
+            self.stats.total_kills < kills or set(self.stats.kills) != set(OPERATIONS)
+        ) and self.stats.iterations < limit:
+            self.iteration(SCHEDULE[index % len(SCHEDULE)])
             index += 1
             if stop_on_violation and self.stats.violations:
                 break
