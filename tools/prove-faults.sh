@@ -30,7 +30,10 @@ for patch in "${patches[@]}"; do
 	start=$(date +%s)
 	# PYTHONPATH: the patched tree wins over the venv's editable install, in
 	# every process (children, accelctl, the privsep helper).
+	# A leak window is a fraction of one operation: give the harness up to
+	# PROVE_KILLS kills (it stops at the first violation; seen: 10-120).
 	if (cd "$work" && PYTHONPATH=$work ACCEL_KILL_STOP_ON_VIOLATION=1 \
+		ACCEL_KILLS=${PROVE_KILLS:-400} \
 		"$PY" -m pytest -q -x -p no:cacheprovider $tests >"$work.log" 2>&1); then
 		echo "== $name: NOT CAUGHT, the test passed ($(($(date +%s) - start)) s; log $work.log)"
 		missed=1

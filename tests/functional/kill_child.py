@@ -60,6 +60,12 @@ def main() -> None:
     conf = common.load_config([config], [], prog="kill-child")
     manager = common.build_manager(conf)
     privileged.start_privsep([config], [])
+    # Warm, as the daemon is: imports done, static sysfs attributes cached,
+    # the ledger open.  The kill clock then covers the operation's own work
+    # (lock, rescan, plan, intent, writes, settlement), not a cold start.
+    with manager.locked():
+        manager.scan()
+        manager.ledger.all()
     print("ready", flush=True)
     print("begin", flush=True)
     try:
