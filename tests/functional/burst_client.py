@@ -39,8 +39,12 @@ def one_client(
 ) -> dict[str, Any]:
     record = dict(request)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(TIMEOUT)
+    # A blocking connect: when the listen backlog is full (a busy server has
+    # not accepted the first hundred yet), an AF_UNIX connect with a timeout
+    # (a non-blocking socket underneath) fails at once with EAGAIN, while a
+    # blocking one waits for room, as a real client's would.
     sock.connect(socket_path)
+    sock.settimeout(TIMEOUT)
     record["connected"] = time.monotonic()
     barrier.wait(TIMEOUT)
     conn = _UnixConnection(sock)

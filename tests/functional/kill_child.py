@@ -1,6 +1,6 @@
 """One manager operation in a real process, for the random-kill harness.
 
-    python -m tests.functional.kill_child CONFIG OPERATION JSON_ARGUMENTS
+    python -m tests.functional.kill_child CONFIG OPERATION JSON_ARGUMENTS [DELAY]
 
 The child loads the agent's config, builds the manager the way ``accelctl``
 does (writes through the REAL privsep helper, started here before anything
@@ -10,11 +10,13 @@ harness on stdout, one line each:
 ``ready``
     the privsep helper runs; the operation has not started.
 ``begin``
-    printed right before the manager is called: the harness starts its
-    random kill clock here.
-``ack <json>``
-    printed after the call returned: the operation's answer reached its
-    client.  An acknowledged result must never be lost.
+    printed right before the manager is called.  With DELAY (seconds), a
+    kernel timer armed at this instant sends the process SIGKILL DELAY later:
+    the kernel keeps time, so a loaded machine cannot make the kill late (a
+    killer process that sleeps can wake up long after a 2 ms call returned).
+``ack <seconds> <json>``
+    printed after the call returned, with how long it took: the operation's
+    answer reached its client.  An acknowledged result must never be lost.
 ``error <class> <message>``
     the operation refused (an AccelAgentException): it must have changed
     nothing that a client was told about.
@@ -26,7 +28,9 @@ Operations and their arguments: ``allocate {instance, count}``, ``release
 
 from __future__ import annotations
 
+import ctypes
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -35,6 +39,49 @@ from accel_agent import exception, privileged
 from accel_agent.cmd import common
 
 CLAIM_LIFETIME = 24 * 3600.0  # never expires during a harness run
+
+
+class _Sigevent(ctypes.Structure):
+    # struct sigevent (64 bytes on Linux): value, signo, notify, padding.
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int),
+                ("notify", ctypes.c_int), ("pad", ctypes.c_int * 12)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("interval", _Timespec), ("value", _Timespec)]
+
+
+CLOCK_MONOTONIC = 1
+SIGEV_SIGNAL = 0
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _set(timer: ctypes.c_void_p, delay: float) -> None:
+    seconds = int(delay)
+    when = _Itimerspec(value=_Timespec(seconds, int((delay - seconds) * 1e9)))
+    if _LIBC.timer_settime(timer, 0, ctypes.byref(when), None) != 0:
+        raise OSError(ctypes.get_errno(), "timer_settime")
+
+
+def sigkill_after(delay: float) -> ctypes.c_void_p:
+    """Have the kernel send this process SIGKILL ``delay`` seconds from now
+    (timer_create(2) with SIGEV_SIGNAL and SIGKILL); returns the timer."""
+    event = _Sigevent(signo=signal.SIGKILL, notify=SIGEV_SIGNAL)
+    timer = ctypes.c_void_p()
+    if _LIBC.timer_create(CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
+        raise OSError(ctypes.get_errno(), "timer_create")
+    _set(timer, max(delay, 1e-9))  # all zeros would disarm it
+    return timer
+
+
+def disarm(timer: ctypes.c_void_p) -> None:
+    _set(timer, 0.0)
 
 
 def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
@@ -57,6 +104,7 @@ def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
 
 def main() -> None:
     config, operation, arguments = sys.argv[1:4]
+    delay = float(sys.argv[4]) if len(sys.argv) > 4 else None
     conf = common.load_config([config], [], prog="kill-child")
     manager = common.build_manager(conf)
     privileged.start_privsep([config], [])
@@ -68,12 +116,23 @@ def main() -> None:
         manager.ledger.all()
     print("ready", flush=True)
     print("begin", flush=True)
+    parsed = json.loads(arguments)
+    timer = sigkill_after(delay) if delay is not None else None
+    started = time.monotonic()
     try:
-        result = run(manager, operation, json.loads(arguments))
+        result = run(manager, operation, parsed)
     except exception.AccelAgentException as exc:
-        print(f"error {type(exc).__name__} {exc.message}", flush=True)
+        result, refusal = None, exc
+    else:
+        refusal = None
+    took = time.monotonic() - started
+    # The call has returned: from here on a kill would only hide the answer.
+    if timer is not None:
+        disarm(timer)
+    if refusal is not None:
+        print(f"error {type(refusal).__name__} {refusal.message}", flush=True)
         return
-    print(f"ack {json.dumps(result, sort_keys=True)}", flush=True)
+    print(f"ack {took:.6f} {json.dumps(result, sort_keys=True)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ then the crash-safety promises checked from sysfs and the ledger separately.
 Each iteration runs ONE operation (allocate, release, release --remove,
 migration claim, commit, abort, adopt, recover) in a child process
 (``tests/functional/kill_child.py``) that writes through the REAL privsep
-helper onto the FUSE-simulated host.  The child prints ``begin`` right before
-the call; the harness then sleeps a random delay drawn uniformly over the
-operation's measured duration (x1.25, so some calls finish first) and
-SIGKILLs it, its privsep helper too half of the time (as systemd kills a
-crashed unit's cgroup; otherwise the helper finishes the write in flight
-after the agent died).  Then ``accelctl recover`` runs (a quarter of the time
+helper onto the FUSE-simulated host.  The harness draws a random delay
+uniformly over the operation's measured duration (x1.25, so some calls finish
+first); right before the call the child arms a kernel timer that SIGKILLs it
+after that delay (the kernel keeps time: a busy machine cannot make the kill
+land late, which a sleeping killer process would for a 2 ms call).  Half of
+the time its privsep helper is killed too, as systemd kills a crashed unit's
+cgroup; otherwise the helper finishes the write in flight after the agent
+died.  Then ``accelctl recover`` runs (a quarter of the time
 after a first ``recover`` that is itself killed mid-way), and the promises are
 checked from two independent sources: the mdevs listed under ``sysfs``
 (``bus/mdev/devices``, their links) and the ledger's rows read with plain
@@ -216,9 +218,14 @@ def run_child(
 ) -> Outcome:
     name = "release" if operation.startswith("release") else operation
     outcome = Outcome(operation, args, delay)
+    argv = [sys.executable, "-m", "tests.functional.kill_child", config, name, json.dumps(args)]
+    if delay is not None:
+        argv.append(f"{delay:.9f}")  # the child's kernel timer kills it: exact under load
+    # The helper's pids, for a kill "of the whole unit": the helper exists
+    # once the child said ready (it starts it first).
+    helpers: list[int] = []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.functional.kill_child", config, name, json.dumps(args)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
     try:
@@ -227,29 +234,29 @@ def run_child(
             proc.kill()
             _, err = proc.communicate(timeout=CHILD_TIMEOUT)
             raise RuntimeError(f"child for {operation} did not start: {ready!r} {err}")
-        assert proc.stdout.readline() == "begin\n"
-        started = time.monotonic()
-        if delay is not None:
-            time.sleep(delay)
-            proc.send_signal(signal.SIGKILL)
-            if kill_helper:
-                outcome.helper_killed = True
-                for pid in _helper_pids(config):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+        helpers = _helper_pids(config)
         out, err = proc.communicate(timeout=CHILD_TIMEOUT)
-        finished = time.monotonic()
     except BaseException:
         proc.kill()
         proc.wait()
         raise
+    if kill_helper and proc.returncode == -signal.SIGKILL:
+        # systemd kills a crashed unit's cgroup: the helper dies too, its
+        # write in flight done or not.
+        outcome.helper_killed = True
+        for pid in helpers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    # The child disarms its timer once the call returned, so an answer
+    # always reaches its client and a killed child printed none.
     for line in out.splitlines():
         if line.startswith("ack "):
-            outcome.result, outcome.answer = "acked", json.loads(line[4:])
-            outcome.duration = finished - started
+            took, _, answer = line[4:].partition(" ")
+            outcome.result, outcome.answer = "acked", json.loads(answer)
+            outcome.duration = float(took)
         elif line.startswith("error "):
             outcome.result, outcome.answer = "refused", line[6:]
-    if outcome.result != "killed" and proc.returncode not in (0, -signal.SIGKILL):
+    if outcome.result != "killed" and proc.returncode != 0:
         raise RuntimeError(f"child for {operation} failed ({proc.returncode}): {err}")
     if outcome.result == "killed" and proc.returncode != -signal.SIGKILL:
         raise RuntimeError(f"child for {operation} died on its own ({proc.returncode}): {err}")
