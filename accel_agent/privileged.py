@@ -214,12 +214,32 @@ def resolve_remove_path(sysfs_root: str, uuid: str) -> str:
 # --- the writes ------------------------------------------------------------------
 
 
+def _refuse_hard_link(fd: int, path: str) -> None:
+    """A ``create``/``remove`` has one link, like every sysfs attribute.  A
+    second one means the name under the root is a hard link to some other
+    file (resolving the path cannot see that: there is no link to resolve),
+    and writing a UUID there would write it outside the tree."""
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        raise _reject(f"{path} has {links} links (a sysfs file has one); not written")
+
+
 def _write_once(path: str, data: bytes) -> None:
-    """Open an existing file (never create one), write once, close."""
+    """Open an existing file (never create one), write once, close.
+
+    A ``create`` is opened with O_NONBLOCK: a FIFO in its place fails (ENXIO)
+    instead of blocking a call that has no timeout (kernfs ignores the flag).
+    A ``remove`` may block anyway (the kernel holds it while a VM uses the
+    device), so it runs under a timeout in its own thread (_RemoveWriter).
+    """
     # No O_CREAT: a missing file must fail, never appear.  O_NOFOLLOW: the
     # path was resolved already, so a symlink here means it changed under us.
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    if os.path.basename(path) != "remove":
+        flags |= os.O_NONBLOCK
+    fd = os.open(path, flags)
     try:
+        _refuse_hard_link(fd, path)
         written = os.write(fd, data)
     finally:
         os.close(fd)
@@ -310,6 +330,8 @@ class _RemoveWriter:
             _write_once(self.path, b"1")
         except OSError as err:
             self.error = _map_remove_error(err, self.path, self.uuid)
+        except exception.AccelAgentException as err:  # refused (_refuse_hard_link)
+            self.error = err
         except Exception as err:  # a bug must still release the waiters
             self.error = exception.SysfsWriteFailed(path=self.path, error=repr(err), errno="")
         finally:
