@@ -70,6 +70,7 @@ RESTART_LATER = (
     ("api", "socket_path"),
     ("api", "socket_group"),
     ("api", "threads"),
+    ("api", "request_timeout"),
 )
 
 
@@ -692,6 +693,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
             ApiApplication(core),
             threads=conf.api.threads,
             shutdown_timeout=conf.api.shutdown_timeout,
+            request_timeout=conf.api.request_timeout,
         )
         self.scheduler = events.RescanScheduler(
             core.rescan, self._interval(conf), conf.event_debounce
@@ -816,6 +818,27 @@ _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FATAL = 0  # a byte on the wake-up pipe that is no signal number
 
 
+# Open files the daemon allows itself (soft limit, up to the hard one): every
+# API connection is a descriptor, and systemd's default soft limit of 1024
+# would let a thousand idle clients exhaust them.
+OPEN_FILES = 65536
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES) -> int:
+    """Raise RLIMIT_NOFILE's soft limit towards ``wanted``; returns the new one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            LOG.warning("cannot raise the open files limit from %d to %d: %s", soft, target, exc)
+    return soft
+
+
 def run(
     conf: cfg.ConfigOpts,
     config_files: Sequence[str],
@@ -826,6 +849,8 @@ def run(
     from oslo_service import service as os_service
 
     from accel_agent.cmd import output
+
+    raise_open_files_limit()
 
     wake_read, wake_write = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(wake_write, False)
