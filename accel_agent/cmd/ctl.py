@@ -284,6 +284,9 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise exception.InvalidMigrationRequest(reason=f"{what} {item!r} is not KEY=VALUE")
+        if key in pairs:
+            # Which of the two was meant?  (The API refuses a repeated key too.)
+            raise exception.InvalidMigrationRequest(reason=f"{what} {key!r} is given twice")
         pairs[key] = value
     return pairs
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import uuid as uuid_mod
 from collections.abc import Callable, Iterator
@@ -129,6 +130,30 @@ class RecoveryReport:
 
     def to_dict(self) -> dict[str, list[str]]:
         return {k: sorted(v) for k, v in self.__dict__.items()}
+
+
+_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _check_request_names(parent: str | None, mdev_type: str | None) -> None:
+    """A parent and a type as a caller may name them: no control character
+    (``"mtty\\n"`` must not quietly become ``mtty``), a PCI address or parent
+    name, a type id as sysfs spells them (fullmatch: ``$`` would take a
+    trailing newline)."""
+    if parent is not None and not (
+        isinstance(parent, str)
+        and parent.isprintable()
+        and (address.is_pci_address(parent) or address.is_virtual_parent_name(parent.strip()))
+    ):
+        raise exception.InvalidAllocationRequest(
+            reason=f"parent {parent!r} is neither a PCI address nor an mdev parent name"
+        )
+    if mdev_type is not None and not (
+        isinstance(mdev_type, str) and _TYPE_NAME.fullmatch(mdev_type)
+    ):
+        raise exception.InvalidAllocationRequest(
+            reason=f"mdev type {mdev_type!r} must match [A-Za-z0-9_.-]{{1,64}}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,19 +264,40 @@ class MdevManager:
             raise exception.InvalidAllocationRequest(
                 reason=f"count must be an integer from 1 to {MAX_COUNT}, not {count!r}"
             )
+        _check_request_names(parent, mdev_type)
         wanted_parent = address.normalise_parent(parent) if parent else None
         with self._locked():
             held = self.ledger.by_owner(instance, OwnerKind.INSTANCE)
             if held:
-                if len(held) == count and (
-                    wanted_parent is None or all(r.parent == wanted_parent for r in held)
-                ):
+                if self._holds(held, count, wanted_parent, mdev_type):
                     return Allocation(instance, tuple(held))
                 raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
             snapshot = self.scan()
             chosen_type, slots = self._plan(snapshot, count, wanted_parent, mdev_type)
             self._execute(instance, [(slot, chosen_type, None) for slot in slots])
             return self.allocation(instance)
+
+    def _holds(
+        self,
+        held: list[MdevRecord],
+        count: int,
+        wanted_parent: str | None,
+        mdev_type: str | None,
+    ) -> bool:
+        """Whether ``held`` is what this request asks for (a repeat: idempotent),
+        as opposed to a different request (refused, never answered with the
+        old allocation).  The parent may name the mdevs' parent or their GPU."""
+        if len(held) != count:
+            return False
+        if mdev_type is not None and any(r.mdev_type != mdev_type for r in held):
+            return False
+        if wanted_parent is None or all(r.parent == wanted_parent for r in held):
+            return True
+        parents = self.scan().parents
+        return all(
+            r.parent in parents and parents[r.parent].physical_gpu == wanted_parent
+            for r in held
+        )
 
     def claim(self, owner: str, sources: dict[str, str], expires_at: float) -> dict[str, str]:
         """Live-migration destination: one mdev per source mdev, of the same
