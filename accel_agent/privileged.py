@@ -41,8 +41,14 @@ Capabilities: **none** (``capabilities=[]``), the daemon keeps uid 0.
 
 Inputs are validated before any filesystem access (even ``realpath``), by
 plain functions that unit tests call without the daemon.  ``sysfs_root``
-comes from the daemon's own configuration (it is started with the agent's
-``--config-file``), never from the caller.  The path is resolved with
+comes with each call from the agent's running configuration (an absolute,
+normalised path), never from the config files on disk: the helper may be
+restarted (oslo.privsep respawns it when it died) after an operator edited
+them, and the agent keeps acting on the tree it started with until it is
+restarted itself (``sysfs_root`` needs a restart).  A caller choosing the
+root gains nothing it could not do anyway: the agent runs as root, and the
+checks below (names validated, the path confined to that root, one link
+per written file) hold for any root.  The path is resolved with
 ``realpath`` and must stay inside ``realpath(sysfs_root)``; between that check
 and the ``open`` only whoever can change the tree itself (root, for /sys)
 could swap a component, which is outside what a caller of the entrypoints
@@ -152,6 +158,25 @@ def validate_parent(value: Any) -> str:
     if address.is_virtual_parent_name(value):
         return value
     raise _reject(f"mdev parent {value!r} is neither a PCI address nor a parent name")
+
+
+MAX_ROOT_LEN = 4096
+
+
+def validate_sysfs_root(value: Any) -> str:
+    """Return ``value`` if it is an absolute, normalised path of printable
+    characters (no ``..``, no ``//``, no trailing ``/``): what the agent's
+    configuration accepts as ``sysfs_root``.  Whether it is a directory is
+    checked where it is used."""
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_ROOT_LEN
+        or not value.isprintable()
+        or not os.path.isabs(value)
+        or os.path.normpath(value) != value
+    ):
+        raise _reject(f"sysfs root {value!r} is not an absolute, normalised path")
+    return value
 
 
 def validate_timeout(value: Any) -> float:
@@ -471,55 +496,67 @@ def _from_wire(wire: _WireError) -> exception.AccelAgentException:
 _R = TypeVar("_R")
 
 
-def _daemon_side(func: Callable[..., _R], *args: Any) -> _R:
+def _daemon_side(func: Callable[[], _R]) -> _R:
     try:
-        return func(*args)
+        return func()
     except exception.AccelAgentException as exc:
         raise _to_wire(exc) from None
 
 
-def _daemon_sysfs_root() -> str:
-    # The daemon's own CONF, parsed from the --config-file it was started with.
+def _daemon_sysfs_root(given: str | None) -> str:
+    """The root this call acts on: the agent's, validated (see the module
+    docstring), else the daemon's own CONF, parsed from the --config-file it
+    was started with (a caller with no configuration of its own)."""
+    if given is not None:
+        return validate_sysfs_root(given)
     return str(agent_conf.CONF.sysfs_root)
 
 
 @sysfs_admin.entrypoint
-def _priv_create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
-    _daemon_side(write_create, _daemon_sysfs_root(), parent, mdev_type, uuid)
-
-
-@sysfs_admin.entrypoint
-def _priv_remove_mdev(uuid: str, timeout: float) -> None:
+def _priv_create_mdev(
+    parent: str, mdev_type: str, uuid: str, sysfs_root: str | None = None
+) -> None:
     _daemon_side(
-        write_remove, _daemon_sysfs_root(), uuid, timeout, str(agent_conf.CONF.vfio_dev_dir)
+        lambda: write_create(_daemon_sysfs_root(sysfs_root), parent, mdev_type, uuid)
     )
 
 
-def _call(entrypoint: Callable[..., None], *args: Any) -> None:
+@sysfs_admin.entrypoint
+def _priv_remove_mdev(uuid: str, timeout: float, sysfs_root: str | None = None) -> None:
+    _daemon_side(
+        lambda: write_remove(
+            _daemon_sysfs_root(sysfs_root), uuid, timeout, str(agent_conf.CONF.vfio_dev_dir)
+        )
+    )
+
+
+def _call(entrypoint: Callable[..., None], *args: Any, **kwargs: Any) -> None:
     try:
-        entrypoint(*args)
+        entrypoint(*args, **kwargs)
     except _WireError as wire:
         raise _from_wire(wire) from None
 
 
-def create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
-    """Create mdev ``uuid`` of ``mdev_type`` on ``parent`` in the privsep daemon.
+def create_mdev(parent: str, mdev_type: str, uuid: str, *, sysfs_root: str | None = None) -> None:
+    """Create mdev ``uuid`` of ``mdev_type`` on ``parent`` in the privsep daemon,
+    under ``sysfs_root`` (the agent passes its own; None: the daemon's).
 
     Raises PrivilegedInputRejected, MdevAlreadyExists (EEXIST), MdevCreateInvalid
     (EINVAL), InsufficientCapacity (ENOSPC/EUSERS/EDQUOT), ParentGone (ENODEV),
     ParentNotFound / MdevTypeNotSupported (ENOENT), SysfsWriteFailed (other).
     """
-    _call(_priv_create_mdev, parent, mdev_type, uuid)
+    _call(_priv_create_mdev, parent, mdev_type, uuid, sysfs_root=sysfs_root)
 
 
-def remove_mdev(uuid: str, timeout: float) -> None:
-    """Remove mdev ``uuid`` in the privsep daemon, waiting at most ``timeout`` s.
+def remove_mdev(uuid: str, timeout: float, *, sysfs_root: str | None = None) -> None:
+    """Remove mdev ``uuid`` in the privsep daemon, waiting at most ``timeout`` s,
+    under ``sysfs_root`` (the agent passes its own; None: the daemon's).
 
     Raises PrivilegedInputRejected, MdevInUse (its VFIO group is held: nothing
     written), MdevNotFound (ENOENT), ParentGone (ENODEV), MdevRemoveTimeout (the
     write is still blocked: a VM holds the device), SysfsWriteFailed (other).
     """
-    _call(_priv_remove_mdev, uuid, timeout)
+    _call(_priv_remove_mdev, uuid, timeout, sysfs_root=sysfs_root)
 
 
 # --- starting the daemon ---------------------------------------------------------

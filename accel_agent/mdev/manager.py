@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import threading
 import uuid as uuid_mod
@@ -61,7 +62,13 @@ class MdevWriter(Protocol):
 
 class PrivsepWriter:
     """Writes through the oslo.privsep daemon, started on first use with the
-    agent's own config files (the daemon reads ``sysfs_root`` from them)."""
+    agent's own config files.  Every call names ``sysfs_root``: a helper that
+    was restarted must not act on a root an operator has since written into
+    those files."""
+
+    def __init__(self, sysfs_root: str | None = None) -> None:
+        # Normalised as the helper wants it ("/sys/" and "/sys" are one root).
+        self.sysfs_root = os.path.normpath(sysfs_root) if sysfs_root else None
 
     @staticmethod
     def _started() -> Any:
@@ -74,10 +81,10 @@ class PrivsepWriter:
         return privileged
 
     def create(self, parent: str, mdev_type: str, uuid: str) -> None:
-        self._started().create_mdev(parent, mdev_type, uuid)
+        self._started().create_mdev(parent, mdev_type, uuid, sysfs_root=self.sysfs_root)
 
     def remove(self, uuid: str, timeout: float) -> None:
-        self._started().remove_mdev(uuid, timeout)
+        self._started().remove_mdev(uuid, timeout, sysfs_root=self.sysfs_root)
 
 
 class DirectWriter:
