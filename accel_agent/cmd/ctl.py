@@ -597,6 +597,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.simulate_args = argv[argv.index("simulate") + 1 :]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.sysfs_root is not None:
+        if not args.sysfs_root:
+            parser.error("--sysfs-root needs a directory")
+        # Relative to where accelctl runs, as a shell user means it.
+        args.sysfs_root = os.path.abspath(args.sysfs_root)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
