@@ -176,6 +176,26 @@ class LedgerSchemaTooNew(LedgerError):
     )
 
 
+class LedgerCorrupt(LedgerError):
+    msg_fmt = (
+        "the mdev ledger %(path)s is corrupt (%(detail)s); the agent will not allocate over "
+        "it: restore it from a backup, or move it aside and let the agent start with a new "
+        "one (then adopt the mdevs it no longer knows: accelctl adopt UUID)"
+    )
+
+
+class LedgerReplaced(LedgerError):
+    msg_fmt = (
+        "the mdev ledger %(path)s was deleted or replaced while the agent had it open "
+        "(%(detail)s); refusing to change anything: restart the agent, which reports what "
+        "it finds"
+    )
+
+
+class LedgerWriteFailed(LedgerError):
+    msg_fmt = "the mdev ledger %(path)s cannot be written: %(detail)s"
+
+
 class MdevInUse(AccelAgentException):
     msg_fmt = "mediated device %(uuid)s is in use: %(reason)s"
 

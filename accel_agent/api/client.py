@@ -211,8 +211,8 @@ class ApiClient:
     def adopt(self, uuid: str) -> dict[str, Any]:
         return self.call("POST", f"/v1/mdevs/{quote(uuid)}/adopt")
 
-    def recover(self) -> dict[str, Any]:
-        return self.call("POST", "/v1/recover")
+    def recover(self, check: bool = False) -> dict[str, Any]:
+        return self.call("POST", "/v1/recover" + ("?check=true" if check else ""))
 
     def migration_claim(
         self, instance: str, mdevs: dict[str, str], source_versions: dict[str, str] | None = None

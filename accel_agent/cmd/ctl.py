@@ -384,9 +384,15 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
-    report = _via_api(args, conf.api.socket_path, lambda api: api.recover())
+    report = _via_api(args, conf.api.socket_path, lambda api: api.recover(check=args.check))
     if report is _OFFLINE:
-        report = common.build_manager(conf).recover().to_dict()
+        report = common.build_manager(conf).recover(full_check=args.check).to_dict()
+    if report.get("unrecorded"):
+        from accel_agent.mdev.ledger import LEDGER_FILENAME
+        from accel_agent.mdev.manager import unrecorded_warning
+
+        ledger = os.path.join(conf.state_dir, LEDGER_FILENAME)
+        output.warning(unrecorded_warning(ledger, report["unrecorded"]))
     if args.json:
         output.emit_json(report)
         return EXIT_OK
@@ -534,6 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
         "recorded mdev missing from sysfs with the same UUID, parent and type. Refuses, "
         "changing nothing, when an assigned mdev's type is no longer configured for its "
         "parent.",
+    )
+    recover.add_argument(
+        "--check",
+        action="store_true",
+        help="first run SQLite's full integrity_check on the ledger (the daemon runs the "
+        "quicker quick_check at every start); a corrupt ledger exits 1, changing nothing",
     )
     recover.add_argument("--json", action="store_true")
     recover.set_defaults(func=cmd_recover)

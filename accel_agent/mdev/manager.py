@@ -134,6 +134,9 @@ class RecoveryReport:
     foreign: list[str] = field(default_factory=list)
     # Interrupted removes that found the mdev in use: kept, free, owned.
     kept_in_use: list[str] = field(default_factory=list)
+    # Foreign mdevs that look like the agent's while its ledger was lost:
+    # see MdevManager.unrecorded.
+    unrecorded: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[str]]:
         return {k: sorted(v) for k, v in self.__dict__.items()}
@@ -161,6 +164,15 @@ def _check_request_names(parent: str | None, mdev_type: str | None) -> None:
         raise exception.InvalidAllocationRequest(
             reason=f"mdev type {mdev_type!r} must match [A-Za-z0-9_.-]{{1,64}}"
         )
+
+
+def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
+    return (
+        f"the mdev ledger {ledger_path} was missing, yet {len(uuids)} mdev(s) of the type "
+        f"configured for their parent exist that no record names ({', '.join(uuids)}): if "
+        "the agent made them, their assignments are lost. They are treated as foreign "
+        "(counted, never touched); adopt each one that is the agent's (accelctl adopt UUID)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -677,13 +689,17 @@ class MdevManager:
 
     # --- recover ----------------------------------------------------------------------
 
-    def recover(self) -> RecoveryReport:
+    def recover(self, full_check: bool = False) -> RecoveryReport:
         """Make sysfs and the ledger agree again (start-up, reboot, parent back).
 
         Refuses, changing nothing, when an assigned mdev would have to be
-        re-created with a type the config no longer gives its parent.
+        re-created with a type the config no longer gives its parent, or
+        (``full_check``: SQLite's integrity_check first) when the ledger is
+        corrupt.
         """
         report = RecoveryReport()
+        if full_check:
+            self.ledger.verify(full=True)
         with self._locked():
             snapshot = self.scan()
             self._check_recreatable(snapshot)
@@ -691,10 +707,41 @@ class MdevManager:
             report.released_claims += self._release_expired_claims()
             self._recreate_missing(snapshot, report)
             owned = {r.uuid for r in self.ledger.all()}
-            report.foreign = sorted(u for u in snapshot.mdevs if u not in owned)
+            # What this recovery removed is in the snapshot it started from,
+            # and recorded nowhere now: gone, not foreign.
+            gone = set(report.removed)
+            report.foreign = sorted(
+                u for u in snapshot.mdevs if u not in owned and u not in gone
+            )
+            report.unrecorded = self.unrecorded(snapshot, report.foreign)
         for uuid in report.foreign:
             LOG.info("foreign mdev %s: reported and counted, never touched", uuid)
+        if report.unrecorded:
+            LOG.warning("%s", unrecorded_warning(str(self.ledger.path), report.unrecorded))
         return report
+
+    def unrecorded(self, snapshot: HostSnapshot, foreign: list[str]) -> list[str]:
+        """The foreign mdevs that look like the agent's own, when its ledger
+        was lost (the state directory shows the agent ran here, but this
+        process had to create the ledger): of the type the config gives their
+        parent, so the agent could have made them.
+
+        The agent cannot know more: its UUIDs are random (uuid4) and sysfs
+        records no creator, so its lost mdevs and hand-made ones of the
+        configured type look the same; and a state directory wiped whole
+        looks like a first start (no warning).  They stay foreign (never
+        touched) until an operator adopts them; the warning says so."""
+        if not self.ledger.lost:
+            return []
+        found = []
+        for uuid in foreign:
+            mdev = snapshot.mdevs[uuid]
+            parent = snapshot.parents.get(mdev.parent)
+            if parent is not None and mdev.mdev_type and self.policy.type_for(parent) == (
+                mdev.mdev_type
+            ):
+                found.append(uuid)
+        return found
 
     def _check_recreatable(self, snapshot: HostSnapshot) -> None:
         errors: list[exception.AccelAgentException] = []
