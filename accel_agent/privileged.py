@@ -568,11 +568,12 @@ def helper_command(
     """The command that starts privsep-helper with the agent's configuration.
 
     oslo.privsep appends ``--privsep_context`` and ``--privsep_sock_path``.
-    The helper of this interpreter's environment is used (not whatever
-    ``privsep-helper`` is first on PATH); ``sudo`` only when we are not root.
+    The helper runs in this interpreter (not whatever ``privsep-helper`` is
+    first on PATH) through accel_agent.privsep_helper, oslo.privsep's
+    helper_main without eventlet's deprecation notice; ``sudo`` only when
+    we are not root.
     """
-    helper = os.path.join(sys.prefix, "bin", "privsep-helper")
-    cmd = [helper]
+    cmd = [sys.executable, "-m", "accel_agent.privsep_helper"]
     if as_root is None:
         as_root = os.geteuid() == 0
     if not as_root:
