@@ -113,11 +113,22 @@ api_opts = [
     ),
     cfg.IntOpt(
         "threads",
-        default=8,
+        default=16,
         min=1,
         max=256,
         help="Worker threads of the API server: how many requests are served at once. "
-        "Reads run concurrently; mutations are serialised by the mdev manager anyway.",
+        "Reads run concurrently; mutations are serialised by the mdev manager anyway. "
+        "A client that sends its request slowly holds one for at most request_timeout "
+        "seconds; one that connects and sends nothing holds none.",
+    ),
+    cfg.FloatOpt(
+        "request_timeout",
+        default=3.0,
+        min=0.1,
+        help="Seconds a client has to send a whole request (request line, headers and "
+        "body) once it has started; past that it gets 408 and is disconnected, however "
+        "slowly its bytes trickle in. Idle connections are closed after 10 seconds. "
+        "Request headers are limited to 64 KiB (413 beyond).",
     ),
     cfg.FloatOpt(
         "shutdown_timeout",

@@ -11,16 +11,31 @@ from __future__ import annotations
 from typing import Any
 
 
+def printable(value: str) -> str:
+    """``value`` with every non-printable character (newline, escape, NUL)
+    written as its Python escape: text quoted from a caller or a file cannot
+    forge a second log line or drive a terminal."""
+    if value.isprintable():
+        return value
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
 class AccelAgentException(Exception):
     """Base of every error the agent raises on purpose."""
 
     msg_fmt = "An unknown error occurred."
+    # The values quoted in a message come from callers, files and sysfs;
+    # their control characters are escaped (exc.kwargs keeps them as given).
+    escape_kwargs = True
 
     def __init__(self, message: str | None = None, **kwargs: Any) -> None:
         self.kwargs = kwargs
         if message is None:
+            shown = kwargs
+            if self.escape_kwargs:
+                shown = {k: printable(v) if isinstance(v, str) else v for k, v in kwargs.items()}
             try:
-                message = self.msg_fmt % kwargs
+                message = self.msg_fmt % shown
             except (KeyError, TypeError, ValueError):
                 # A wrong kwarg set is a programming error; keep the template
                 # so the failure is still visible instead of masking it.
@@ -77,6 +92,7 @@ class ConfigErrors(InvalidConfig):
     them all at once instead of one restart per mistake."""
 
     msg_fmt = "%(summary)s"
+    escape_kwargs = False  # one line per error, each escaped already
 
     def __init__(self, errors: list[AccelAgentException]) -> None:
         self.errors = list(errors)
@@ -158,6 +174,26 @@ class LedgerSchemaTooNew(LedgerError):
         "mdev ledger %(path)s has schema version %(found)s, newer than this agent "
         "understands (%(supported)s); refusing to touch it"
     )
+
+
+class LedgerCorrupt(LedgerError):
+    msg_fmt = (
+        "the mdev ledger %(path)s is corrupt (%(detail)s); the agent will not allocate over "
+        "it: restore it from a backup, or move it aside and let the agent start with a new "
+        "one (then adopt the mdevs it no longer knows: accelctl adopt UUID)"
+    )
+
+
+class LedgerReplaced(LedgerError):
+    msg_fmt = (
+        "the mdev ledger %(path)s was deleted or replaced while the agent had it open "
+        "(%(detail)s); refusing to change anything: restart the agent, which reports what "
+        "it finds"
+    )
+
+
+class LedgerWriteFailed(LedgerError):
+    msg_fmt = "the mdev ledger %(path)s cannot be written: %(detail)s"
 
 
 class MdevInUse(AccelAgentException):

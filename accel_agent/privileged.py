@@ -41,8 +41,14 @@ Capabilities: **none** (``capabilities=[]``), the daemon keeps uid 0.
 
 Inputs are validated before any filesystem access (even ``realpath``), by
 plain functions that unit tests call without the daemon.  ``sysfs_root``
-comes from the daemon's own configuration (it is started with the agent's
-``--config-file``), never from the caller.  The path is resolved with
+comes with each call from the agent's running configuration (an absolute,
+normalised path), never from the config files on disk: the helper may be
+restarted (oslo.privsep respawns it when it died) after an operator edited
+them, and the agent keeps acting on the tree it started with until it is
+restarted itself (``sysfs_root`` needs a restart).  A caller choosing the
+root gains nothing it could not do anyway: the agent runs as root, and the
+checks below (names validated, the path confined to that root, one link
+per written file) hold for any root.  The path is resolved with
 ``realpath`` and must stay inside ``realpath(sysfs_root)``; between that check
 and the ``open`` only whoever can change the tree itself (root, for /sys)
 could swap a component, which is outside what a caller of the entrypoints
@@ -154,6 +160,25 @@ def validate_parent(value: Any) -> str:
     raise _reject(f"mdev parent {value!r} is neither a PCI address nor a parent name")
 
 
+MAX_ROOT_LEN = 4096
+
+
+def validate_sysfs_root(value: Any) -> str:
+    """Return ``value`` if it is an absolute, normalised path of printable
+    characters (no ``..``, no ``//``, no trailing ``/``): what the agent's
+    configuration accepts as ``sysfs_root``.  Whether it is a directory is
+    checked where it is used."""
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_ROOT_LEN
+        or not value.isprintable()
+        or not os.path.isabs(value)
+        or os.path.normpath(value) != value
+    ):
+        raise _reject(f"sysfs root {value!r} is not an absolute, normalised path")
+    return value
+
+
 def validate_timeout(value: Any) -> float:
     if (
         isinstance(value, bool)
@@ -214,12 +239,32 @@ def resolve_remove_path(sysfs_root: str, uuid: str) -> str:
 # --- the writes ------------------------------------------------------------------
 
 
+def _refuse_hard_link(fd: int, path: str) -> None:
+    """A ``create``/``remove`` has one link, like every sysfs attribute.  A
+    second one means the name under the root is a hard link to some other
+    file (resolving the path cannot see that: there is no link to resolve),
+    and writing a UUID there would write it outside the tree."""
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        raise _reject(f"{path} has {links} links (a sysfs file has one); not written")
+
+
 def _write_once(path: str, data: bytes) -> None:
-    """Open an existing file (never create one), write once, close."""
+    """Open an existing file (never create one), write once, close.
+
+    A ``create`` is opened with O_NONBLOCK: a FIFO in its place fails (ENXIO)
+    instead of blocking a call that has no timeout (kernfs ignores the flag).
+    A ``remove`` may block anyway (the kernel holds it while a VM uses the
+    device), so it runs under a timeout in its own thread (_RemoveWriter).
+    """
     # No O_CREAT: a missing file must fail, never appear.  O_NOFOLLOW: the
     # path was resolved already, so a symlink here means it changed under us.
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    if os.path.basename(path) != "remove":
+        flags |= os.O_NONBLOCK
+    fd = os.open(path, flags)
     try:
+        _refuse_hard_link(fd, path)
         written = os.write(fd, data)
     finally:
         os.close(fd)
@@ -310,6 +355,8 @@ class _RemoveWriter:
             _write_once(self.path, b"1")
         except OSError as err:
             self.error = _map_remove_error(err, self.path, self.uuid)
+        except exception.AccelAgentException as err:  # refused (_refuse_hard_link)
+            self.error = err
         except Exception as err:  # a bug must still release the waiters
             self.error = exception.SysfsWriteFailed(path=self.path, error=repr(err), errno="")
         finally:
@@ -449,55 +496,67 @@ def _from_wire(wire: _WireError) -> exception.AccelAgentException:
 _R = TypeVar("_R")
 
 
-def _daemon_side(func: Callable[..., _R], *args: Any) -> _R:
+def _daemon_side(func: Callable[[], _R]) -> _R:
     try:
-        return func(*args)
+        return func()
     except exception.AccelAgentException as exc:
         raise _to_wire(exc) from None
 
 
-def _daemon_sysfs_root() -> str:
-    # The daemon's own CONF, parsed from the --config-file it was started with.
+def _daemon_sysfs_root(given: str | None) -> str:
+    """The root this call acts on: the agent's, validated (see the module
+    docstring), else the daemon's own CONF, parsed from the --config-file it
+    was started with (a caller with no configuration of its own)."""
+    if given is not None:
+        return validate_sysfs_root(given)
     return str(agent_conf.CONF.sysfs_root)
 
 
 @sysfs_admin.entrypoint
-def _priv_create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
-    _daemon_side(write_create, _daemon_sysfs_root(), parent, mdev_type, uuid)
-
-
-@sysfs_admin.entrypoint
-def _priv_remove_mdev(uuid: str, timeout: float) -> None:
+def _priv_create_mdev(
+    parent: str, mdev_type: str, uuid: str, sysfs_root: str | None = None
+) -> None:
     _daemon_side(
-        write_remove, _daemon_sysfs_root(), uuid, timeout, str(agent_conf.CONF.vfio_dev_dir)
+        lambda: write_create(_daemon_sysfs_root(sysfs_root), parent, mdev_type, uuid)
     )
 
 
-def _call(entrypoint: Callable[..., None], *args: Any) -> None:
+@sysfs_admin.entrypoint
+def _priv_remove_mdev(uuid: str, timeout: float, sysfs_root: str | None = None) -> None:
+    _daemon_side(
+        lambda: write_remove(
+            _daemon_sysfs_root(sysfs_root), uuid, timeout, str(agent_conf.CONF.vfio_dev_dir)
+        )
+    )
+
+
+def _call(entrypoint: Callable[..., None], *args: Any, **kwargs: Any) -> None:
     try:
-        entrypoint(*args)
+        entrypoint(*args, **kwargs)
     except _WireError as wire:
         raise _from_wire(wire) from None
 
 
-def create_mdev(parent: str, mdev_type: str, uuid: str) -> None:
-    """Create mdev ``uuid`` of ``mdev_type`` on ``parent`` in the privsep daemon.
+def create_mdev(parent: str, mdev_type: str, uuid: str, *, sysfs_root: str | None = None) -> None:
+    """Create mdev ``uuid`` of ``mdev_type`` on ``parent`` in the privsep daemon,
+    under ``sysfs_root`` (the agent passes its own; None: the daemon's).
 
     Raises PrivilegedInputRejected, MdevAlreadyExists (EEXIST), MdevCreateInvalid
     (EINVAL), InsufficientCapacity (ENOSPC/EUSERS/EDQUOT), ParentGone (ENODEV),
     ParentNotFound / MdevTypeNotSupported (ENOENT), SysfsWriteFailed (other).
     """
-    _call(_priv_create_mdev, parent, mdev_type, uuid)
+    _call(_priv_create_mdev, parent, mdev_type, uuid, sysfs_root=sysfs_root)
 
 
-def remove_mdev(uuid: str, timeout: float) -> None:
-    """Remove mdev ``uuid`` in the privsep daemon, waiting at most ``timeout`` s.
+def remove_mdev(uuid: str, timeout: float, *, sysfs_root: str | None = None) -> None:
+    """Remove mdev ``uuid`` in the privsep daemon, waiting at most ``timeout`` s,
+    under ``sysfs_root`` (the agent passes its own; None: the daemon's).
 
     Raises PrivilegedInputRejected, MdevInUse (its VFIO group is held: nothing
     written), MdevNotFound (ENOENT), ParentGone (ENODEV), MdevRemoveTimeout (the
     write is still blocked: a VM holds the device), SysfsWriteFailed (other).
     """
-    _call(_priv_remove_mdev, uuid, timeout)
+    _call(_priv_remove_mdev, uuid, timeout, sysfs_root=sysfs_root)
 
 
 # --- starting the daemon ---------------------------------------------------------
@@ -509,11 +568,12 @@ def helper_command(
     """The command that starts privsep-helper with the agent's configuration.
 
     oslo.privsep appends ``--privsep_context`` and ``--privsep_sock_path``.
-    The helper of this interpreter's environment is used (not whatever
-    ``privsep-helper`` is first on PATH); ``sudo`` only when we are not root.
+    The helper runs in this interpreter (not whatever ``privsep-helper`` is
+    first on PATH) through accel_agent.privsep_helper, oslo.privsep's
+    helper_main without eventlet's deprecation notice; ``sudo`` only when
+    we are not root.
     """
-    helper = os.path.join(sys.prefix, "bin", "privsep-helper")
-    cmd = [helper]
+    cmd = [sys.executable, "-m", "accel_agent.privsep_helper"]
     if as_root is None:
         as_root = os.geteuid() == 0
     if not as_root:

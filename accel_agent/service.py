@@ -70,6 +70,7 @@ RESTART_LATER = (
     ("api", "socket_path"),
     ("api", "socket_group"),
     ("api", "threads"),
+    ("api", "request_timeout"),
 )
 
 
@@ -96,6 +97,8 @@ class RescanView:
     waiting: tuple[str, ...] = ()
     error: str | None = None
     inventory: inventory_mod.Inventory | None = None
+    # Owned-looking mdevs found while the ledger was missing, still unrecorded.
+    unrecorded: tuple[str, ...] = ()
 
 
 @dataclass
@@ -174,6 +177,8 @@ class AgentCore:
         self._reload_view = ReloadView(loaded_at=self.started_at)
         self._last_recover_error: str | None = None
         self._synced_signature: tuple[Any, ...] | None = None
+        # Mdevs recovery found looking like ours while the ledger was missing.
+        self._unrecorded: frozenset[str] = frozenset()
         # Wired by AgentService; plain calls (no threads) by default.
         self.request_rescan: Callable[[str], None] = lambda reason: None
         self.wake_placement: Callable[[], None] = lambda: None
@@ -189,8 +194,11 @@ class AgentCore:
     # --- start ---------------------------------------------------------------------------
 
     def startup(self) -> RecoveryReport:
-        """Recover (raises ConfigErrors when an assigned mdev's type is gone from
-        the config: the daemon refuses to start), then a first rescan."""
+        """Check the ledger (SQLite's quick_check: a corrupt one raises
+        LedgerCorrupt and the daemon refuses to start rather than allocate
+        over it), recover (raises ConfigErrors when an assigned mdev's type is
+        gone from the config), then a first rescan."""
+        self.manager.ledger.verify()
         report = self._run_recover(raise_config_errors=True)
         self.rescan(frozenset({"startup"}))
         return report
@@ -245,9 +253,11 @@ class AgentCore:
         finally:
             self.request_rescan("api")
 
-    def recover(self) -> RecoveryReport:
+    def recover(self, check: bool = False) -> RecoveryReport:
         try:
-            return self._run_recover(raise_config_errors=True, raise_errors=True)
+            return self._run_recover(
+                raise_config_errors=True, raise_errors=True, full_check=check
+            )
         finally:
             self.request_rescan("api")
 
@@ -280,13 +290,17 @@ class AgentCore:
             self.request_rescan("api")
 
     def _run_recover(
-        self, *, raise_config_errors: bool = False, raise_errors: bool = False
+        self,
+        *,
+        raise_config_errors: bool = False,
+        raise_errors: bool = False,
+        full_check: bool = False,
     ) -> RecoveryReport:
         from accel_agent.mdev.manager import RecoveryReport
 
         now = self._clock()
         try:
-            report = self.manager.recover()
+            report = self.manager.recover(full_check=full_check)
         except exception.AccelAgentException as exc:
             text = exc.message
             with self._state_lock:
@@ -301,6 +315,7 @@ class AgentCore:
                 raise
             return RecoveryReport()
         self._last_recover_error = None
+        self._unrecorded |= set(report.unrecorded)
         if report.recreated:
             self.metrics.recreated.inc(len(report.recreated))
             LOG.info("recovery re-created %d mdev(s): %s", len(report.recreated),
@@ -380,6 +395,10 @@ class AgentCore:
         if self._release_expired_claims():
             records = self.manager.ledger.all()
         counts = count_mdevs(records, snapshot)
+        recorded = {r.uuid for r in records}
+        unrecorded = tuple(
+            sorted(u for u in self._unrecorded if u in snapshot.mdevs and u not in recorded)
+        )
         free = {r.uuid for r in records if r.free and r.uuid in snapshot.mdevs}
         inventory = inventory_mod.compute_inventory(
             snapshot, self.manager.policy, self.host, free
@@ -396,6 +415,7 @@ class AgentCore:
                 missing=tuple(r.uuid for r in recoverable),
                 waiting=tuple(r.uuid for r in waiting),
                 inventory=inventory,
+                unrecorded=unrecorded,
             )
             view = self._rescan
         if previous is None or placement_signature(previous) != placement_signature(inventory):
@@ -447,6 +467,15 @@ class AgentCore:
         return result
 
     # --- reload ---------------------------------------------------------------------------
+
+    def reload_failed(self, reason: str) -> None:
+        """A reload that failed before it reached :meth:`reload` (the files
+        could not be read or parsed, or a bug): health says so too."""
+        self.metrics.reloads.labels(result="refused").inc()
+        with self._state_lock:
+            self._reload_view = ReloadView(
+                self._reload_view.loaded_at, self._clock(), "refused", reason
+            )
 
     def reload(self, new_conf: cfg.ConfigOpts) -> list[str]:
         """Apply ``new_conf`` (already parsed) or raise ReloadRefused, keeping
@@ -513,6 +542,28 @@ class AgentCore:
 
     # --- health -----------------------------------------------------------------------
 
+    def _ledger_problems(self, rescan: RescanView) -> list[str]:
+        """What keeps the ledger from recording the agent's work, now."""
+        from accel_agent.mdev.manager import unrecorded_warning
+
+        ledger = self.manager.ledger
+        problems = []
+        replaced = ledger.identity_problem()
+        if replaced is not None:
+            problems.append(
+                f"the mdev ledger {ledger.path} was deleted or replaced while the agent had it "
+                f"open ({replaced}): every change is refused; restart the agent"
+            )
+        if ledger.write_error is not None:
+            problems.append(f"the mdev ledger {ledger.path} cannot be written: "
+                            f"{ledger.write_error}")
+        if _no_space_left(str(ledger.state_dir)):
+            problems.append(f"no space left on the filesystem of {ledger.state_dir}: the mdev "
+                            "ledger cannot record new work")
+        if rescan.unrecorded:
+            problems.append(unrecorded_warning(str(ledger.path), list(rescan.unrecorded)))
+        return problems
+
     def health(self) -> dict[str, Any]:
         with self._state_lock:
             rescan, recovery, reload = self._rescan, self._recovery, self._reload_view
@@ -535,6 +586,7 @@ class AgentCore:
             )
         if reload.result == "refused":
             problems.append(f"configuration reload refused: {reload.reason}")
+        problems += self._ledger_problems(rescan)
         return {
             "status": "degraded" if problems else "ok",
             "version": accel_agent.__version__,
@@ -561,6 +613,15 @@ class AgentCore:
             },
             "problems": problems,
         }
+
+
+def _no_space_left(directory: str) -> bool:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    # f_bavail: what an unprivileged writer has; root may still use the reserve.
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
 
 
 def orphaned(assigned: Iterable[MdevRecord], policy: policy_mod.MdevPolicy) -> list[str]:
@@ -692,6 +753,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
             ApiApplication(core),
             threads=conf.api.threads,
             shutdown_timeout=conf.api.shutdown_timeout,
+            request_timeout=conf.api.request_timeout,
         )
         self.scheduler = events.RescanScheduler(
             core.rescan, self._interval(conf), conf.event_debounce
@@ -740,12 +802,20 @@ class AgentService(_service_base()):  # type: ignore[misc]
                  ", ".join(self.config_files + self.config_dirs) or "the default files")
         try:
             new_conf = load_new_config(self.config_files, self.config_dirs)
+        except exception.ReloadRefused as exc:
+            # The files could not be read or parsed: core.reload never saw it.
+            LOG.error("%s", exc.message)
+            self.core.reload_failed(exc.message)
+            return False
+        try:
             notes = self.core.reload(new_conf)
         except exception.ReloadRefused as exc:
             LOG.error("%s", exc.message)
             return False
-        except Exception:  # a bug must not take the running agent down
+        except Exception as exc:  # a bug must not take the running agent down
             LOG.exception("configuration reload failed; the running configuration is kept")
+            self.core.reload_failed(f"reload failed unexpectedly ({type(exc).__name__}); "
+                                    "see the agent's log")
             return False
         for note in notes:
             LOG.warning("%s", note)
@@ -816,6 +886,27 @@ _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FATAL = 0  # a byte on the wake-up pipe that is no signal number
 
 
+# Open files the daemon allows itself (soft limit, up to the hard one): every
+# API connection is a descriptor, and systemd's default soft limit of 1024
+# would let a thousand idle clients exhaust them.
+OPEN_FILES = 65536
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES) -> int:
+    """Raise RLIMIT_NOFILE's soft limit towards ``wanted``; returns the new one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            LOG.warning("cannot raise the open files limit from %d to %d: %s", soft, target, exc)
+    return soft
+
+
 def run(
     conf: cfg.ConfigOpts,
     config_files: Sequence[str],
@@ -826,6 +917,8 @@ def run(
     from oslo_service import service as os_service
 
     from accel_agent.cmd import output
+
+    raise_open_files_limit()
 
     wake_read, wake_write = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(wake_write, False)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
+# No request document of the API nests deeper than 3; the limit leaves room
+# and keeps every later walk over the document (validation, conversions)
+# far from the interpreter's recursion limit.
+MAX_JSON_DEPTH = 32
 JSON_TYPE = "application/json"
 _SCHEMA_URI = "urn:accel-agent:openapi"
 _REASONS = {
@@ -75,7 +80,7 @@ class Backend(Protocol):
 
     def adopt(self, uuid: str) -> MdevRecord: ...
 
-    def recover(self) -> RecoveryReport: ...
+    def recover(self, check: bool = False) -> RecoveryReport: ...
 
 
 def load_openapi() -> dict[str, Any]:
@@ -141,9 +146,27 @@ def _bad(reason: str) -> exception.ApiRequestInvalid:
     return exception.ApiRequestInvalid(reason=reason)
 
 
+def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    """JSON Schema's ``pattern`` as the standard means it (ECMA-262): ``$``
+    is the end of the string.  Python's ``$`` also matches before a final
+    newline, so ``"mtty\\n"`` would pass ``^[A-Za-z0-9_.:-]+$``; ``\\Z`` does
+    what ``$`` means in the document."""
+    import jsonschema
+
+    if not validator.is_type(instance, "string"):
+        return
+    if re.search(_END_ANCHOR.sub(r"\\Z", pattern), instance) is None:
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+# An unescaped "$" (not "\\$"): the end-of-input anchor.
+_END_ANCHOR = re.compile(r"(?<!\\)\$")
+
+
 def _validator(document: dict[str, Any], schema: dict[str, Any]) -> Any:
     """A Draft 7 validator for ``schema``, whose ``$ref`` point into ``document``."""
     import jsonschema
+    from jsonschema import validators
     from referencing import Registry, Resource
     from referencing.jsonschema import DRAFT7
 
@@ -151,7 +174,8 @@ def _validator(document: dict[str, Any], schema: dict[str, Any]) -> Any:
     registry = Registry().with_resource(_SCHEMA_URI, resource)
     if "$ref" in schema and schema["$ref"].startswith("#"):
         schema = {"$ref": _SCHEMA_URI + schema["$ref"]}
-    return jsonschema.Draft7Validator(schema, registry=registry)
+    strict = validators.extend(jsonschema.Draft7Validator, {"pattern": _ecma_pattern})
+    return strict(schema, registry=registry)
 
 
 def _describe(error: Any, what: str) -> str:
@@ -257,9 +281,17 @@ class Operation:
                 raise _bad("a JSON request body is required")
             return None
         try:
-            document = json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
+            document = json.loads(
+                raw.decode("utf-8"),
+                parse_constant=_no_constants,
+                object_pairs_hook=_unique_keys,
+            )
+        except RecursionError:
+            # The C decoder recurses per level: 30,000 "[" exhaust the stack.
+            raise _bad(f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
         except (UnicodeDecodeError, ValueError) as exc:
             raise _bad(f"the body is not valid JSON: {exc}") from None
+        _check_depth(document)
         document = _integral_floats(document)
         error = next(iter(self.body_validator.iter_errors(document)), None)
         if error is not None:
@@ -269,6 +301,32 @@ class Operation:
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice: which value would be meant?
+    (``json.loads`` keeps the last one silently; accelctl refuses it too.)"""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise ValueError(f"key {key!r} is given more than once")
+            seen.add(key)
+    return document
+
+
+def _check_depth(document: Any) -> None:
+    """Refuse a document nested deeper than MAX_JSON_DEPTH (iteratively:
+    the check itself must not recurse)."""
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise _bad(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
 
 
 def _integral_floats(value: Any) -> Any:
@@ -333,9 +391,22 @@ def _read_body(environ: Mapping[str, Any]) -> bytes:
             raise _bad("negative Content-Length")
         if length > MAX_BODY:
             raise _bad(f"the body is larger than {MAX_BODY} bytes")
-        return stream.read(length) if length else b""
+        if not length:
+            return b""
+        try:
+            data = stream.read(length)
+        except OSError:
+            # TimeoutError when it did not come within [api] request_timeout.
+            raise _bad(f"the body did not arrive (Content-Length {length})") from None
+        if len(data) < length:
+            raise _bad(f"the body ended after {len(data)} of its {length} bytes (Content-Length)")
+        return data
     if "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower():
-        data = stream.read(MAX_BODY + 1)
+        try:
+            data = stream.read(MAX_BODY + 1)
+        except (OSError, ValueError):
+            # ValueError: cheroot's chunked reader on a malformed chunk size.
+            raise _bad("the chunked body did not arrive whole") from None
         if len(data) > MAX_BODY:
             raise _bad(f"the body is larger than {MAX_BODY} bytes")
         return data

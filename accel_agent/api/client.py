@@ -93,7 +93,7 @@ class ApiClient:
             except OSError as exc:
                 if exc.errno in _NOT_RUNNING:
                     raise exception.AgentNotRunning(socket=self.socket_path) from None
-                raise self._unreachable(exc) from None
+                raise self._unreachable(exc, timeout) from None
             try:
                 # The server may answer (an error) before reading all we
                 # sent; its answer is then waiting to be read.
@@ -102,19 +102,31 @@ class ApiClient:
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
-                raise self._unreachable(exc) from None
+                raise self._unreachable(exc, timeout) from None
             return resp.status, resp.getheader("Content-Type", ""), data
         finally:
             conn.close()
 
-    def _unreachable(self, exc: BaseException) -> exception.AgentUnreachable:
+    def _unreachable(
+        self, exc: BaseException, timeout: float | None = None
+    ) -> exception.AgentUnreachable:
+        waited = f" {timeout:g} s" if timeout else ""
         if isinstance(exc, PermissionError):
             reason = (
                 "permission denied on the socket (mode 0660: run as root or as a member "
                 "of [api] socket_group)"
             )
+        elif isinstance(exc, BlockingIOError):
+            # connect() kept failing with EAGAIN: the listen backlog is full.
+            reason = (
+                f"the agent is overloaded: it accepted no connection for{waited} (its "
+                "connection queue is full); it is running, retry later"
+            )
         elif isinstance(exc, TimeoutError | socket.timeout):
-            reason = "no answer in time"
+            reason = (
+                f"no answer within{waited}: the agent is overloaded or stuck (see its log "
+                "and GET /v1/health)"
+            )
         else:
             reason = str(exc) or type(exc).__name__
         return exception.AgentUnreachable(socket=self.socket_path, reason=reason)
@@ -153,6 +165,9 @@ class ApiClient:
             code, message = str(error["code"]), str(error["message"])
         except (ValueError, KeyError, TypeError):
             code, message = "HTTP", data.decode("utf-8", "replace").strip() or f"HTTP {status}"
+        if status == 503 and code == "ServiceUnavailable":
+            # cheroot's own answer when every worker is busy and its queue full.
+            message = f"the agent is overloaded ({message}); it is running, retry later"
         return exception.ApiError(message, status=status, code=code)
 
     # --- the API -----------------------------------------------------------------------
@@ -196,8 +211,8 @@ class ApiClient:
     def adopt(self, uuid: str) -> dict[str, Any]:
         return self.call("POST", f"/v1/mdevs/{quote(uuid)}/adopt")
 
-    def recover(self) -> dict[str, Any]:
-        return self.call("POST", "/v1/recover")
+    def recover(self, check: bool = False) -> dict[str, Any]:
+        return self.call("POST", "/v1/recover" + ("?check=true" if check else ""))
 
     def migration_claim(
         self, instance: str, mdevs: dict[str, str], source_versions: dict[str, str] | None = None

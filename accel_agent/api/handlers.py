@@ -81,6 +81,8 @@ def adopt(req: Request) -> Response:
 
 
 def recover(req: Request) -> Response:
+    if req.query.get("check"):
+        return Response.json(req.backend.recover(check=True).to_dict())
     return Response.json(req.backend.recover().to_dict())
 
 

@@ -32,6 +32,7 @@ from cheroot import server as cheroot_server
 from cheroot import wsgi
 
 from accel_agent import exception
+from accel_agent.api import connections
 
 LOG = logging.getLogger(__name__)
 
@@ -190,8 +191,16 @@ class _JsonErrorRequest(cheroot_server.HTTPRequest):
                 raise
 
 
-class _ApiConnection(cheroot_server.HTTPConnection):
+class _ApiConnection(connections.DeadlineConnection):
     RequestHandlerClass = _JsonErrorRequest
+
+
+# Request line and headers together: our clients send a few hundred bytes;
+# unbounded, a 200 MB header is held in memory (cheroot's default is 0: no limit).
+MAX_REQUEST_HEADER = 64 * 1024
+# Connections waiting to be accepted: enough for a burst of clients (a listen
+# backlog that is full makes a unix-socket connect() fail with EAGAIN).
+LISTEN_BACKLOG = 1024
 
 
 class ApiServer(wsgi.Server):
@@ -207,8 +216,10 @@ class ApiServer(wsgi.Server):
         sock: socket.socket,
         app: Any,
         *,
-        threads: int = 8,
+        threads: int = 16,
         shutdown_timeout: float = 30.0,
+        request_timeout: float = 3.0,
+        idle_timeout: float = 10.0,
     ) -> None:
         path = sock.getsockname()
         super().__init__(
@@ -219,15 +230,22 @@ class ApiServer(wsgi.Server):
             shutdown_timeout=shutdown_timeout,
             # listen() backlog: cheroot's default of 5 makes concurrent clients
             # get EAGAIN on connect() while the workers are busy.
-            request_queue_size=128,
+            request_queue_size=LISTEN_BACKLOG,
+            # cheroot's per-recv/send timeout, and how long an idle connection
+            # (new, or kept alive between requests) may wait in the selector.
+            timeout=idle_timeout,
             # Clients' uid/gid/pid land in the WSGI environ (X_REMOTE_*), for the logs.
             peercreds_enabled=True,
         )
+        # The whole of one request must arrive within this (DeadlineConnection).
+        self.request_timeout = request_timeout
         self.path = path
         self._bound = sock
         self.identity = socket_identity(path)
 
     ConnectionClass = _ApiConnection
+    # cheroot's own limit (a class attribute, no constructor argument): 413 beyond it.
+    max_request_header_size = MAX_REQUEST_HEADER
 
     def bind_unix_socket(self, bind_addr: Any) -> socket.socket:  # cheroot hook
         self.bind_addr = bind_addr
@@ -240,6 +258,19 @@ class ApiServer(wsgi.Server):
         os.environ.pop("LISTEN_PID", None)
         os.environ.pop("LISTEN_FDS", None)
         super().prepare()
+        # cheroot builds its selector loop in prepare(); ours survives EMFILE.
+        plain = self._connections
+        self._connections = connections.BoundedConnectionManager(self)
+        plain._selector.close()
+
+    def process_conn(self, conn: Any) -> None:
+        """A new connection waits in the selector (no worker) until it sends
+        something; one that has, goes to a worker (cheroot's way)."""
+        if not conn.watched:
+            conn.watched = True
+            self._connections.put(conn)
+            return
+        super().process_conn(conn)
 
     def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
         LOG.log(level, "API server: %s", msg, exc_info=traceback)

@@ -71,7 +71,11 @@ def startup_check(args: argparse.Namespace) -> bool:
         output.error(exc.message)
         return False
     _setup_logging()
-    errors, warnings = common.validate(conf)
+    try:
+        errors, warnings = common.validate(conf)
+    except exception.LedgerError as exc:
+        output.error(f"refusing to start: {exc.message}")
+        return False
     for warning in warnings:
         LOG.warning("%s", warning)
     if errors:

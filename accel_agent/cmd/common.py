@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.cmd import config_cache
+from accel_agent.cmd import config_cache, config_lint
 from accel_agent.cmd.config_cache import ListingConfig
 from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev import policy as policy_mod
@@ -81,6 +81,7 @@ def load_config(
     for path in config_dirs:
         argv += ["--config-dir", path]
     files, dirs = config_sources(config_files, config_dirs)
+    config_lint.check_files(config_files or files, config_dirs or dirs)
     try:
         conf(
             argv,
@@ -93,6 +94,10 @@ def load_config(
         raise exception.InvalidConfig(reason=f"config file not found: {exc.config_files}") from exc
     except (cfg.ConfigFileParseError, cfg.Error) as exc:
         raise exception.InvalidConfig(reason=str(exc)) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        # check_files ran first; a file changed in between.
+        raise exception.InvalidConfig(reason=f"cannot read the config files: {exc}") from exc
+    config_lint.check_paths(conf)
     return conf
 
 
@@ -108,7 +113,7 @@ def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None):
         policy=policy,
         host=conf.host,
         ledger=ledger.Ledger(conf.state_dir),
-        writer=writer or manager.PrivsepWriter(),
+        writer=writer or manager.PrivsepWriter(conf.sysfs_root),
         domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
         remove_timeout=conf.remove_timeout,
         on_step=on_step,
@@ -204,14 +209,20 @@ def check(
     """:func:`validate`, and the host state it looked at (None when the
     configuration could not be resolved), so that a caller reporting on the
     host need not scan it again."""
-    errors: list[str] = []
-    warnings: list[str] = []
+    # The files as written (unknown options, indented headers) and the state
+    # directory: reported whatever else is wrong.
+    warnings: list[str] = config_lint.lint(config_lint.parsed_files(conf))
+    state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
+    errors: list[str] = [state_error] if state_error else []
+    warnings += [state_warning] if state_warning else []
     try:
         state = host_state(*ListingConfig.from_conf(conf))
     except exception.ConfigErrors as exc:
-        return [e.message for e in exc.errors], warnings, None
+        return errors + [e.message for e in exc.errors], warnings, None
+    except exception.LedgerError:
+        raise  # not the configuration: the caller says what it is (a corrupt ledger)
     except exception.AccelAgentException as exc:
-        return [exc.message], warnings, None
+        return [*errors, exc.message], warnings, None
     warnings += list(state.policy.warnings)
     warnings += policy_mod.host_warnings(state.policy, state.snapshot)
     warnings += list(state.inventory().warnings)

@@ -284,6 +284,9 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise exception.InvalidMigrationRequest(reason=f"{what} {item!r} is not KEY=VALUE")
+        if key in pairs:
+            # Which of the two was meant?  (The API refuses a repeated key too.)
+            raise exception.InvalidMigrationRequest(reason=f"{what} {key!r} is given twice")
         pairs[key] = value
     return pairs
 
@@ -381,9 +384,15 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
-    report = _via_api(args, conf.api.socket_path, lambda api: api.recover())
+    report = _via_api(args, conf.api.socket_path, lambda api: api.recover(check=args.check))
     if report is _OFFLINE:
-        report = common.build_manager(conf).recover().to_dict()
+        report = common.build_manager(conf).recover(full_check=args.check).to_dict()
+    if report.get("unrecorded"):
+        from accel_agent.mdev.ledger import LEDGER_FILENAME
+        from accel_agent.mdev.manager import unrecorded_warning
+
+        ledger = os.path.join(conf.state_dir, LEDGER_FILENAME)
+        output.warning(unrecorded_warning(ledger, report["unrecorded"]))
     if args.json:
         output.emit_json(report)
         return EXIT_OK
@@ -532,6 +541,12 @@ def build_parser() -> argparse.ArgumentParser:
         "changing nothing, when an assigned mdev's type is no longer configured for its "
         "parent.",
     )
+    recover.add_argument(
+        "--check",
+        action="store_true",
+        help="first run SQLite's full integrity_check on the ledger (the daemon runs the "
+        "quicker quick_check at every start); a corrupt ledger exits 1, changing nothing",
+    )
     recover.add_argument("--json", action="store_true")
     recover.set_defaults(func=cmd_recover)
 
@@ -594,6 +609,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.simulate_args = argv[argv.index("simulate") + 1 :]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.sysfs_root is not None:
+        if not args.sysfs_root:
+            parser.error("--sysfs-root needs a directory")
+        # Relative to where accelctl runs, as a shell user means it.
+        args.sysfs_root = os.path.abspath(args.sysfs_root)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",

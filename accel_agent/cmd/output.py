@@ -7,13 +7,18 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
+from accel_agent.exception import printable
+
 
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value) or "-"
-    return str(value)
+        return ",".join(printable(str(v)) for v in value) or "-"
+    # A name read from sysfs or given by a caller may hold a newline or a
+    # terminal escape: shown escaped, it can neither break the table's rows
+    # nor drive the terminal.
+    return printable(str(value))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO | None = None) -> None:
@@ -65,8 +70,8 @@ def emit_json_bytes(document: bytes) -> None:
 def error(message: str) -> None:
     """One error per line on stderr, as the CLI contract says."""
     for line in str(message).splitlines() or [""]:
-        sys.stderr.write(f"error: {line}\n")
+        sys.stderr.write(f"error: {printable(line)}\n")
 
 
 def warning(message: str) -> None:
-    sys.stderr.write(f"warning: {message}\n")
+    sys.stderr.write(f"warning: {printable(str(message))}\n")

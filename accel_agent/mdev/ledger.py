@@ -49,6 +49,10 @@ LOG = logging.getLogger(__name__)
 
 LEDGER_FILENAME = "ledger.sqlite3"
 MAX_ID_LEN = 255
+# SQLite's primary result codes for a damaged file, and for a write the
+# filesystem refused (disk full, I/O error, read-only).
+_CORRUPT = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+_WRITE_FAILED = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY})
 
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -239,7 +243,17 @@ class Ledger:
         self._migrations = tuple(migrations)
         self._lock = threading.RLock()
         self._depth = 0
+        # Why the last write failed (disk full, I/O error); None once one succeeds.
+        self.write_error: str | None = None
+        # The agent ran here before (its state directory holds something,
+        # e.g. the manager's lock file) yet has no ledger: it was lost, with
+        # every record (see MdevManager.unrecorded).  A state directory that
+        # is absent or empty is a first start; one wiped whole looks the same.
+        ran_before = _has_entries(self.state_dir)
         _ensure_private_dir(self.state_dir)
+        # Whether this open made the file.
+        self.created = not os.path.lexists(self.path)
+        self.lost = self.created and ran_before
         # Create the file 0600 ourselves: SQLite would use 0644 & ~umask,
         # and its -wal/-shm files copy the main file's mode.
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
@@ -257,6 +271,9 @@ class Ledger:
             # (switching the journal mode rewrites the header).
             self._check_version(self._user_version())
             self._setup_connection()
+            # The file this connection has open: checked before every write
+            # (a ledger deleted or replaced under us must not take writes).
+            self._identity = self._file_identity()
             self._migrate()
         except BaseException:
             self._conn.close()
@@ -284,17 +301,49 @@ class Ledger:
     # --- connection, transactions, schema ---------------------------------------------
 
     def _setup_connection(self) -> None:
-        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = self._rows("PRAGMA journal_mode = WAL")[0][0]
         if str(mode).lower() != "wal":
             raise exception.LedgerError(reason=f"{self.path}: cannot enable WAL (got {mode})")
         # FULL: fsync the WAL at every commit; NORMAL could lose the last
         # commits on power loss, i.e. forget an assignment we acknowledged.
         # Only intents relax it (transaction(durable=False)).
-        self._conn.execute("PRAGMA synchronous = FULL")
-        self._conn.execute("PRAGMA foreign_keys = ON")
+        self._execute("PRAGMA synchronous = FULL")
+        self._execute("PRAGMA foreign_keys = ON")
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def identity_problem(self) -> str | None:
+        """Why the file at the ledger's path is not the one this object has
+        open (deleted, replaced), or None."""
+        found = self._file_identity()
+        if found is None:
+            return "the file is gone"
+        if found != self._identity:
+            return "another file is at its path now"
+        return None
+
+    def _check_identity(self) -> None:
+        problem = self.identity_problem()
+        if problem is not None:
+            raise exception.LedgerReplaced(path=str(self.path), detail=problem)
+
+    def verify(self, full: bool = False) -> None:
+        """SQLite's ``quick_check`` (``integrity_check`` when ``full``);
+        raises LedgerCorrupt listing the first problems it reports."""
+        pragma = "integrity_check" if full else "quick_check"
+        with self._lock:
+            rows = [str(r[0]) for r in self._rows(f"PRAGMA {pragma}")]
+        if rows != ["ok"]:
+            more = f" (and {len(rows) - 5} more)" if len(rows) > 5 else ""
+            raise exception.LedgerCorrupt(path=str(self.path), detail="; ".join(rows[:5]) + more)
 
     def _user_version(self) -> int:
-        return int(self._execute("PRAGMA user_version").fetchone()[0])
+        return int(self._rows("PRAGMA user_version")[0][0])
 
     def _check_version(self, found: int) -> None:
         if found > len(self._migrations):
@@ -340,6 +389,8 @@ class Ledger:
         """
         with self._lock:
             savepoint = f"sp{self._depth}" if self._depth else None
+            if savepoint is None:
+                self._check_identity()
             relaxed = not durable and savepoint is None
             if relaxed:
                 self._execute("PRAGMA synchronous = NORMAL")
@@ -359,11 +410,14 @@ class Ledger:
             yield
         except BaseException:
             self._depth -= 1
-            if savepoint:
-                self._conn.execute(f"ROLLBACK TO {savepoint}")
-                self._conn.execute(f"RELEASE {savepoint}")
-            else:
-                self._conn.execute("ROLLBACK")
+            # SQLite may have rolled back already: a full disk (SQLITE_FULL)
+            # or an I/O error ends the transaction itself.
+            if self._conn.in_transaction:
+                if savepoint:
+                    self._conn.execute(f"ROLLBACK TO {savepoint}")
+                    self._conn.execute(f"RELEASE {savepoint}")
+                else:
+                    self._conn.execute("ROLLBACK")
             raise
         self._depth -= 1
         try:
@@ -372,6 +426,8 @@ class Ledger:
             if not savepoint and self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             raise
+        if not savepoint:
+            self.write_error = None
 
     def _execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         try:
@@ -381,12 +437,32 @@ class Ledger:
             # constraint means a bug or a hand-edited file, never user input.
             raise exception.LedgerError(reason=f"{self.path}: constraint failed: {err}") from err
         except sqlite3.Error as err:
-            raise exception.LedgerError(reason=f"{self.path}: {err}") from err
+            raise self._error(err) from err
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Every row of a query: fetching reads pages too, and a damaged
+        one must raise the agent's error, not SQLite's."""
+        cursor = self._execute(sql, params)
+        try:
+            return cursor.fetchall()
+        except sqlite3.Error as err:
+            raise self._error(err) from err
+
+    def _error(self, err: sqlite3.Error) -> exception.LedgerError:
+        """SQLite's error as the agent's: a corrupt file, a failed write
+        (remembered for /v1/health until a write succeeds), anything else."""
+        primary = (getattr(err, "sqlite_errorcode", 0) or 0) & 0xFF
+        if primary in _CORRUPT:
+            return exception.LedgerCorrupt(path=str(self.path), detail=str(err))
+        if primary in _WRITE_FAILED:
+            self.write_error = str(err)
+            return exception.LedgerWriteFailed(path=str(self.path), detail=str(err))
+        return exception.LedgerError(reason=f"{self.path}: {err}")
 
     def check_integrity(self) -> str:
         """``ok`` or SQLite's list of problems."""
         with self._lock:
-            rows = self._execute("PRAGMA integrity_check").fetchall()
+            rows = self._rows("PRAGMA integrity_check")
         return "\n".join(str(r[0]) for r in rows)
 
     # --- reading ------------------------------------------------------------------
@@ -411,7 +487,7 @@ class Ledger:
     def _select(self, where: str = "", params: Sequence[Any] = ()) -> list[MdevRecord]:
         sql = _SELECT + (f" WHERE {where}" if where else "") + _ORDER
         with self._lock:
-            return [self._record(r) for r in self._execute(sql, params).fetchall()]
+            return [self._record(r) for r in self._rows(sql, params)]
 
     def get(self, uuid: str) -> MdevRecord | None:
         rows = self._select("m.uuid = ?", (_validate_uuid(uuid),))
@@ -460,12 +536,12 @@ class Ledger:
     def pending_intents(self) -> list[Intent]:
         """Operations that began and never finished (a crash, or in flight)."""
         with self._lock:
-            intents = self._execute(
+            intents = self._rows(
                 "SELECT id, kind, owner, created_at FROM intents ORDER BY id"
-            ).fetchall()
-            members = self._execute(
+            )
+            members = self._rows(
                 "SELECT intent_id, uuid FROM mdevs WHERE intent_id IS NOT NULL ORDER BY uuid"
-            ).fetchall()
+            )
         by_intent: dict[int, list[str]] = {}
         for intent_id, uuid in members:
             by_intent.setdefault(intent_id, []).append(uuid)
@@ -495,8 +571,8 @@ class Ledger:
     def _require_intent(self, intent_id: int | None) -> None:
         if intent_id is None:
             return
-        row = self._execute("SELECT 1 FROM intents WHERE id = ?", (intent_id,)).fetchone()
-        if row is None:
+        rows = self._rows("SELECT 1 FROM intents WHERE id = ?", (intent_id,))
+        if not rows:
             raise exception.LedgerError(reason=f"no pending intent {intent_id}")
 
     # --- operations (mdev rows) ----------------------------------------------------
@@ -691,6 +767,14 @@ class Ledger:
                 )
             self._execute("DELETE FROM mdevs WHERE uuid = ?", (uuid,))
             return True
+
+
+def _has_entries(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
 
 
 def _ensure_private_dir(path: Path) -> None:

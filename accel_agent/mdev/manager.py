@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import threading
 import uuid as uuid_mod
 from collections.abc import Callable, Iterator
@@ -60,7 +62,13 @@ class MdevWriter(Protocol):
 
 class PrivsepWriter:
     """Writes through the oslo.privsep daemon, started on first use with the
-    agent's own config files (the daemon reads ``sysfs_root`` from them)."""
+    agent's own config files.  Every call names ``sysfs_root``: a helper that
+    was restarted must not act on a root an operator has since written into
+    those files."""
+
+    def __init__(self, sysfs_root: str | None = None) -> None:
+        # Normalised as the helper wants it ("/sys/" and "/sys" are one root).
+        self.sysfs_root = os.path.normpath(sysfs_root) if sysfs_root else None
 
     @staticmethod
     def _started() -> Any:
@@ -73,10 +81,10 @@ class PrivsepWriter:
         return privileged
 
     def create(self, parent: str, mdev_type: str, uuid: str) -> None:
-        self._started().create_mdev(parent, mdev_type, uuid)
+        self._started().create_mdev(parent, mdev_type, uuid, sysfs_root=self.sysfs_root)
 
     def remove(self, uuid: str, timeout: float) -> None:
-        self._started().remove_mdev(uuid, timeout)
+        self._started().remove_mdev(uuid, timeout, sysfs_root=self.sysfs_root)
 
 
 class DirectWriter:
@@ -126,9 +134,45 @@ class RecoveryReport:
     foreign: list[str] = field(default_factory=list)
     # Interrupted removes that found the mdev in use: kept, free, owned.
     kept_in_use: list[str] = field(default_factory=list)
+    # Foreign mdevs that look like the agent's while its ledger was lost:
+    # see MdevManager.unrecorded.
+    unrecorded: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[str]]:
         return {k: sorted(v) for k, v in self.__dict__.items()}
+
+
+_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _check_request_names(parent: str | None, mdev_type: str | None) -> None:
+    """A parent and a type as a caller may name them: no control character
+    (``"mtty\\n"`` must not quietly become ``mtty``), a PCI address or parent
+    name, a type id as sysfs spells them (fullmatch: ``$`` would take a
+    trailing newline)."""
+    if parent is not None and not (
+        isinstance(parent, str)
+        and parent.isprintable()
+        and (address.is_pci_address(parent) or address.is_virtual_parent_name(parent.strip()))
+    ):
+        raise exception.InvalidAllocationRequest(
+            reason=f"parent {parent!r} is neither a PCI address nor an mdev parent name"
+        )
+    if mdev_type is not None and not (
+        isinstance(mdev_type, str) and _TYPE_NAME.fullmatch(mdev_type)
+    ):
+        raise exception.InvalidAllocationRequest(
+            reason=f"mdev type {mdev_type!r} must match [A-Za-z0-9_.-]{{1,64}}"
+        )
+
+
+def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
+    return (
+        f"the mdev ledger {ledger_path} was missing, yet {len(uuids)} mdev(s) of the type "
+        f"configured for their parent exist that no record names ({', '.join(uuids)}): if "
+        "the agent made them, their assignments are lost. They are treated as foreign "
+        "(counted, never touched); adopt each one that is the agent's (accelctl adopt UUID)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,19 +283,40 @@ class MdevManager:
             raise exception.InvalidAllocationRequest(
                 reason=f"count must be an integer from 1 to {MAX_COUNT}, not {count!r}"
             )
+        _check_request_names(parent, mdev_type)
         wanted_parent = address.normalise_parent(parent) if parent else None
         with self._locked():
             held = self.ledger.by_owner(instance, OwnerKind.INSTANCE)
             if held:
-                if len(held) == count and (
-                    wanted_parent is None or all(r.parent == wanted_parent for r in held)
-                ):
+                if self._holds(held, count, wanted_parent, mdev_type):
                     return Allocation(instance, tuple(held))
                 raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
             snapshot = self.scan()
             chosen_type, slots = self._plan(snapshot, count, wanted_parent, mdev_type)
             self._execute(instance, [(slot, chosen_type, None) for slot in slots])
             return self.allocation(instance)
+
+    def _holds(
+        self,
+        held: list[MdevRecord],
+        count: int,
+        wanted_parent: str | None,
+        mdev_type: str | None,
+    ) -> bool:
+        """Whether ``held`` is what this request asks for (a repeat: idempotent),
+        as opposed to a different request (refused, never answered with the
+        old allocation).  The parent may name the mdevs' parent or their GPU."""
+        if len(held) != count:
+            return False
+        if mdev_type is not None and any(r.mdev_type != mdev_type for r in held):
+            return False
+        if wanted_parent is None or all(r.parent == wanted_parent for r in held):
+            return True
+        parents = self.scan().parents
+        return all(
+            r.parent in parents and parents[r.parent].physical_gpu == wanted_parent
+            for r in held
+        )
 
     def claim(self, owner: str, sources: dict[str, str], expires_at: float) -> dict[str, str]:
         """Live-migration destination: one mdev per source mdev, of the same
@@ -624,13 +689,17 @@ class MdevManager:
 
     # --- recover ----------------------------------------------------------------------
 
-    def recover(self) -> RecoveryReport:
+    def recover(self, full_check: bool = False) -> RecoveryReport:
         """Make sysfs and the ledger agree again (start-up, reboot, parent back).
 
         Refuses, changing nothing, when an assigned mdev would have to be
-        re-created with a type the config no longer gives its parent.
+        re-created with a type the config no longer gives its parent, or
+        (``full_check``: SQLite's integrity_check first) when the ledger is
+        corrupt.
         """
         report = RecoveryReport()
+        if full_check:
+            self.ledger.verify(full=True)
         with self._locked():
             snapshot = self.scan()
             self._check_recreatable(snapshot)
@@ -638,10 +707,41 @@ class MdevManager:
             report.released_claims += self._release_expired_claims()
             self._recreate_missing(snapshot, report)
             owned = {r.uuid for r in self.ledger.all()}
-            report.foreign = sorted(u for u in snapshot.mdevs if u not in owned)
+            # What this recovery removed is in the snapshot it started from,
+            # and recorded nowhere now: gone, not foreign.
+            gone = set(report.removed)
+            report.foreign = sorted(
+                u for u in snapshot.mdevs if u not in owned and u not in gone
+            )
+            report.unrecorded = self.unrecorded(snapshot, report.foreign)
         for uuid in report.foreign:
             LOG.info("foreign mdev %s: reported and counted, never touched", uuid)
+        if report.unrecorded:
+            LOG.warning("%s", unrecorded_warning(str(self.ledger.path), report.unrecorded))
         return report
+
+    def unrecorded(self, snapshot: HostSnapshot, foreign: list[str]) -> list[str]:
+        """The foreign mdevs that look like the agent's own, when its ledger
+        was lost (the state directory shows the agent ran here, but this
+        process had to create the ledger): of the type the config gives their
+        parent, so the agent could have made them.
+
+        The agent cannot know more: its UUIDs are random (uuid4) and sysfs
+        records no creator, so its lost mdevs and hand-made ones of the
+        configured type look the same; and a state directory wiped whole
+        looks like a first start (no warning).  They stay foreign (never
+        touched) until an operator adopts them; the warning says so."""
+        if not self.ledger.lost:
+            return []
+        found = []
+        for uuid in foreign:
+            mdev = snapshot.mdevs[uuid]
+            parent = snapshot.parents.get(mdev.parent)
+            if parent is not None and mdev.mdev_type and self.policy.type_for(parent) == (
+                mdev.mdev_type
+            ):
+                found.append(uuid)
+        return found
 
     def _check_recreatable(self, snapshot: HostSnapshot) -> None:
         errors: list[exception.AccelAgentException] = []

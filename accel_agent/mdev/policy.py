@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -208,6 +209,7 @@ def resolve_policy(
     default_type: str | None = None
     seen_types: set[str] = set()
     options = {t.mdev_type: t for t in inputs.type_options}
+    errors += _unusable_type_names(inputs.enabled)
 
     for mdev_type in inputs.enabled:
         if mdev_type in seen_types:
@@ -256,6 +258,28 @@ def resolve_policy(
         default_type=default_type,
         warnings=tuple(warnings),
     )
+
+
+# What the kernel names a type directory (mdev_supported_types/<type>).
+_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _unusable_type_names(enabled: tuple[str, ...]) -> list[exception.AccelAgentException]:
+    """Types that cannot be a sysfs directory name (``/``, ``..``, blanks,
+    an empty item from ``a,,b``): no parent could offer them, and the
+    name would become part of a path.  Each is named (escaped)."""
+    errors: list[exception.AccelAgentException] = []
+    for name in dict.fromkeys(enabled):
+        if name in (".", "..") or not _TYPE_NAME.fullmatch(name):
+            what = "an empty item (a stray comma?)" if not name else f"type {name!r}"
+            errors.append(
+                exception.InvalidMdevConfig(
+                    reason=f"{what} in [devices] enabled_mdev_types is no mdev type name: a type "
+                    "is a sysfs directory name of letters, digits, '_', '.' and '-' (at most "
+                    "64), not '.' or '..'"
+                )
+            )
+    return errors
 
 
 def _normalise_configured(

@@ -140,3 +140,16 @@ def stop(mountpoint: str, *, rundir: str | None = None, timeout: float = 15.0) -
             raise exception.SimulatorError(
                 reason=f"simulator for {mp} did not stop within {timeout:g} s; killed it")
         time.sleep(_POLL)
+    _remove_run_files(mp, rundir)
+
+
+def _remove_run_files(mountpoint: str, rundir: str | None) -> None:
+    """After a clean stop nothing of this instance stays in the run
+    directory (its spec and log, a socket a killed server left), and the
+    directory goes too when it is empty.  A failed stop keeps the log."""
+    paths = control.instance_paths(mountpoint, rundir)
+    for path in paths.values():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    with contextlib.suppress(OSError):  # not empty: another simulator runs
+        os.rmdir(os.path.dirname(paths["socket"]))

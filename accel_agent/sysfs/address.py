@@ -13,12 +13,13 @@ import re
 from accel_agent import exception
 
 # domain (4 hex) optional, bus (2 hex), slot (2 hex, 0x00-0x1f), function 0-7.
+# Always used with fullmatch: "$" would also match before a trailing newline.
 _PCI_RE = re.compile(
-    r"^(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):"
-    r"(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])$"
+    r"(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):"
+    r"(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])"
 )
 # Names the kernel gives non-PCI mdev parents (mtty, matrix, 0.0.0123 for ccw).
-_VIRTUAL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_VIRTUAL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 
 
 def parse_pci_address(text: str) -> str:
@@ -26,7 +27,7 @@ def parse_pci_address(text: str) -> str:
 
     Raises InvalidPciAddress when ``text`` is not a PCI address.
     """
-    match = _PCI_RE.match(text.strip()) if isinstance(text, str) else None
+    match = _PCI_RE.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise exception.InvalidPciAddress(address=text)
     slot = int(match["slot"], 16)
@@ -50,7 +51,24 @@ def is_virtual_parent_name(text: str) -> bool:
     A name that is not a PCI address must still be a single path component
     of sane characters: it becomes part of a sysfs path.
     """
-    return bool(_VIRTUAL_NAME_RE.match(text)) and text not in (".", "..")
+    return (
+        isinstance(text, str)
+        and bool(_VIRTUAL_NAME_RE.fullmatch(text))
+        and text not in (".", "..")
+    )
+
+
+def is_canonical_parent_name(text: str) -> bool:
+    """True for a name the kernel could give an mdev parent: a PCI address
+    exactly as the kernel spells it (``0000:84:00.0``), or a virtual name that
+    does not look like a PCI address at all.  ``0000:84:00.0\\n``, `` 0000:84:00.0``
+    and ``0000:84:00.A`` are none of these: taken as parents, they would be
+    normalised into the real GPU's name by policy and inventory."""
+    if not isinstance(text, str):
+        return False
+    if _PCI_RE.fullmatch(text.strip()):
+        return is_pci_address(text) and parse_pci_address(text) == text
+    return is_virtual_parent_name(text)
 
 
 def normalise_parent(text: str) -> str:

@@ -33,8 +33,12 @@ class MdevType:
     @property
     def max_instance(self) -> int | None:
         """NVIDIA's per-physical-GPU limit from ``description`` (SR-IOV VFs)."""
-        value = self.description_fields.get("max_instance")
-        return int(value) if value is not None and value.isdigit() else None
+        from accel_agent.sysfs import attributes
+
+        # Bounded like every number from sysfs: "٣".isdigit() is True too.
+        return attributes.parse_int_or_none(
+            self.description_fields.get("max_instance"), attributes.MAX_INSTANCES
+        )
 
 
 @dataclass(frozen=True, slots=True)

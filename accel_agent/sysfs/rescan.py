@@ -141,26 +141,27 @@ class Rescanner:
         wanted = set(parent.types) if counters is None else (counters(parent) or set())
         wanted &= set(parent.types)
         types = dict(parent.types)
-        types_fd = scanner.open_dir(os.path.join(device, scanner.SUPPORTED_TYPES))
+        # Not followed, as in the full scan: a link here could lead out of the root.
+        types_fd = scanner.open_dir(os.path.join(device, scanner.SUPPORTED_TYPES), follow=False)
         if types_fd is None:
             walker.warn(f"parent {parent.name}: mdev_supported_types vanished")
             return dataclasses.replace(parent, types=MappingProxyType({}))
         try:
-            if set(walker.listdir(types_fd)) != set(parent.types):
-                # The driver re-registered with other types (one listdir per
-                # parent buys this check): read the parent again in full.
+            names, others = scanner.type_dirs(types_fd)
+            if others or names != sorted(parent.types):
+                # The driver re-registered with other types, or a type is no
+                # longer a real directory (one scandir per parent buys this
+                # check): read the parent again in full.
                 return walker.parent(parent.name) or parent
             for type_id in wanted:
-                raw = scanner.read_at(types_fd, f"{type_id}/available_instances")
-                try:
-                    available = int(raw.strip()) if raw is not None else -1
-                except ValueError:
-                    available = -1
-                if available < 0:
-                    walker.warn(
-                        f"parent {parent.name}: type {type_id} available_instances "
-                        f"{raw!r} is not a number; skipped"
-                    )
+                owner = f"parent {parent.name}: type {type_id}"
+                raw = walker.attribute(types_fd, f"{type_id}/available_instances", owner)
+                available = (
+                    None if raw is None else walker.available_instances(owner, raw)
+                )
+                if available is None:
+                    if raw is None:
+                        walker.warn(f"{owner} has no readable available_instances; skipped")
                     del types[type_id]
                     continue
                 if available != types[type_id].available_instances:

@@ -23,7 +23,7 @@ import re
 from types import MappingProxyType
 
 from accel_agent import exception
-from accel_agent.sysfs import address
+from accel_agent.sysfs import address, attributes
 from accel_agent.sysfs.model import HostSnapshot, Mdev, MdevType, Parent
 
 LOG = logging.getLogger(__name__)
@@ -32,14 +32,15 @@ MDEV_BUS = os.path.join("class", "mdev_bus")
 MDEV_DEVICES = os.path.join("bus", "mdev", "devices")
 SUPPORTED_TYPES = "mdev_supported_types"
 
-_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # NVIDIA: "num_heads=4, frl_config=60, framebuffer=2048M, max_instance=4";
 # i915: "low_gm_size: 128MB\nhigh_gm_size: 512MB\n...".
 _DESCRIPTION_ITEM_RE = re.compile(r"^\s*([A-Za-z0-9_ .-]+?)\s*(?:=|:)\s*(.*?)\s*$")
 
 
 def is_canonical_uuid(text: str) -> bool:
-    return bool(_UUID_RE.match(text))
+    # fullmatch: "$" would also accept a trailing newline.
+    return isinstance(text, str) and bool(_UUID_RE.fullmatch(text))
 
 
 def parse_description(description: str | None) -> dict[str, str]:
@@ -55,32 +56,10 @@ def parse_description(description: str | None) -> dict[str, str]:
     return fields
 
 
-# A sysfs attribute is at most a page (the kernel's show() buffer).
-_ATTRIBUTE_MAX = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 
-
-def _decode(data: bytes) -> str:
-    try:
-        return data.decode("utf-8").rstrip("\n")
-    except UnicodeDecodeError:
-        return data.decode("latin-1").rstrip("\n")
-
-
-def read_at(dir_fd: int, name: str) -> str | None:
-    """One sysfs attribute, opened relative to an open directory: no path walk
-    per file, which is most of a scan's cost on a tree of thousands of types."""
-    try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        return _decode(os.read(fd, _ATTRIBUTE_MAX))
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+# The attribute reader lives in attributes.py; re-exported for rescan.py.
+read_at = attributes.read_at
 
 
 def open_dir(name: str, dir_fd: int | None = None, follow: bool = True) -> int | None:
@@ -101,6 +80,33 @@ def link_name_at(dir_fd: int | None, name: str) -> str | None:
         return None
 
 
+# What a type directory holds that a scan reads, in this order.
+_TYPE_ATTRIBUTES = ("device_api", "available_instances", "name", "description")
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def type_dirs(types_fd: int) -> tuple[list[str], list[str]]:
+    """(type directories sorted, other entries) of an open
+    ``mdev_supported_types``: what is no real directory (a link, a file)
+    is no type."""
+    names: list[str] = []
+    others: list[str] = []
+    try:
+        with os.scandir(types_fd) as entries:
+            for entry in entries:
+                (names if entry.is_dir(follow_symlinks=False) else others).append(entry.name)
+    except OSError:
+        return [], []
+    return sorted(names), sorted(others)
+
+
 class _Scan:
     """One pass over a tree; collects warnings instead of raising."""
 
@@ -114,6 +120,14 @@ class _Scan:
         if self.log:
             LOG.warning("sysfs scan: %s", message)
         self.warnings.append(message)
+
+    def attribute(self, dir_fd: int, name: str, owner: str) -> str | None:
+        """:func:`attributes.read_at`, warning about what is not an attribute."""
+        try:
+            return attributes.read_at(dir_fd, name)
+        except attributes.NotAnAttribute as exc:
+            self.warn(f"{owner}: {exc}")
+            return None
 
     def inside_root(self, path: str) -> bool:
         return path == self.root or path.startswith(self.root + os.sep)
@@ -146,6 +160,14 @@ class _Scan:
         return found
 
     def parent(self, name: str) -> Parent | None:
+        if not address.is_canonical_parent_name(name):
+            # "0000:84:00.0\n", " 0000:84:00.0" or "0000:84:00.A" would become a
+            # second parent that policy and inventory normalise into the real
+            # GPU's name; the kernel never spells a parent that way.
+            self.warn(
+                f"parent {name!r}: not a canonical PCI address or parent name; skipped"
+            )
+            return None
         link = os.path.join(self.root, MDEV_BUS, name)
         device_fd = open_dir(link)
         device = None
@@ -188,7 +210,11 @@ class _Scan:
         pci_address = address.parse_pci_address(name) if address.is_pci_address(name) else None
         physfn = self.physfn(device_fd)
         types: dict[str, MdevType] = {}
-        types_fd = open_dir(SUPPORTED_TYPES, device_fd)
+        # Not followed: mdev_supported_types is a directory in the kernel's
+        # layout, and a link could lead the reads out of the root.
+        types_fd = open_dir(SUPPORTED_TYPES, device_fd, follow=False)
+        if types_fd is None and _exists_at(device_fd, SUPPORTED_TYPES):
+            self.warn(f"parent {name}: {SUPPORTED_TYPES} is not a directory; no type read")
         if types_fd is not None:
             try:
                 for entry in self.type_entries(name, types_fd):
@@ -205,8 +231,8 @@ class _Scan:
             physfn=physfn,
             numa_node=self.numa_node(name, device_fd),
             driver=link_name_at(device_fd, "driver"),
-            vendor_id=read_at(device_fd, "vendor"),
-            device_id=read_at(device_fd, "device"),
+            vendor_id=self.attribute(device_fd, "vendor", f"parent {name}"),
+            device_id=self.attribute(device_fd, "device", f"parent {name}"),
             types=MappingProxyType(types),
         )
 
@@ -214,26 +240,19 @@ class _Scan:
         """The type directories of a parent, sorted.  Type directories are
         never links in the kernel's layout: one that is, is skipped (the
         directory entry's type says so, no stat needed)."""
-        names = []
-        try:
-            with os.scandir(types_fd) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        names.append(entry.name)
-                    else:
-                        self.warn(f"parent {parent}: type {entry.name} is not a directory")
-        except OSError:
-            return []
-        return sorted(names)
+        names, others = type_dirs(types_fd)
+        for other in others:
+            self.warn(f"parent {parent}: type {other} is not a directory; skipped")
+        return names
 
     def numa_node(self, parent: str, device_fd: int) -> int | None:
-        raw = read_at(device_fd, "numa_node")
+        raw = self.attribute(device_fd, "numa_node", f"parent {parent}")
         if raw is None:
             return None
         try:
-            node = int(raw.strip())
-        except ValueError:
-            self.warn(f"parent {parent}: numa_node {raw!r} is not a number")
+            node = attributes.parse_int(raw, attributes.MAX_NUMA_NODE, minimum=-1)
+        except ValueError as exc:
+            self.warn(f"parent {parent}: numa_node {exc}; ignored")
             return None
         return node if node >= 0 else None
 
@@ -241,30 +260,35 @@ class _Scan:
         # Opened relative to mdev_supported_types ("<type>/<attribute>"): no
         # directory open and close per type, a sixth of a scan's syscalls.
         prefix = type_id + "/"
-        device_api = read_at(types_fd, prefix + "device_api")
-        raw_available = read_at(types_fd, prefix + "available_instances")
+        read = attributes.read_at
+        try:
+            device_api = read(types_fd, prefix + "device_api")
+            raw_available = read(types_fd, prefix + "available_instances")
+            name = read(types_fd, prefix + "name")
+            description = read(types_fd, prefix + "description")
+        except attributes.NotAnAttribute:
+            # Rare, so the common path pays no per-attribute handler.
+            owner = f"parent {parent}: type {type_id}"
+            device_api, raw_available, name, description = (
+                self.attribute(types_fd, prefix + a, owner) for a in _TYPE_ATTRIBUTES
+            )
         if device_api is None or raw_available is None:
             missing = "device_api" if device_api is None else "available_instances"
             self.warn(f"parent {parent}: type {type_id} has no readable {missing}; skipped")
             return None
+        available = self.available_instances(f"parent {parent}: type {type_id}", raw_available)
+        if available is None:
+            return None
+        return MdevType(type_id, device_api.strip(), available, name, description)
+
+    def available_instances(self, owner: str, raw: str) -> int | None:
+        """The counter, or None (with a warning) when it is no number or
+        beyond :data:`attributes.MAX_INSTANCES`: its type is then skipped."""
         try:
-            available = int(raw_available)
-        except ValueError:
-            self.warn(
-                f"parent {parent}: type {type_id} available_instances {raw_available!r} "
-                "is not a number; skipped"
-            )
+            return attributes.parse_int(raw, attributes.MAX_INSTANCES)
+        except ValueError as exc:
+            self.warn(f"{owner} available_instances {exc}; skipped")
             return None
-        if available < 0:
-            self.warn(f"parent {parent}: type {type_id} available_instances {available} < 0")
-            return None
-        return MdevType(
-            type_id,
-            device_api.strip(),
-            available,
-            read_at(types_fd, prefix + "name"),
-            read_at(types_fd, prefix + "description"),
-        )
 
     # -- mediated devices ---------------------------------------------------------
 
@@ -295,9 +319,14 @@ class _Scan:
         if not is_canonical_uuid(name):
             self.warn(f"mdev {name!r}: not a lowercase UUID; skipped")
             return None
+        if not os.path.islink(link):
+            # The kernel lists mdevs as links to their device directories; a
+            # file of that name is not one.
+            self.warn(f"mdev {name}: not a link to a device directory; skipped")
+            return None
         device = self.resolve(link)
-        if device is None:
-            self.warn(f"mdev {name}: link is dangling or leaves the root; skipped")
+        if device is None or not os.path.isdir(device):
+            self.warn(f"mdev {name}: link is dangling, leaves the root or is no directory; skipped")
             return None
         mdev_type = None
         type_dir = self.resolve(os.path.join(device, "mdev_type"))
@@ -306,7 +335,7 @@ class _Scan:
         else:
             self.warn(f"mdev {name}: mdev_type link is missing or dangling")
         group_name = link_name_at(None, os.path.join(device, "iommu_group"))
-        iommu_group = int(group_name) if group_name and group_name.isdigit() else None
+        iommu_group = attributes.parse_int_or_none(group_name, attributes.MAX_IOMMU_GROUP)
         return Mdev(
             uuid=name,
             parent=os.path.basename(os.path.dirname(device)),

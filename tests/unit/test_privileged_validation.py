@@ -501,8 +501,8 @@ def test_helper_command_as_root_uses_this_venv_without_sudo() -> None:
     import shlex
 
     argv = shlex.split(cmd)
-    assert argv[0] == os.path.join(sys.prefix, "bin", "privsep-helper")
-    assert argv[1:] == [
+    assert argv[:3] == [sys.executable, "-m", "accel_agent.privsep_helper"]
+    assert argv[3:] == [
         "--config-file", "/etc/a.conf",
         "--config-file", os.path.abspath("b c.conf"),
         "--config-dir", "/etc/d",

@@ -157,7 +157,7 @@ class FakeReporter:
 
 
 @pytest.fixture
-def core() -> service.AgentCore:
+def core(tmp_path) -> service.AgentCore:
     from oslo_config import cfg
 
     from accel_agent import conf as agent_conf
@@ -165,7 +165,14 @@ def core() -> service.AgentCore:
     conf = cfg.ConfigOpts()
     agent_conf.register_opts(conf)
     conf([], project="accel-agent-test", default_config_files=[])
-    manager = SimpleNamespace(host="h", ledger=SimpleNamespace(close=lambda: None))
+    ledger = SimpleNamespace(
+        close=lambda: None,
+        identity_problem=lambda: None,
+        write_error=None,
+        path=tmp_path / "ledger.sqlite3",
+        state_dir=tmp_path,
+    )
+    manager = SimpleNamespace(host="h", ledger=ledger)
     return service.AgentCore(
         conf,
         manager=manager,  # type: ignore[arg-type]

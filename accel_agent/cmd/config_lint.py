@@ -1,0 +1,276 @@
+"""The config files as written, before and beside what oslo.config makes of them.
+
+oslo.config is lenient where a mistake is expensive: an option it has no
+definition for is ignored (``device_adresses`` silently turns a
+GPU-specific type into the default type), an indented section header is
+read as the continuation of the previous value, a file that is not UTF-8
+or a directory given as a file ends in a traceback, and a relative path
+means something else in every process's working directory.  This module
+says so, naming the file and the line:
+
+* :func:`check_files` (before parsing; every command and the daemon):
+  a directory given as a file, a file that is not UTF-8 -> InvalidConfig;
+* :func:`check_paths` (after parsing): ``sysfs_root`` and ``state_dir``
+  empty or relative -> ConfigErrors;
+* :func:`lint` (``check-config`` and the daemon's start-up check): unknown
+  sections and options, indented section headers -> warnings (errors with
+  ``--strict``);
+* :func:`state_dir_problem`: a ``state_dir`` the agent could not write.
+
+Known options are those of the sample config: the ``oslo.config.opts``
+entry points ``accel_agent`` and ``oslo.log`` (what oslo-config-generator
+documents), ``[mdev_<type>]``'s per-type options, and the options of the
+keystoneauth plugin a ``[placement]`` section names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from accel_agent import exception
+
+if TYPE_CHECKING:
+    from oslo_config import cfg
+
+# The generator namespaces of etc/oslo-config-generator/accel-agent.conf.
+NAMESPACES = ("accel_agent", "oslo.log")
+_INDENTED_HEADER = re.compile(r"[ \t]+\[[^\]]*\]\s*")
+
+
+# --- before parsing ------------------------------------------------------------------
+
+
+def source_files(files: Sequence[str], dirs: Sequence[str]) -> list[str]:
+    """The files oslo.config reads for these arguments: the files, then each
+    directory's ``*.conf`` in name order."""
+    found = list(files)
+    for directory in dirs:
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".conf"))
+        except OSError:
+            continue
+        found += [os.path.join(directory, n) for n in names]
+    return found
+
+
+def check_files(files: Sequence[str], dirs: Sequence[str]) -> None:
+    """Refuse, with one clear line, what would make oslo.config fail with a
+    traceback: a directory given as a file, a file that is not UTF-8."""
+    for path in files:
+        if os.path.isdir(path):
+            raise exception.InvalidConfig(
+                reason=f"--config-file {path} is a directory; give a directory of *.conf "
+                "files with --config-dir"
+            )
+    for path in source_files(files, dirs):
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            continue  # oslo.config names the missing ones itself
+        except OSError as exc:
+            raise exception.InvalidConfig(
+                reason=f"cannot read config file {path}: {exc.strerror}"
+            ) from None
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise exception.InvalidConfig(
+                reason=f"config file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                f"on line {line})"
+            ) from None
+
+
+# --- after parsing -------------------------------------------------------------------------
+
+
+def check_paths(conf: cfg.ConfigOpts) -> None:
+    """``sysfs_root`` and ``state_dir`` are absolute: a relative one resolves
+    against each process's working directory (the agent's, its privileged
+    helper's, accelctl's), so they would act on different trees."""
+    errors: list[exception.AccelAgentException] = []
+    for name in ("sysfs_root", "state_dir"):
+        value = getattr(conf, name)
+        if not value or not os.path.isabs(value):
+            errors.append(
+                exception.InvalidConfig(
+                    reason=f"[DEFAULT] {name} {value!r} must be an absolute path"
+                )
+            )
+    if errors:
+        raise exception.ConfigErrors(errors)
+
+
+def state_dir_problem(path: str) -> tuple[str | None, str | None]:
+    """(error, warning) about ``state_dir``: it must be a directory the agent
+    can write, or be creatable.  Not writable by this user is only a warning
+    when this user is not root (the agent runs as root; a listing need not)."""
+    head = f"[DEFAULT] state_dir {path}"
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"{head} is not a directory", None
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{head} cannot be created: {existing} is not a directory", None
+    where = "" if existing == path else f" (its closest existing parent {existing})"
+    try:
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            return f"{head}{where} is on a read-only filesystem", None
+    except OSError:
+        pass
+    if not os.access(existing, os.W_OK | os.X_OK):
+        text = f"{head}{where} is not writable by uid {os.geteuid()}"
+        return (text, None) if os.geteuid() == 0 else (None, text + " (the agent runs as root)")
+    return None, None
+
+
+# --- unknown sections and options, indented headers --------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str
+    line: int
+    section: str
+    key: str | None  # None: the section header itself
+
+
+def scan_file(path: str) -> tuple[list[Entry], list[str]]:
+    """Section headers and assignments of one file the way oslo.config's
+    parser reads it (blank lines, ``#``/``;`` comments, indented lines
+    continue a value), plus a warning per indented section header."""
+    entries: list[Entry] = []
+    warnings: list[str] = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return entries, warnings  # check_files has said so already
+    section = "DEFAULT"
+    for number, raw in enumerate(lines, start=1):
+        line = raw.rstrip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line[0] in " \t":
+            if _INDENTED_HEADER.fullmatch(line):
+                warnings.append(
+                    f"{path}:{number}: the indented section header {line.strip()} is read as "
+                    "the continuation of the value above it, not as a section; remove the "
+                    "indentation"
+                )
+            continue
+        if line.startswith("["):
+            section = line[1:-1] if line.endswith("]") else line[1:]
+            entries.append(Entry(path, number, section, None))
+            continue
+        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if cut > 0:
+            entries.append(Entry(path, number, section, line[:cut].strip()))
+    return entries, warnings
+
+
+def _names(opt: Any) -> set[str]:
+    names = {opt.dest, opt.name.replace("-", "_")}
+    for old in getattr(opt, "deprecated_opts", None) or []:
+        if old.name:
+            names.add(old.name.replace("-", "_"))
+    return names
+
+
+@cache
+def known_options() -> dict[str, frozenset[str]]:
+    """Section -> option names, from the generator's namespaces."""
+    from importlib.metadata import entry_points
+
+    known: dict[str, set[str]] = {}
+    for point in entry_points(group="oslo.config.opts"):
+        if point.name not in NAMESPACES:
+            continue
+        for group, opts in point.load()():
+            names = known.setdefault(group or "DEFAULT", set())
+            for opt in opts:
+                names |= _names(opt)
+    return {group: frozenset(names) for group, names in known.items()}
+
+
+def _section_options(section: str, entries: Iterable[Entry]) -> frozenset[str] | None:
+    """The options a section may hold; None when the section is unknown."""
+    known = known_options()
+    if section in known:
+        names = set(known[section])
+        if section == "placement":
+            names |= _auth_plugin_options(entries)
+        return frozenset(names)
+    if section.startswith("mdev_"):
+        return known.get("mdev_$(mdev_type)", frozenset())
+    if section.startswith("vgpu_"):
+        return frozenset({"device_addresses"})  # Nova's legacy group: only that
+    return None
+
+
+def _auth_plugin_options(entries: Iterable[Entry]) -> set[str]:
+    """The options of the keystoneauth plugin ``[placement] auth_type`` names
+    (the sample config documents only ``password`` and ``admin_token``)."""
+    plugin = None
+    for entry in entries:
+        if entry.section == "placement" and entry.key in ("auth_type", "auth_plugin"):
+            plugin = _value_at(entry)
+    if not plugin:
+        return set()
+    try:
+        from keystoneauth1 import loading as ks_loading
+
+        return {n for opt in ks_loading.get_auth_plugin_conf_options(plugin) for n in _names(opt)}
+    except Exception:  # an unknown plugin: keystoneauth says so when it is loaded
+        return set()
+
+
+def _value_at(entry: Entry) -> str:
+    with open(entry.path, encoding="utf-8") as handle:
+        line = handle.read().splitlines()[entry.line - 1]
+    cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=len(line))
+    return line[cut + 1 :].strip()
+
+
+def lint(paths: Sequence[str]) -> list[str]:
+    """One warning per unknown section, unknown option and indented section
+    header of the files oslo.config read, as ``file:line: ...``."""
+    warnings: list[str] = []
+    entries: list[Entry] = []
+    for path in paths:
+        found, indented = scan_file(path)
+        entries += found
+        warnings += indented
+    for entry in entries:
+        allowed = _section_options(entry.section, entries)
+        where = f"{entry.path}:{entry.line}"
+        if allowed is None:
+            if entry.key is None:
+                warnings.append(f"{where}: unknown section [{entry.section}]; it is ignored")
+            continue
+        if entry.key is None or entry.key.replace("-", "_") in allowed:
+            continue
+        close = difflib.get_close_matches(entry.key, sorted(allowed), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(
+            f"{where}: unknown option {entry.key} in [{entry.section}]; it is ignored{hint}"
+        )
+    return warnings
+
+
+def parsed_files(conf: cfg.ConfigOpts) -> list[str]:
+    """The files ``conf`` was parsed from (after :func:`common.load_config`)."""
+    try:
+        files = list(conf.config_file or [])
+        dirs = list(conf.config_dir or [])
+    except Exception:  # pragma: no cover - a ConfigOpts without the CLI options
+        return []
+    return source_files(files, dirs)

@@ -1,0 +1,262 @@
+"""A clumsy or hostile configuration, through the real commands (accelctl and
+accel-agent as processes): one clear line naming the file, the line or the
+value; never a traceback, never a silent misreading."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from accel_agent.simulator import SimulatedHost, build_spec, materialise
+
+GOOD = """
+[devices]
+enabled_mdev_types = nvidia-35, nvidia-36
+[mdev_nvidia-35]
+[mdev_nvidia-36]
+device_addresses = 0000:85:00.0
+"""
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def accelctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return run("accel_agent.cmd.ctl", *args)
+
+
+def agent_check(config: Path) -> subprocess.CompletedProcess[str]:
+    return run("accel_agent.cmd.agent", "--config-file", str(config), "--check")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("host") / "sys"
+    materialise(SimulatedHost(build_spec(["nvidia-pf", "mtty"], gpus=2)), str(path))
+    return str(path)
+
+
+class Config:
+    def __init__(self, directory: Path, root: str) -> None:
+        self.path = directory / "agent.conf"
+        self.root = root
+        self.state_dir = directory / "state"
+
+    def write(self, body: str = GOOD, default: str = "") -> Path:
+        head = (
+            f"[DEFAULT]\nhost = testhost\nsysfs_root = {self.root}\n"
+            f"state_dir = {self.state_dir}\n{default}"
+        )
+        self.path.write_text(head + textwrap.dedent(body))
+        return self.path
+
+    def lines(self) -> list[str]:
+        return self.path.read_text().splitlines()
+
+    def line_of(self, text: str) -> int:
+        return next(i for i, line in enumerate(self.lines(), start=1) if text in line)
+
+
+@pytest.fixture
+def config(tmp_path, root) -> Config:
+    return Config(tmp_path, root)
+
+
+def errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def warnings(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+
+
+# --- files oslo.config could not read -----------------------------------------------------
+
+
+def test_a_config_file_that_is_not_utf8_is_one_clear_error(config):
+    path = config.write()
+    path.write_bytes(path.read_bytes() + b"# caf\xe9 (latin-1)\n")
+    line = len(config.path.read_bytes().splitlines())
+    for proc in (accelctl("--config-file", str(path), "check-config"),
+                 accelctl("--config-file", str(path), "types"),
+                 agent_check(path)):
+        assert proc.returncode == 1
+        assert any(f"{path} is not UTF-8 text (byte 0xe9 on line {line})" in e
+                   for e in errors(proc)), proc.stderr
+
+
+def test_a_directory_given_as_config_file_is_one_clear_error(tmp_path):
+    for proc in (accelctl("--config-file", str(tmp_path), "check-config"),
+                 agent_check(tmp_path)):
+        assert proc.returncode == 1
+        assert any(f"--config-file {tmp_path} is a directory" in e for e in errors(proc)), (
+            proc.stderr
+        )
+
+
+# --- what oslo.config ignores silently ----------------------------------------------------
+
+
+def test_an_unknown_option_is_a_warning_naming_file_and_line_and_an_error_with_strict(config):
+    path = config.write(GOOD.replace("device_addresses = 0000:85", "device_adresses = 0000:85"))
+    line = config.line_of("device_adresses")
+    proc = accelctl("--config-file", str(path), "check-config")
+    assert proc.returncode == 0, proc.stderr
+    expected = (f"{path}:{line}: unknown option device_adresses in [mdev_nvidia-36]; it is "
+                "ignored; did you mean device_addresses?")
+    assert f"warning: {expected}" in proc.stderr
+    strict = accelctl("--config-file", str(path), "check-config", "--strict")
+    assert strict.returncode == 1
+    assert f"error: {expected}" in strict.stderr
+
+
+def test_an_unknown_section_is_a_warning(config):
+    path = config.write(GOOD + "[devics]\nenabled_mdev_types = nvidia-36\n")
+    proc = accelctl("--config-file", str(path), "check-config")
+    assert proc.returncode == 0
+    line = config.line_of("[devics]")
+    assert f"warning: {path}:{line}: unknown section [devics]; it is ignored" in proc.stderr
+
+
+def test_known_options_of_every_section_are_not_warned_about(config):
+    path = config.write(
+        GOOD + textwrap.dedent(
+            """
+            [api]
+            request_timeout = 5
+            threads = 4
+            [accel_agent_privileged]
+            capabilities =
+            [placement]
+            enabled = false
+            auth_type = v3applicationcredential
+            application_credential_id = abc
+            auth_url = http://keystone
+            [vgpu_nvidia-36]
+            device_addresses = 0000:85:00.0
+            """
+        ),
+        default="debug = true\nlog_file = /tmp/x.log\n",
+    )
+    proc = accelctl("--config-file", str(path), "check-config", "--strict")
+    assert proc.returncode == 0, proc.stderr
+    assert not warnings(proc)
+
+
+def test_a_deprecated_option_name_is_known(config):
+    path = config.write(GOOD.replace("enabled_mdev_types", "enabled_vgpu_types"))
+    proc = accelctl("--config-file", str(path), "check-config", "--strict")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_indented_section_header_is_warned_about(config):
+    # Below an assignment, oslo.config reads it as that value's next line.
+    path = config.write(
+        "[devices]\nenabled_mdev_types = nvidia-35\n  [mdev_nvidia-35]\nmdev_class = VGPU\n"
+    )
+    line = config.line_of("  [mdev_nvidia-35]")
+    proc = accelctl("--config-file", str(path), "check-config")
+    assert (f"warning: {path}:{line}: the indented section header [mdev_nvidia-35] is read "
+            "as the continuation of the value above it") in proc.stderr, proc.stderr
+    # ...and what followed it landed in [devices].
+    assert "unknown option mdev_class in [devices]" in proc.stderr
+
+
+# --- paths --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["sysfs_root", "state_dir"])
+@pytest.mark.parametrize("value", ["", "relative/dir"])
+def test_an_empty_or_relative_path_is_refused(config, name, value):
+    path = config.write()
+    path.write_text(path.read_text().replace(f"{name} = ", f"{name} = {value}\n# was: ", 1))
+    for proc in (accelctl("--config-file", str(path), "check-config"), agent_check(path)):
+        assert proc.returncode == 1
+        assert any(f"[DEFAULT] {name} {value!r} must be an absolute path" in e
+                   for e in errors(proc)), proc.stderr
+
+
+def test_a_state_dir_that_is_a_file_is_one_clear_line(config):
+    config.state_dir.write_text("not a directory\n")
+    path = config.write()
+    line = f"[DEFAULT] state_dir {config.state_dir} is not a directory"
+    check = accelctl("--config-file", str(path), "check-config")
+    assert check.returncode == 1 and f"error: {line}" in check.stderr, check.stderr
+    start = agent_check(path)
+    assert start.returncode == 1 and f"error: {line}" in start.stderr, start.stderr
+
+
+@contextlib.contextmanager
+def read_only_mount(where: Path) -> Iterator[None]:
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only tmpfs here")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_state_dir_on_a_read_only_filesystem_is_one_clear_line(config, tmp_path):
+    with read_only_mount(tmp_path / "ro"):
+        config.state_dir = tmp_path / "ro" / "state"
+        path = config.write()
+        check = accelctl("--config-file", str(path), "check-config")
+        assert check.returncode == 1
+        assert any("is on a read-only filesystem" in e and str(config.state_dir) in e
+                   for e in errors(check)), check.stderr
+        assert agent_check(path).returncode == 1
+
+
+# --- type names ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "listed, named",
+    [
+        ("nvidia-35,,nvidia-36", "an empty item"),
+        ("nvidia-35, ../../class", "'../../class'"),
+        ("nvidia-35, ..", "'..'"),
+        ("nvidia-35, nvidia 36", "'nvidia 36'"),
+        ("nvidia-35, a/b", "'a/b'"),
+    ],
+)
+def test_a_type_name_that_cannot_be_a_sysfs_directory_is_refused(config, listed, named):
+    path = config.write(GOOD.replace("nvidia-35, nvidia-36", listed))
+    for proc in (accelctl("--config-file", str(path), "check-config"), agent_check(path)):
+        assert proc.returncode == 1
+        assert any(named in e and "enabled_mdev_types" in e for e in errors(proc)), proc.stderr
+
+
+# --- the commands never hang on a hostile sysfs -------------------------------------------
+
+
+def test_accelctl_listings_do_not_hang_on_a_fifo_in_sysfs(config, tmp_path):
+    tree = tmp_path / "sys"
+    materialise(SimulatedHost(build_spec(["nvidia-pf"], gpus=1)), str(tree))
+    counter = next(tree.glob("devices/**/nvidia-35/available_instances"))
+    counter.unlink()
+    os.mkfifo(counter)
+    config.root = str(tree)
+    path = config.write("[devices]\nenabled_mdev_types = nvidia-35\n")
+    for command in ("types", "inventory", "check-config"):
+        try:
+            proc = accelctl("--config-file", str(path), "--offline", command)
+        finally:
+            with contextlib.suppress(OSError):  # a reader stuck in open() before the fix
+                os.close(os.open(counter, os.O_WRONLY | os.O_NONBLOCK))
+        assert proc.returncode == 0, proc.stderr
+        assert "available_instances is a FIFO" in proc.stderr

@@ -1,0 +1,33 @@
+"""The root the privileged helper acts on comes with each call, validated."""
+
+from __future__ import annotations
+
+import pytest
+
+from accel_agent import exception, privileged
+from accel_agent.mdev.manager import PrivsepWriter
+
+
+@pytest.mark.parametrize(
+    "root", ["", "sys", "./sys", "/sys/", "/sys/../etc", "/sys/./x", "/sys\n", "/s\x00ys",
+             "/" + "a" * 5000, None, 3]
+)
+def test_a_root_that_is_not_an_absolute_normalised_path_is_refused(root):
+    with pytest.raises(exception.PrivilegedInputRejected):
+        privileged.validate_sysfs_root(root)
+
+
+@pytest.mark.parametrize("root", ["/sys", "/run/accel-agent-demo/sysfs", "/"])
+def test_absolute_normalised_roots_are_accepted(root):
+    assert privileged.validate_sysfs_root(root) == root
+
+
+def test_the_writer_sends_the_root_normalised():
+    assert PrivsepWriter("/run/demo/sysfs/").sysfs_root == "/run/demo/sysfs"
+    assert PrivsepWriter(None).sysfs_root is None
+
+
+def test_the_daemon_side_uses_the_root_it_is_given_and_checks_it(tmp_path):
+    assert privileged._daemon_sysfs_root(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(exception.PrivilegedInputRejected):
+        privileged._daemon_sysfs_root("relative/sys")
