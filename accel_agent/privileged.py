@@ -179,6 +179,23 @@ def validate_sysfs_root(value: Any) -> str:
     return value
 
 
+def validate_vfio_dev_dir(value: Any) -> str:
+    """``""`` (derived from the root) or an absolute, normalised path, like
+    :func:`validate_sysfs_root`: the in-use probe only opens ``<it>/<digits>``
+    read-only, but never a path the caller could steer with ``..``."""
+    if value == "":
+        return value
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_ROOT_LEN
+        or not value.isprintable()
+        or not os.path.isabs(value)
+        or os.path.normpath(value) != value
+    ):
+        raise _reject(f"vfio device directory {value!r} is not an absolute, normalised path")
+    return value
+
+
 def validate_timeout(value: Any) -> float:
     if (
         isinstance(value, bool)
@@ -522,10 +539,19 @@ def _priv_create_mdev(
 
 
 @sysfs_admin.entrypoint
-def _priv_remove_mdev(uuid: str, timeout: float, sysfs_root: str | None = None) -> None:
+def _priv_remove_mdev(
+    uuid: str, timeout: float, sysfs_root: str | None = None, vfio_dir: str | None = None
+) -> None:
+    # Like sysfs_root: the agent's value, validated; the helper's own config
+    # only for a caller that has none.
     _daemon_side(
         lambda: write_remove(
-            _daemon_sysfs_root(sysfs_root), uuid, timeout, str(agent_conf.CONF.vfio_dev_dir)
+            _daemon_sysfs_root(sysfs_root),
+            uuid,
+            timeout,
+            validate_vfio_dev_dir(vfio_dir)
+            if vfio_dir is not None
+            else str(agent_conf.CONF.vfio_dev_dir),
         )
     )
 
@@ -548,7 +574,9 @@ def create_mdev(parent: str, mdev_type: str, uuid: str, *, sysfs_root: str | Non
     _call(_priv_create_mdev, parent, mdev_type, uuid, sysfs_root=sysfs_root)
 
 
-def remove_mdev(uuid: str, timeout: float, *, sysfs_root: str | None = None) -> None:
+def remove_mdev(
+    uuid: str, timeout: float, *, sysfs_root: str | None = None, vfio_dir: str | None = None
+) -> None:
     """Remove mdev ``uuid`` in the privsep daemon, waiting at most ``timeout`` s,
     under ``sysfs_root`` (the agent passes its own; None: the daemon's).
 
@@ -556,7 +584,7 @@ def remove_mdev(uuid: str, timeout: float, *, sysfs_root: str | None = None) -> 
     written), MdevNotFound (ENOENT), ParentGone (ENODEV), MdevRemoveTimeout (the
     write is still blocked: a VM holds the device), SysfsWriteFailed (other).
     """
-    _call(_priv_remove_mdev, uuid, timeout, sysfs_root=sysfs_root)
+    _call(_priv_remove_mdev, uuid, timeout, sysfs_root=sysfs_root, vfio_dir=vfio_dir)
 
 
 # --- starting the daemon ---------------------------------------------------------

@@ -113,7 +113,7 @@ def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None):
         policy=policy,
         host=conf.host,
         ledger=ledger.Ledger(conf.state_dir),
-        writer=writer or manager.PrivsepWriter(conf.sysfs_root),
+        writer=writer or manager.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir),
         domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
         remove_timeout=conf.remove_timeout,
         on_step=on_step,

@@ -66,9 +66,12 @@ class PrivsepWriter:
     was restarted must not act on a root an operator has since written into
     those files."""
 
-    def __init__(self, sysfs_root: str | None = None) -> None:
+    def __init__(self, sysfs_root: str | None = None, vfio_dev_dir: str | None = None) -> None:
         # Normalised as the helper wants it ("/sys/" and "/sys" are one root).
         self.sysfs_root = os.path.normpath(sysfs_root) if sysfs_root else None
+        self.vfio_dev_dir = (
+            os.path.normpath(vfio_dev_dir) if vfio_dev_dir else vfio_dev_dir
+        )
 
     @staticmethod
     def _started() -> Any:
@@ -84,7 +87,9 @@ class PrivsepWriter:
         self._started().create_mdev(parent, mdev_type, uuid, sysfs_root=self.sysfs_root)
 
     def remove(self, uuid: str, timeout: float) -> None:
-        self._started().remove_mdev(uuid, timeout, sysfs_root=self.sysfs_root)
+        self._started().remove_mdev(
+            uuid, timeout, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir
+        )
 
 
 class DirectWriter:

@@ -31,3 +31,16 @@ def test_the_daemon_side_uses_the_root_it_is_given_and_checks_it(tmp_path):
     assert privileged._daemon_sysfs_root(str(tmp_path)) == str(tmp_path)
     with pytest.raises(exception.PrivilegedInputRejected):
         privileged._daemon_sysfs_root("relative/sys")
+
+
+@pytest.mark.parametrize("directory", ["dev/vfio", "/dev/vfio/", "/dev/../etc", "/dev/\nx", 7])
+def test_a_vfio_dir_that_is_not_an_absolute_normalised_path_is_refused(directory):
+    with pytest.raises(exception.PrivilegedInputRejected):
+        privileged.validate_vfio_dev_dir(directory)
+
+
+def test_the_writer_sends_the_vfio_dir_too():
+    assert privileged.validate_vfio_dev_dir("") == ""  # derived from the root
+    assert privileged.validate_vfio_dev_dir("/dev/vfio") == "/dev/vfio"
+    assert PrivsepWriter("/sys", "/dev/vfio/").vfio_dev_dir == "/dev/vfio"
+    assert PrivsepWriter("/sys", "").vfio_dev_dir == ""
