@@ -183,6 +183,11 @@ class AgentCore:
     def host(self) -> str:
         return self.manager.host
 
+    @property
+    def qemu_globals(self) -> list[str]:
+        """``[libvirt] qemu_globals``, read per call: a reload applies at once."""
+        return list(self.conf.libvirt.qemu_globals)
+
     def close(self) -> None:
         self.manager.ledger.close()
 

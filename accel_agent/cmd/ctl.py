@@ -395,7 +395,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_domain_xml(args: argparse.Namespace) -> int:
-    from accel_agent.libvirt_xml import domain_hostdevs_xml
+    from accel_agent.libvirt_xml import instance_domain_xml
 
     conf = _load(args)
     xml = (
@@ -410,7 +410,7 @@ def cmd_domain_xml(args: argparse.Namespace) -> int:
     allocation = manager.allocation(args.instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
-    print(domain_hostdevs_xml(allocation.uuids))
+    print(instance_domain_xml(allocation.uuids, conf.libvirt.qemu_globals))
     return EXIT_OK
 
 
@@ -538,7 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     domain_xml = subparsers.add_parser(
         "domain-xml",
         help="libvirt <hostdev> XML of an instance's mdevs",
-        description="Print the <hostdev type='mdev'> elements for INSTANCE's mdevs.",
+        description="Print the <hostdev type='mdev'> elements for INSTANCE's mdevs (for "
+        "<devices>), then, when [libvirt] qemu_globals is set, one <qemu:commandline> "
+        "element with those -global settings (for <domain> itself).",
     )
     domain_xml.add_argument("instance", metavar="INSTANCE")
     domain_xml.set_defaults(func=cmd_domain_xml)
