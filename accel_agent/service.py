@@ -278,9 +278,9 @@ class AgentCore:
         finally:
             self.request_rescan("api")
 
-    def migration_abort(self, instance: str) -> list[str]:
+    def migration_abort(self, instance: str, remove: bool = False) -> list[str]:
         try:
-            return self._destination().abort(instance)
+            return self._destination().abort(instance, remove)
         finally:
             self.request_rescan("api")
 

@@ -100,7 +100,9 @@ def migration_commit(req: Request) -> Response:
 
 def migration_abort(req: Request) -> Response:
     instance = req.params["instance"]
-    return Response.json({"instance": instance, "released": req.backend.migration_abort(instance)})
+    remove = bool(req.query.get("remove", False))
+    released = req.backend.migration_abort(instance, remove)
+    return Response.json({"instance": instance, "released": released, "removed": remove})
 
 
 def rewrite_domain_xml(req: Request) -> Response:

@@ -318,13 +318,17 @@ def cmd_migration_commit(args: argparse.Namespace) -> int:
 
 def cmd_migration_abort(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
-    answer = _via_api(args, conf.api.socket_path, lambda api: api.migration_abort(args.instance))
+    answer = _via_api(
+        args, conf.api.socket_path, lambda api: api.migration_abort(args.instance, args.remove)
+    )
     if answer is _OFFLINE:
-        answer = {"instance": args.instance, "released": _destination(conf).abort(args.instance)}
+        released = _destination(conf).abort(args.instance, args.remove)
+        answer = {"instance": args.instance, "released": released, "removed": args.remove}
     if args.json:
         output.emit_json(answer)
     else:
-        print(f"claim of {args.instance} aborted; freed: {', '.join(answer['released']) or 'none'}")
+        done = "removed" if args.remove else "freed"
+        print(f"claim of {args.instance} aborted; {done}: {', '.join(answer['released']) or 'none'}")
     return EXIT_OK
 
 
@@ -363,8 +367,14 @@ def _register_migration(subparsers: argparse._SubParsersAction) -> None:
     commit.add_argument("instance", metavar="INSTANCE")
     commit.add_argument("--json", action="store_true")
     commit.set_defaults(func=cmd_migration_commit)
-    abort = sub.add_parser("abort", help="free the claimed mdevs (idempotent)")
+    abort = sub.add_parser(
+        "abort",
+        help="free the claimed mdevs (idempotent)",
+        description="Free the claimed mdevs for reuse, or remove them (--remove): a failed "
+        "incoming migration may leave a device in the state the failed load left it.",
+    )
     abort.add_argument("instance", metavar="INSTANCE")
+    abort.add_argument("--remove", action="store_true", help="remove the mdevs, not only free them")
     abort.add_argument("--json", action="store_true")
     abort.set_defaults(func=cmd_migration_abort)
 
