@@ -328,7 +328,8 @@ def cmd_migration_abort(args: argparse.Namespace) -> int:
         output.emit_json(answer)
     else:
         done = "removed" if args.remove else "freed"
-        print(f"claim of {args.instance} aborted; {done}: {', '.join(answer['released']) or 'none'}")
+        uuids = ", ".join(answer["released"]) or "none"
+        print(f"claim of {args.instance} aborted; {done}: {uuids}")
     return EXIT_OK
 
 
