@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Real-kernel lab: boot a Debian kernel under QEMU (TCG) with the kernel's sample mdev
 # driver mtty loaded and run a command inside the guest, by default one pytest tier.
-# Which kernel and which userland is a lab profile, labs/NAME.sh (labs/README.md):
+# Which kernel and which userland is a lab profile, labs/NAME.sh (README.md, Profiles):
 #
 #   host    (default) the distribution's default kernel; the guest chroots into the host's
 #           own / shared read-only over 9p and runs the checkout's .venv
@@ -266,8 +266,9 @@ ensure_kernel() {
 	for old in "$CACHE"/*/kernel; do
 		[ -f "$old" ] && [ "${old%/kernel}" != "$KDIR" ] || continue
 		selector=$(sed -n 's/^selector=//p' "$old")
-		[ "${selector:-default}" = "$LAB_KERNEL" ] && rm -rf "${old%/kernel}"
+		if [ "${selector:-default}" = "$LAB_KERNEL" ]; then rm -rf "${old%/kernel}"; fi
 	done
+	return 0
 }
 
 # --- a rootfs: the lab's userland, made by mmdebstrap from the Debian archive -----------
@@ -285,6 +286,10 @@ archive_mirror() {
 ensure_mmdebstrap() {
 	local version
 	version=$(apt-cache policy mmdebstrap 2>/dev/null | awk '/Candidate:/{print $2}')
+	if [ -z "$version" ] || [ "$version" = "(none)" ]; then
+		apt_update || true
+		version=$(apt-cache policy mmdebstrap 2>/dev/null | awk '/Candidate:/{print $2}')
+	fi
 	[ -n "$version" ] && [ "$version" != "(none)" ] || cannot "no mmdebstrap in the APT sources"
 	MMDEBSTRAP_DIR=$CACHE/tools/mmdebstrap_$version
 	[ -x "$MMDEBSTRAP_DIR/usr/bin/mmdebstrap" ] && return
@@ -605,6 +610,8 @@ if [ ! -f "$INITRD" ]; then
 fi
 
 mkdir -p "$RESULTS"
+# Nothing of an earlier run may pass for this one's (run.sh reads the junit file).
+rm -f "$RESULTS"/{realkernel.junit.xml,console.log,dmesg.log,guest-rc,guest-error}
 if [ "$LAB_ROOT" = rootfs ]; then
 	ensure_rootfs
 	ensure_venv

@@ -167,6 +167,8 @@ for LAB in $LABS; do
 	out=$RESULTS/$LAB
 	started=$(date +%s)
 	: >"$LAB_REASON_FILE"
+	# A lab that fails before its guest runs must not be read from an earlier junit file.
+	rm -f "$out/realkernel.junit.xml"
 	"$HERE/lab.sh" --lab "$LAB" &
 	LAB_PID=$!
 	wait "$LAB_PID"
@@ -200,6 +202,10 @@ for LAB in $LABS; do
 		total_failed=$((total_failed + 1))
 	fi
 	if [ "$rc" != 0 ]; then
+		if [ -n "$counts" ] && [ "$((failed + errors))" = 0 ]; then
+			echo "realkernel $LAB: the lab failed (exit status $rc)" >&2
+			total_failed=$((total_failed + 1))
+		fi
 		show_failure "$out"
 		status=1
 	fi
