@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.realkernel import mdevlab
 from tests.realkernel.migration import migrationlab
-from tests.realkernel.migration.migrationlab import Agent, Libvirtd
+from tests.realkernel.migration.migrationlab import Hosts
 
 HERE = Path(__file__).resolve().parent
 LAB = "trixie"
@@ -37,35 +36,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(reason)
 
 
-@dataclass
-class Hosts:
-    """Host A (the migration's source) and host B (its destination)."""
-
-    libvirt_a: Libvirtd
-    libvirt_b: Libvirtd
-    a: Agent
-    b: Agent
-
-    @property
-    def agents(self) -> tuple[Agent, Agent]:
-        return (self.a, self.b)
-
-
 @pytest.fixture(scope="session")
 def hosts() -> Iterator[Hosts]:
-    libvirt_a = Libvirtd("a", "aaaaaaaa-1111-4111-8111-111111111111")
-    libvirt_b = Libvirtd("b", "bbbbbbbb-2222-4222-8222-222222222222")
-    hosts = Hosts(libvirt_a, libvirt_b, Agent("a", libvirt_a), Agent("b", libvirt_b))
-    try:
-        # All four at once: each mostly waits for its own start-up work.
-        for process in (libvirt_a, libvirt_b, hosts.a, hosts.b):
-            process.start()
-        for process in (libvirt_a, libvirt_b, hosts.a, hosts.b):
-            process.wait_ready()
-        yield hosts
-    finally:
-        for daemon in (hosts.a, hosts.b, libvirt_a, libvirt_b):
-            daemon.stop()
+    with migrationlab.two_hosts() as started:
+        yield started
 
 
 def clean_up(hosts: Hosts) -> None:

@@ -277,6 +277,50 @@ def _tail(path: Path, size: int = 6000) -> str:
         return ""
 
 
+# --- two hosts -----------------------------------------------------------------------
+
+
+@dataclass
+class Hosts:
+    """Host A (a migration's source) and host B (its destination) in one guest."""
+
+    libvirt_a: Libvirtd
+    libvirt_b: Libvirtd
+    a: Agent
+    b: Agent
+
+    @property
+    def agents(self) -> tuple[Agent, Agent]:
+        return (self.a, self.b)
+
+
+@contextlib.contextmanager
+def two_hosts(timings: dict[str, float] | None = None) -> Iterator[Hosts]:
+    """Start both libvirtds and both agents (all four at once: each mostly waits
+    for its own start-up work), stop them all on the way out.  ``timings`` gets
+    the seconds until each answered."""
+    libvirt_a = Libvirtd("a", "aaaaaaaa-1111-4111-8111-111111111111")
+    libvirt_b = Libvirtd("b", "bbbbbbbb-2222-4222-8222-222222222222")
+    hosts = Hosts(libvirt_a, libvirt_b, Agent("a", libvirt_a), Agent("b", libvirt_b))
+    start = time.monotonic()
+    ready = timings if timings is not None else {}
+    try:
+        for process in (libvirt_a, libvirt_b, hosts.a, hosts.b):
+            process.start()
+        for name, process in (
+            ("libvirtd a", libvirt_a),
+            ("libvirtd b", libvirt_b),
+            ("agent a", hosts.a),
+            ("agent b", hosts.b),
+        ):
+            process.wait_ready()
+            ready[name] = time.monotonic() - start
+        yield hosts
+    finally:
+        for daemon in (hosts.a, hosts.b, libvirt_a, libvirt_b):
+            daemon.stop()
+
+
 # --- the VM ----------------------------------------------------------------------------
 
 

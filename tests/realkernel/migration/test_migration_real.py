@@ -22,8 +22,7 @@ from accel_agent.mdev.ledger import OwnerKind
 from accel_agent.migration import versions
 from tests.realkernel import mdevlab
 from tests.realkernel.migration import migrationlab
-from tests.realkernel.migration.conftest import Hosts
-from tests.realkernel.migration.migrationlab import MDEV_TYPE, Agent
+from tests.realkernel.migration.migrationlab import MDEV_TYPE, Agent, Hosts
 
 INSTANCE = "vm1"
 DOMAIN_UUID = "0f0f0f0f-1111-4222-8333-444444444444"
