@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from accel_agent.mdev.ledger import OwnerKind
 from tests.realkernel import mdevlab
 from tests.realkernel.migration import migrationlab
 from tests.realkernel.migration.migrationlab import Hosts
@@ -53,7 +54,7 @@ def clean_up(hosts: Hosts) -> None:
         for record in agent.ledger():
             if record.owner is None:
                 continue
-            if record.owner_kind is not None and record.owner_kind.value == "claim":
+            if record.owner_kind is OwnerKind.CLAIM:
                 client.migration_abort(record.owner, remove=True)
             else:
                 client.release(record.owner, remove=True)
