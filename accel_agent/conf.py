@@ -11,11 +11,13 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterable
 
-from oslo_config import cfg
+from oslo_config import cfg, types
 
 CONF = cfg.CONF
 
 MDEV_CLASS_REGEX = r"^(VGPU|CUSTOM_[A-Z0-9_]+)$"
+# QEMU's -global DRIVER.PROPERTY=VALUE; no blanks (each becomes one argument).
+QEMU_GLOBAL_REGEX = r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_.-]+=\S+$"
 
 default_opts = [
     cfg.StrOpt(
@@ -145,6 +147,19 @@ libvirt_opts = [
         default="qemu:///system",
         help="libvirt connection URI, used to check that no domain references an mdev "
         "before it is removed and for live migration. Empty: no libvirt on this host.",
+    ),
+    cfg.ListOpt(
+        "qemu_globals",
+        default=[],
+        item_type=types.String(regex=QEMU_GLOBAL_REGEX),
+        sample_default="",
+        help="QEMU -global settings (DRIVER.PROPERTY=VALUE) that domains with this host's "
+        "mdevs need; `accelctl domain-xml` adds them after the <hostdev> elements as one "
+        "<qemu:commandline> element, which goes into <domain> itself. A kernel without "
+        "IOMMUFD (Debian's) live-migrates an mdev only with "
+        "vfio-pci.x-device-dirty-page-tracking=off, vfio-pci.enable-migration=on (QEMU "
+        "otherwise fails the migration: 'Failed to get DMA logging report ... Operation "
+        "not supported'). Empty: nothing is added.",
     ),
 ]
 

@@ -282,6 +282,14 @@ class MigrationClaimNotFound(AccelAgentException):
     msg_fmt = "no migration claim for instance %(instance)s"
 
 
+class MigrationFailed(AccelAgentException):
+    # libvirt reported the failure: the guest still runs on the source, on its mdevs.
+    msg_fmt = (
+        "live migration of %(instance)s to %(destination)s failed on the %(side)s host: "
+        "%(reason)s; the source keeps the domain and its mdevs (libvirt: %(libvirt_message)s)"
+    )
+
+
 # --- API / reporting ------------------------------------------------------------------
 
 

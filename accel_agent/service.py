@@ -188,6 +188,11 @@ class AgentCore:
     def host(self) -> str:
         return self.manager.host
 
+    @property
+    def qemu_globals(self) -> list[str]:
+        """``[libvirt] qemu_globals``, read per call: a reload applies at once."""
+        return list(self.conf.libvirt.qemu_globals)
+
     def close(self) -> None:
         self.manager.ledger.close()
 
@@ -283,9 +288,9 @@ class AgentCore:
         finally:
             self.request_rescan("api")
 
-    def migration_abort(self, instance: str) -> list[str]:
+    def migration_abort(self, instance: str, remove: bool = False) -> list[str]:
         try:
-            return self._destination().abort(instance)
+            return self._destination().abort(instance, remove)
         finally:
             self.request_rescan("api")
 

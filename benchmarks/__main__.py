@@ -3,7 +3,9 @@
 Runs the benchmarks of DESIGN.md §9 and writes a Markdown report with the
 machine, the date and the command.  (a) cold CLI vs mdevctl, (b) in-process
 rescan, (c) allocate/release through the API, (d) XML rewrite, (e) daemon
-RSS, (f) time from an mdev removed behind the agent to inventory updated.
+RSS, (f) time from an mdev removed behind the agent to inventory updated,
+(k) (c) on a real kernel in the lab guest, (l) a real live migration through
+the agent (lab trixie: timings of claim, migrate, commit, release; downtime).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument(
         "--only",
-        default="abcdefk",
-        help="letters of the benchmarks to run (k: (c) on a real kernel in the lab guest)",
+        default="abcdefkl",
+        help="letters of the benchmarks to run (k: (c) on a real kernel in the lab guest; "
+        "l: a real live migration through the agent in the lab trixie guest)",
     )
     parser.add_argument("--quick", action="store_true", help="fewer runs, 256-parent tree only")
     parser.add_argument("--output", help="write the Markdown report here")
@@ -116,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print("running (k) allocate on a real kernel (lab guest) ...", file=sys.stderr, flush=True)
         out.extend(realkernel.report(args.quick))
+    if "l" in args.only:
+        from benchmarks import migration
+
+        print("running (l) live migration through the agent (lab trixie) ...", file=sys.stderr,
+              flush=True)
+        out.extend(migration.report(args.quick))
 
     command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
     header = [

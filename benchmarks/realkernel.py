@@ -132,8 +132,10 @@ def report(quick: bool) -> list[str]:
 
     seconds = 3.0 if quick else 8.0
     host_calibration = calibration()
-    results_dir = Path(
-        os.environ.get("ACCEL_REALKERNEL_RESULTS", REPO / "tests/realkernel/results")
+    # lab.sh's default lab ("host") writes into host/ under the results base.
+    results_dir = (
+        Path(os.environ.get("ACCEL_REALKERNEL_RESULTS", REPO / "tests/realkernel/results"))
+        / "host"
     )
     env = dict(
         os.environ, ACCEL_REALKERNEL_TIMEOUT=os.environ.get("ACCEL_REALKERNEL_TIMEOUT", "900")

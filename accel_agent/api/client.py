@@ -225,8 +225,9 @@ class ApiClient:
     def migration_commit(self, instance: str) -> dict[str, Any]:
         return self.call("POST", f"/v1/migrations/{quote(instance)}/commit")
 
-    def migration_abort(self, instance: str) -> dict[str, Any]:
-        return self.call("DELETE", f"/v1/migrations/{quote(instance)}")
+    def migration_abort(self, instance: str, remove: bool = False) -> dict[str, Any]:
+        query = "?remove=true" if remove else ""
+        return self.call("DELETE", f"/v1/migrations/{quote(instance)}{query}")
 
     def rewrite_domain_xml(self, xml: str, mapping: dict[str, str]) -> dict[str, Any]:
         return self.call("POST", "/v1/domain-xml/rewrite", {"xml": xml, "mapping": mapping})

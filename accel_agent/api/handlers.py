@@ -58,13 +58,14 @@ def delete_allocation(req: Request) -> Response:
 
 
 def domain_xml(req: Request) -> Response:
-    from accel_agent.libvirt_xml import domain_hostdevs_xml
+    from accel_agent.libvirt_xml import instance_domain_xml
 
     instance = req.params["instance"]
     allocation = req.backend.allocation(instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {instance})")
-    return Response.text(domain_hostdevs_xml(allocation.uuids) + "\n", "application/xml")
+    xml = instance_domain_xml(allocation.uuids, req.backend.qemu_globals)
+    return Response.text(xml + "\n", "application/xml")
 
 
 def adopt(req: Request) -> Response:
@@ -101,7 +102,9 @@ def migration_commit(req: Request) -> Response:
 
 def migration_abort(req: Request) -> Response:
     instance = req.params["instance"]
-    return Response.json({"instance": instance, "released": req.backend.migration_abort(instance)})
+    remove = bool(req.query.get("remove", False))
+    released = req.backend.migration_abort(instance, remove)
+    return Response.json({"instance": instance, "released": released, "removed": remove})
 
 
 def rewrite_domain_xml(req: Request) -> Response:

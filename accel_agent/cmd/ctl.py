@@ -321,13 +321,18 @@ def cmd_migration_commit(args: argparse.Namespace) -> int:
 
 def cmd_migration_abort(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
-    answer = _via_api(args, conf.api.socket_path, lambda api: api.migration_abort(args.instance))
+    answer = _via_api(
+        args, conf.api.socket_path, lambda api: api.migration_abort(args.instance, args.remove)
+    )
     if answer is _OFFLINE:
-        answer = {"instance": args.instance, "released": _destination(conf).abort(args.instance)}
+        released = _destination(conf).abort(args.instance, args.remove)
+        answer = {"instance": args.instance, "released": released, "removed": args.remove}
     if args.json:
         output.emit_json(answer)
     else:
-        print(f"claim of {args.instance} aborted; freed: {', '.join(answer['released']) or 'none'}")
+        done = "removed" if args.remove else "freed"
+        uuids = ", ".join(answer["released"]) or "none"
+        print(f"claim of {args.instance} aborted; {done}: {uuids}")
     return EXIT_OK
 
 
@@ -366,8 +371,14 @@ def _register_migration(subparsers: argparse._SubParsersAction) -> None:
     commit.add_argument("instance", metavar="INSTANCE")
     commit.add_argument("--json", action="store_true")
     commit.set_defaults(func=cmd_migration_commit)
-    abort = sub.add_parser("abort", help="free the claimed mdevs (idempotent)")
+    abort = sub.add_parser(
+        "abort",
+        help="free the claimed mdevs (idempotent)",
+        description="Free the claimed mdevs for reuse, or remove them (--remove): a failed "
+        "incoming migration may leave a device in the state the failed load left it.",
+    )
     abort.add_argument("instance", metavar="INSTANCE")
+    abort.add_argument("--remove", action="store_true", help="remove the mdevs, not only free them")
     abort.add_argument("--json", action="store_true")
     abort.set_defaults(func=cmd_migration_abort)
 
@@ -404,7 +415,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_domain_xml(args: argparse.Namespace) -> int:
-    from accel_agent.libvirt_xml import domain_hostdevs_xml
+    from accel_agent.libvirt_xml import instance_domain_xml
 
     conf = _load(args)
     xml = (
@@ -419,7 +430,7 @@ def cmd_domain_xml(args: argparse.Namespace) -> int:
     allocation = manager.allocation(args.instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
-    print(domain_hostdevs_xml(allocation.uuids))
+    print(instance_domain_xml(allocation.uuids, conf.libvirt.qemu_globals))
     return EXIT_OK
 
 
@@ -553,7 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     domain_xml = subparsers.add_parser(
         "domain-xml",
         help="libvirt <hostdev> XML of an instance's mdevs",
-        description="Print the <hostdev type='mdev'> elements for INSTANCE's mdevs.",
+        description="Print the <hostdev type='mdev'> elements for INSTANCE's mdevs (for "
+        "<devices>), then, when [libvirt] qemu_globals is set, one <qemu:commandline> "
+        "element with those -global settings (for <domain> itself).",
     )
     domain_xml.add_argument("instance", metavar="INSTANCE")
     domain_xml.set_defaults(func=cmd_domain_xml)

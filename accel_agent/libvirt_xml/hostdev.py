@@ -24,12 +24,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODELS",
+    "QEMU_NAMESPACE",
     "build_hostdev",
     "canonical_uuid",
     "domain_hostdevs_xml",
     "hostdev_xml",
+    "instance_domain_xml",
     "is_uuid",
+    "qemu_commandline_xml",
 ]
+
+# libvirt's namespace for QEMU pass-through (<qemu:commandline>, <qemu:arg>).
+QEMU_NAMESPACE = "http://libvirt.org/schemas/domain/qemu/1.0"
 
 MODELS = ("vfio-pci", "vfio-ccw", "vfio-ap")
 
@@ -146,4 +152,29 @@ def domain_hostdevs_xml(
             )
         seen.add(canonical)
         parts.append(hostdev_xml(canonical, model=model, display=display, ramfb=ramfb))
+    return "\n".join(parts)
+
+
+def qemu_commandline_xml(qemu_globals: Iterable[str]) -> str:
+    """One ``<qemu:commandline>`` (namespace declared on itself) passing each
+    ``driver.property=value`` to QEMU as ``-global``; it belongs in ``<domain>``.
+    libvirt has no element for these vfio-pci properties, hence the pass-through."""
+    from lxml import etree
+
+    arg = f"{{{QEMU_NAMESPACE}}}arg"
+    commandline = etree.Element(f"{{{QEMU_NAMESPACE}}}commandline", nsmap={"qemu": QEMU_NAMESPACE})
+    for setting in qemu_globals:
+        etree.SubElement(commandline, arg, value="-global")
+        etree.SubElement(commandline, arg, value=setting)
+    return etree.tostring(commandline, encoding="unicode")
+
+
+def instance_domain_xml(uuids: Iterable[str], qemu_globals: Iterable[str] = ()) -> str:
+    """What ``accelctl domain-xml`` prints: the ``<hostdev>`` elements (for
+    ``<devices>``) and, when ``[libvirt] qemu_globals`` names any, one
+    ``<qemu:commandline>`` after them (for ``<domain>`` itself)."""
+    settings = list(qemu_globals)
+    parts = [domain_hostdevs_xml(uuids)]
+    if settings:
+        parts.append(qemu_commandline_xml(settings))
     return "\n".join(parts)

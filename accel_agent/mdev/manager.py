@@ -567,8 +567,12 @@ class MdevManager:
         remove intent, the sysfs writes follow, one commit settles them.
         """
         validate_instance_id(instance)
+        return self._release_owner(instance, OwnerKind.INSTANCE, remove)
+
+    def _release_owner(self, instance: str, kind: OwnerKind, remove: bool) -> list[str]:
+        """``release`` for an instance's allocation or a migration claim."""
         with self._locked():
-            records = self.ledger.by_owner(instance, OwnerKind.INSTANCE)
+            records = self.ledger.by_owner(instance, kind)
             if not records:
                 return []
             kept: list[str] = []
@@ -591,7 +595,7 @@ class MdevManager:
             # With removes to follow, the closing commit is the durable one.
             with self.ledger.transaction(durable=not removable):
                 intent = self.ledger.begin_intent(IntentKind.RELEASE, instance)
-                self.ledger.release_owner(instance, OwnerKind.INSTANCE)
+                self.ledger.release_owner(instance, kind)
                 for uuid in removable:
                     self.ledger.record_remove_intent(uuid, intent_id=intent)
                 if not removable:
@@ -608,8 +612,9 @@ class MdevManager:
                 self._step("release.forgotten")
                 kept += held
             LOG.info(
-                "released %d mdev(s) of instance %s%s",
+                "released %d mdev(s) of %s %s%s",
                 len(records),
+                "instance" if kind is OwnerKind.INSTANCE else "the migration claim of",
                 instance,
                 " (removed)" if remove else "",
             )
@@ -649,10 +654,18 @@ class MdevManager:
             LOG.info("migration claim of %s committed", owner)
             return self.allocation(owner)
 
-    def abort_claim(self, owner: str) -> list[str]:
+    def abort_claim(self, owner: str, remove: bool = False) -> list[str]:
         """The migration failed or was cancelled: free the claimed mdevs
-        (kept for reuse).  Idempotent."""
+        (kept for reuse), or with ``remove`` remove them like ``release``
+        does.  Idempotent.
+
+        Why remove: a failed incoming migration can leave the device in the
+        state the failed load left it (seen on the real kernel: mtty keeps its
+        RESUMING state across close, and the next incoming migration into that
+        mdev fails); a new mdev starts clean."""
         validate_instance_id(owner)
+        if remove:
+            return self._release_owner(owner, OwnerKind.CLAIM, remove=True)
         with self._locked():
             released = self.ledger.release_owner(owner, OwnerKind.CLAIM)
             if released:

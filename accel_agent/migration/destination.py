@@ -5,7 +5,7 @@ sends them), checks that every source type is offered here, then holds one
 mdev per source mdev of the same type as an expiring, persisted claim and
 answers ``{source uuid: destination uuid}``.  ``commit`` turns the claim
 into the instance's allocation once the migration landed; ``abort`` frees
-it; claims nobody commits or aborts expire (the periodic task frees them).
+it (or removes its mdevs); claims nobody commits or aborts expire (the periodic task frees them).
 Unlike Nova, whose claims live in memory, a destination restart keeps them.
 """
 
@@ -108,8 +108,8 @@ class MigrationDestination:
     def commit(self, instance: str) -> Allocation:
         return self.manager.commit_claim(instance)
 
-    def abort(self, instance: str) -> list[str]:
-        return self.manager.abort_claim(instance)
+    def abort(self, instance: str, remove: bool = False) -> list[str]:
+        return self.manager.abort_claim(instance, remove=remove)
 
     def claims(self, instance: str) -> dict[str, Any]:
         records = self.manager.ledger.by_owner(instance, OwnerKind.CLAIM)

@@ -103,10 +103,19 @@ def wait_for(
 
 
 class AgentDaemon:
-    def __init__(self, config_file: Path, socket_path: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        config_file: Path,
+        socket_path: str,
+        workdir: Path,
+        command: list[str] | None = None,
+    ) -> None:
+        """``command``: an installed ``accel-agent`` to run instead of this
+        checkout's module (the real-kernel lab runs the wheel in its venv)."""
         self.config_file = Path(config_file)
         self.socket_path = socket_path
         self.workdir = Path(workdir)
+        self.command = command
         self.log_path = self.workdir / "agent.log"
         self.notify_path = str(Path(socket_path).parent / "notify.sock")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -124,27 +133,25 @@ class AgentDaemon:
         self.notifications = []
         env = dict(os.environ)
         env["NOTIFY_SOCKET"] = self.notify_path
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p
-        )
+        if self.command is None:
+            command = [sys.executable, "-m", "accel_agent.cmd.agent"]
+            cwd = REPO_ROOT
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p
+            )
+        else:
+            command, cwd = self.command, self.workdir
         env.pop("LISTEN_PID", None)
         self.runs += 1
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== run {self.runs} =====\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "accel_agent.cmd.agent",
-                    "--config-file",
-                    str(self.config_file),
-                    *extra_args,
-                ],
+                [*command, "--config-file", str(self.config_file), *extra_args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=str(REPO_ROOT),
+                cwd=str(cwd),
             )
         return self.proc
 

@@ -68,6 +68,19 @@ def test_lifecycle_through_the_cli(host):
 
     xml = ctl(config, "domain-xml", "vm-1").stdout
     assert xml.count("<hostdev") == 2 and all(u in xml for u in uuids)
+    assert "qemu:commandline" not in xml
+    # [libvirt] qemu_globals: one <qemu:commandline> after the hostdevs, for <domain>
+    with_globals = host.config(
+        CONF.replace("uri =\n", "uri =\nqemu_globals = vfio-pci.enable-migration=on\n"),
+        "globals.conf",
+    )
+    lines = ctl(with_globals, "domain-xml", "vm-1").stdout.splitlines()
+    assert lines[:2] == xml.splitlines()
+    assert lines[2:] == [
+        '<qemu:commandline xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0">'
+        '<qemu:arg value="-global"/><qemu:arg value="vfio-pci.enable-migration=on"/>'
+        "</qemu:commandline>"
+    ]
 
     serial = json.loads(
         ctl(config, "allocate", "vm-2", "--count", "1", "--parent", "mtty", "--json").stdout

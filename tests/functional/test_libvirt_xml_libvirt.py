@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from accel_agent.libvirt_xml import domain_hostdevs_xml, list_mdev_uuids, rewrite_mdev_uuids
+from accel_agent.libvirt_xml import (
+    domain_hostdevs_xml,
+    instance_domain_xml,
+    list_mdev_uuids,
+    rewrite_mdev_uuids,
+)
 
 SCHEMA = Path("/usr/share/libvirt/schemas/domain.rng")
 
@@ -78,6 +83,17 @@ def test_schema_rejects_a_hostdev_without_model(rng: etree.RelaxNG) -> None:
 @pytest.mark.parametrize("kwargs", HOSTDEV_VARIANTS)
 def test_generated_hostdev_validates_against_rng(rng: etree.RelaxNG, kwargs: dict) -> None:
     assert_valid(rng, minimal_domain(domain_hostdevs_xml([SRC], **kwargs)))
+
+
+def test_domain_xml_with_qemu_globals_validates_in_its_two_places(rng: etree.RelaxNG) -> None:
+    # What `accelctl domain-xml` prints with [libvirt] qemu_globals: the hostdevs go
+    # into <devices>, the <qemu:commandline> (namespace on itself) into <domain>.
+    hostdevs, commandline = instance_domain_xml(
+        [SRC], ["vfio-pci.x-device-dirty-page-tracking=off", "vfio-pci.enable-migration=on"]
+    ).split("\n")
+    assert_valid(rng, minimal_domain(hostdevs, extra=f"  {commandline}\n"))
+    # ... and only there: libvirt's schema refuses it inside <devices>.
+    assert not rng.validate(etree.fromstring(minimal_domain(f"{hostdevs}{commandline}").encode()))
 
 
 def test_generated_hostdevs_for_other_models_validate(rng: etree.RelaxNG) -> None:

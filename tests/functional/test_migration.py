@@ -8,7 +8,8 @@ import libvirt
 import pytest
 
 from accel_agent import exception
-from accel_agent.libvirt_xml import list_mdev_uuids
+from accel_agent.libvirt_xml import domain_hostdevs_xml, list_mdev_uuids
+from accel_agent.migration import source as source_mod
 from accel_agent.migration import versions
 from accel_agent.migration.destination import MigrationDestination
 from accel_agent.migration.source import MigrationSource
@@ -77,6 +78,14 @@ def test_abort_frees_and_expiry_frees(host):
     assert dest.abort("vm-1") == []
     free = {r.uuid for r in dest.manager.ledger.all() if r.free}
     assert set(mapping.values()) <= free
+    # abort --remove: the claimed mdevs leave sysfs and the ledger (a failed incoming
+    # migration may have left them in a state nobody should inherit)
+    removed = dest.claim("vm-4", {SRC[2]: "mtty-2"})
+    assert set(removed.values()) <= host.sysfs_uuids()
+    assert dest.abort("vm-4", remove=True) == list(removed.values())
+    assert not set(removed.values()) & host.sysfs_uuids()
+    assert {r.uuid for r in dest.manager.ledger.all()}.isdisjoint(removed.values())
+    assert dest.abort("vm-4", remove=True) == []
     # A claim made "long ago" (clock in the past) has expired by now.
     old = destination(host, claim_timeout=60, clock=lambda: time.time() - 3600)
     stale = old.claim("vm-2", {SRC[1]: "nvidia-18"})
@@ -116,21 +125,42 @@ def test_bad_claim_requests(host):
     assert host.sysfs_uuids() == set()
 
 
-class RecordingDomain:
-    """A real test-driver domain whose migrateToURI3 records its arguments."""
+# What libvirt 11.3 said in the real-kernel lab when QEMU lacked the two vfio-pci
+# settings (the source failed), and when the destination's device could not load.
+SOURCE_FAILED = (
+    "operation failed: migration failed. Message from the source host: operation failed: "
+    "job 'migration out' failed: ram_save_setup failed: Operation not supported. Message "
+    "from the destination host: operation failed: job 'migration in' failed: load of "
+    "migration failed: Input/output error"
+)
+DESTINATION_FAILED = (
+    "operation failed: migration failed. Message from the source host: operation failed: "
+    "job 'migration out' failed: Sibling indicated error 1. Message from the destination "
+    "host: operation failed: job 'migration in' failed: load of migration failed: Bad file "
+    "descriptor"
+)
 
-    def __init__(self, domain, fail=False):
+
+class RecordingDomain:
+    """A real test-driver domain whose migrateToURI3 records its arguments and,
+    like libvirt after a successful migration, stops the source domain (unless
+    ``stops`` is False)."""
+
+    def __init__(self, domain, fail=None, stops=True):
         self._domain = domain
         self.calls = []
         self.fail = fail
+        self.stops = stops
 
     def __getattr__(self, name):
         return getattr(self._domain, name)
 
     def migrateToURI3(self, uri, params, flags):
         self.calls.append((uri, dict(params), flags))
-        if self.fail:
-            raise libvirt.libvirtError("migration failed on purpose")
+        if self.fail is not None:
+            raise libvirt.libvirtError(self.fail)
+        if self.stops:
+            self._domain.destroy()
 
 
 def define_guest(conn, uuids):
@@ -170,16 +200,119 @@ def test_source_prepare_rewrite_and_migrate(host):
         )
     assert domain.calls == []
 
+    original = domain.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)
     released = source.migrate(domain, "qemu+tls://dst/system", dest_map, libvirt.VIR_MIGRATE_LIVE)
     (uri, params, flags) = domain.calls[0]
     assert uri == "qemu+tls://dst/system" and flags == libvirt.VIR_MIGRATE_LIVE
     sent = params[libvirt.VIR_MIGRATE_PARAM_DEST_XML]
     assert list_mdev_uuids(sent) == [SRC[0], SRC[1]]
-    original = domain.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)
     assert sent == original.replace(source_uuids[0], SRC[0]).replace(source_uuids[1], SRC[1])
+    # no persistent destination asked for: no persistent XML sent
+    assert libvirt.VIR_MIGRATE_PARAM_PERSIST_XML not in params
     # released only after success, kept as free mdevs
     assert sorted(released) == sorted(source_uuids)
     assert manager.allocation(instance).mdevs == ()
+    assert set(source_uuids) <= host.sysfs_uuids()
+    conn.close()
+
+
+def test_persistent_destination_gets_the_rewritten_persistent_xml(host):
+    # Without VIR_MIGRATE_PARAM_PERSIST_XML, libvirt 11.3 defined the domain on the
+    # destination with the source's mdev UUIDs (seen in the real-kernel lab).
+    manager = host.manager(CONF)
+    instance = "0f0f0f0f-1111-4222-8333-444444444444"
+    source_uuids = manager.allocate(instance, 2).uuids
+    conn = libvirt.open("test:///default")
+    domain = RecordingDomain(define_guest(conn, source_uuids))
+    inactive = domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_MIGRATABLE)
+    dest_map = {source_uuids[0]: SRC[0], source_uuids[1]: SRC[1]}
+    source = MigrationSource(manager, TEST_DRIVER_OK)
+    flags = libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PERSIST_DEST
+    source.migrate(domain, "qemu+tls://dst/system", dest_map, flags)
+    params = domain.calls[0][1]
+    persistent = params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML]
+    assert persistent == inactive.replace(source_uuids[0], SRC[0]).replace(source_uuids[1], SRC[1])
+    assert list_mdev_uuids(params[libvirt.VIR_MIGRATE_PARAM_DEST_XML]) == [SRC[0], SRC[1]]
+
+    # A persistent XML the caller gives is rewritten too, not sent with source UUIDs.
+    again = manager.allocate("vm-2", 1).uuids
+    domain = RecordingDomain(define_guest(conn, again))
+    given = f"<domain><devices>{domain_hostdevs_xml(again)}</devices></domain>"
+    source.migrate(
+        domain, "qemu://dst/system", {again[0]: SRC[2]}, flags,
+        {libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: given}, instance="vm-2",
+    )
+    assert list_mdev_uuids(domain.calls[0][1][libvirt.VIR_MIGRATE_PARAM_PERSIST_XML]) == [SRC[2]]
+    conn.close()
+
+
+def test_after_success_the_source_stops_then_the_destination_commits_then_the_source_removes(
+    host,
+):
+    manager = host.manager(CONF)
+    instance = "0f0f0f0f-1111-4222-8333-444444444444"
+    source_uuids = manager.allocate(instance, 2).uuids
+    conn = libvirt.open("test:///default")
+    domain = RecordingDomain(define_guest(conn, source_uuids))
+    seen = []
+
+    def commit():
+        # the destination's commit: libvirt reported success, the source stopped,
+        # and the source has released nothing yet
+        seen.append((bool(domain.isActive()), manager.allocation(instance).uuids))
+
+    released = MigrationSource(manager, TEST_DRIVER_OK).migrate(
+        domain,
+        "qemu://dst/system",
+        {source_uuids[0]: SRC[0], source_uuids[1]: SRC[1]},
+        remove=True,
+        before_release=commit,
+    )
+    assert seen == [(False, source_uuids)]
+    assert sorted(released) == sorted(source_uuids)
+    assert not set(source_uuids) & host.sysfs_uuids()
+    assert {r.uuid for r in manager.ledger.all()}.isdisjoint(source_uuids)
+    conn.close()
+
+
+def test_a_commit_that_fails_keeps_the_source_allocation(host):
+    manager = host.manager(CONF)
+    instance = "0f0f0f0f-1111-4222-8333-444444444444"
+    source_uuids = manager.allocate(instance, 1).uuids
+    conn = libvirt.open("test:///default")
+    domain = RecordingDomain(define_guest(conn, source_uuids))
+
+    def commit():
+        raise exception.MigrationClaimNotFound(instance=instance)
+
+    with pytest.raises(exception.MigrationClaimNotFound):
+        MigrationSource(manager, TEST_DRIVER_OK).migrate(
+            domain, "qemu://dst/system", {source_uuids[0]: SRC[0]}, remove=True,
+            before_release=commit,
+        )
+    assert manager.allocation(instance).uuids == source_uuids
+    assert set(source_uuids) <= host.sysfs_uuids()
+    conn.close()
+
+
+def test_a_source_still_active_after_success_is_freed_not_removed(host):
+    manager = host.manager(CONF)
+    instance = "0f0f0f0f-1111-4222-8333-444444444444"
+    source_uuids = manager.allocate(instance, 1).uuids
+    conn = libvirt.open("test:///default")
+    domain = RecordingDomain(define_guest(conn, source_uuids), stops=False)
+    now = [0.0]
+    source = MigrationSource(
+        manager, TEST_DRIVER_OK, clock=lambda: now[0],
+        sleep=lambda seconds: now.__setitem__(0, now[0] + seconds),
+    )
+    released = source.migrate(domain, "qemu://dst/system", {source_uuids[0]: SRC[0]}, remove=True)
+    assert released == source_uuids
+    assert now[0] >= source_mod.STOP_TIMEOUT
+    # never a remove under a QEMU that may still hold it: free, owned, in sysfs
+    assert set(source_uuids) <= host.sysfs_uuids()
+    assert {r.uuid for r in manager.ledger.all() if r.free} >= set(source_uuids)
+    domain.destroy()
     conn.close()
 
 
@@ -188,11 +321,30 @@ def test_failed_migration_keeps_the_source_mdevs(host):
     instance = "0f0f0f0f-1111-4222-8333-444444444444"
     source_uuids = manager.allocate(instance, 1).uuids
     conn = libvirt.open("test:///default")
-    domain = RecordingDomain(define_guest(conn, source_uuids), fail=True)
     source = MigrationSource(manager, TEST_DRIVER_OK)
-    with pytest.raises(libvirt.libvirtError):
-        source.migrate(domain, "qemu://dst/system", {source_uuids[0]: SRC[0]})
-    assert manager.allocation(instance).uuids == source_uuids
+    guest = define_guest(conn, source_uuids)
+    for message, side, own in (
+        (SOURCE_FAILED, "source", "ram_save_setup failed: Operation not supported"),
+        (DESTINATION_FAILED, "destination", "load of migration failed: Bad file descriptor"),
+        ("unable to connect to server at '127.0.0.1:49152': Connection refused", "source",
+         "Connection refused"),
+    ):
+        domain = RecordingDomain(guest, fail=message)
+        committed = []
+        with pytest.raises(exception.MigrationFailed) as info:
+            source.migrate(
+                domain, "qemu://dst/system", {source_uuids[0]: SRC[0]}, remove=True,
+                before_release=lambda: committed.append(1),  # noqa: B023
+            )
+        assert info.value.kwargs["side"] == side
+        assert own in info.value.kwargs["reason"]
+        assert f"failed on the {side} host: " in str(info.value)
+        assert message in str(info.value)  # libvirt's whole message
+        assert isinstance(info.value.__cause__, libvirt.libvirtError)
+        assert committed == []
+        assert domain.isActive()
+        assert manager.allocation(instance).uuids == source_uuids
+        assert set(source_uuids) <= host.sysfs_uuids()
     with pytest.raises(exception.UnmappedMdevUUID) as info:
         source.migrate(domain, "qemu://dst/system", {SRC[2]: SRC[0]})
     assert source_uuids[0] in str(info.value)

@@ -9,6 +9,7 @@ import pytest
 
 from accel_agent import exception
 from accel_agent.libvirt_xml import list_mdev_uuids
+from accel_agent.migration.source import AgentApi
 from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir, wait_for
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
@@ -96,7 +97,12 @@ def test_claim_survives_restart_commit_abort_and_expiry(hosts):
         assert sorted(
             m["uuid"] for m in destination.client().allocation("vm-1")["mdevs"]
         ) == sorted(mapping.values())
-        src_api.release("vm-1")  # the source frees its mdevs after success
+        # The source's side through its daemon (what MigrationSource uses beside a
+        # running agent): the types of its mdevs, then release with remove.
+        source_agent = AgentApi(src_api)
+        assert {u: source_agent.mdev_types()[u] for u in sources} == sources
+        assert sorted(source_agent.release("vm-1", remove=True)) == sorted(sources)
+        assert not set(sources) & src_host.sysfs_uuids()
 
         # Abort frees a second claim, and is idempotent.
         other = destination.client().migration_claim(
@@ -108,6 +114,21 @@ def test_claim_survives_restart_commit_abort_and_expiry(hosts):
         with pytest.raises(exception.ApiError) as info:
             destination.client().migration_commit("vm-2")
         assert info.value.kwargs == {"status": 404, "code": "MigrationClaimNotFound"}
+
+        # Abort with remove (API query and accelctl): the claimed mdevs leave the host.
+        third = destination.client().migration_claim(
+            "vm-4", {"4" * 8 + "-0000-4000-8000-" + "4" * 12: "nvidia-35"}
+        )["mapping"]
+        assert set(third.values()) <= dst_host.sysfs_uuids()
+        aborted = ctl(destination.config_file, "migration", "abort", "vm-4", "--remove", "--json")
+        assert aborted.returncode == 0, aborted.stderr
+        assert json.loads(aborted.stdout) == {
+            "instance": "vm-4", "released": list(third.values()), "removed": True
+        }
+        assert not set(third.values()) & dst_host.sysfs_uuids()
+        assert destination.client().migration_abort("vm-4", remove=True) == {
+            "instance": "vm-4", "released": [], "removed": True
+        }
 
     # Expiry: a destination whose claims live one second frees them by itself.
     with daemon(dst_host, sock_dir, "dst-expiry", DEST.format(timeout=1)) as expiring:

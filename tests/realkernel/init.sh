@@ -1,13 +1,17 @@
 #!/bin/busybox sh
 # /init of the real-kernel lab's initramfs (busybox-static + a few .ko files).
 #
-# 1. load the virtio/9p chain, mount the host's / (read-only) and the results
-#    share (read-write, at the same path as on the host);
+# 1. load the virtio/9p chain and mount the guest's root: with lab_root=host the
+#    host's / (read-only); with lab_root=rootfs the lab's rootfs (read-only 9p under
+#    a tmpfs overlay, so the guest can write anywhere and the cache stays as it is)
+#    with the checkout (read-only) at its host path; then the results share
+#    (read-write, at the same path as on the host);
 # 2. load vfio + mdev + mtty in dependency order (lib/modules/*.order, computed by
 #    labtool.py modorder) and check that the mtty parent appeared;
-# 3. run lab_cmd=SCRIPT (written by lab.sh into the results share) with bash,
-#    chrooted into the host root, with the guest's own /proc, /sys, /dev and
-#    tmpfs over /tmp, /var/tmp, /run, /dev/shm;
+# 3. bring up the loopback interface (a live migration goes over 127.0.0.1), then
+#    run lab_cmd=SCRIPT (written by lab.sh into the results share) with bash,
+#    chrooted into that root, with the guest's own /proc, /sys, /dev and tmpfs over
+#    /tmp, /var/tmp, /run, /dev/shm;
 # 4. write the exit status to <results>/guest-rc and power off (QEMU exits:
 #    -no-reboot; a panic exits too: panic=-1).
 # Lines starting with "@@" on the console are for humans reading console.log.
@@ -42,36 +46,57 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 
-OUT='' CMD=''
+OUT='' CMD='' ROOT=host NAME=''
 # shellcheck disable=SC2013 # the command line is one line of words
 for arg in $(cat /proc/cmdline); do
 	case "$arg" in
 	lab_out=*) OUT=${arg#lab_out=} ;;
 	lab_cmd=*) CMD=${arg#lab_cmd=} ;;
 	lab_repo=*) REPO=${arg#lab_repo=} ;;
+	lab_root=*) ROOT=${arg#lab_root=} ;;
+	lab_name=*) NAME=${arg#lab_name=} ;;
 	esac
 done
-say "INIT kernel $(uname -r)"
+say "INIT kernel $(uname -r) lab ${NAME:-?} root $ROOT"
 
 load 9p || finish 70 "insmod of the 9p chain failed: $(cat /lib/modules/9p.order)"
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot $H ||
-	finish 70 "mounting the host root over 9p failed"
+if [ "$ROOT" = rootfs ]; then
+	load overlay || finish 70 "insmod of overlay failed"
+	mkdir -p /lower /rw
+	mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose rootfs /lower ||
+		finish 70 "mounting the lab rootfs over 9p failed"
+	mount -t tmpfs -o mode=0755 tmpfs /rw
+	mkdir -p /rw/upper /rw/work
+	mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay $H ||
+		finish 70 "the overlay over the lab rootfs failed"
+else
+	mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot $H ||
+		finish 70 "mounting the host root over 9p failed"
+fi
 mount -t proc proc $H/proc
 mount -t sysfs sysfs $H/sys
 mount -t devtmpfs devtmpfs $H/dev
 mkdir -p $H/dev/shm $H/dev/pts
 mount -t devpts devpts $H/dev/pts
-# Keep a view of the host root before the tmpfs mounts hide parts of it: a
-# checkout under /tmp (CI clones often live there) must stay visible.
-mkdir -p /hostview
-mount -o bind $H /hostview || finish 70 "bind-mounting the host root view failed"
+if [ "$ROOT" = host ]; then
+	# Keep a view of the host root before the tmpfs mounts hide parts of it: a
+	# checkout under /tmp (CI clones often live there) must stay visible.
+	mkdir -p /hostview
+	mount -o bind $H /hostview || finish 70 "bind-mounting the host root view failed"
+fi
 for d in tmp var/tmp run dev/shm; do mount -t tmpfs -o mode=1777 tmpfs "$H/$d"; done
-case "$REPO" in
-/tmp/* | /var/tmp/* | /run/* | /dev/shm/*)
+if [ "$ROOT" = rootfs ]; then
 	mkdir -p "$H$REPO"
-	mount -o bind "/hostview$REPO" "$H$REPO" || finish 70 "bind-mounting the checkout $REPO failed"
-	;;
-esac
+	mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose repo "$H$REPO" ||
+		finish 70 "mounting the checkout $REPO over 9p failed"
+else
+	case "$REPO" in
+	/tmp/* | /var/tmp/* | /run/* | /dev/shm/*)
+		mkdir -p "$H$REPO"
+		mount -o bind "/hostview$REPO" "$H$REPO" || finish 70 "bind-mounting the checkout $REPO failed"
+		;;
+	esac
+fi
 [ -n "$OUT" ] || finish 70 "no lab_out= on the kernel command line"
 mkdir -p "$H$OUT" 2>/dev/null # only possible when it lies on one of the tmpfs above
 mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=262144 results "$H$OUT" ||
@@ -81,13 +106,14 @@ load mdev || finish 70 "insmod of the mdev chain failed: $(cat /lib/modules/mdev
 [ -d /sys/class/mdev_bus/mtty ] || finish 70 "mtty loaded but /sys/class/mdev_bus/mtty is missing"
 say "MDEV_PARENTS $(ls /sys/class/mdev_bus)"
 [ -n "$CMD" ] || finish 70 "no lab_cmd= on the kernel command line"
+ip link set lo up || finish 70 "cannot bring up the loopback interface"
 
 say "GUEST_CMD_START $CMD"
 chroot $H /usr/bin/env -i \
 	PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8 TERM=dumb \
 	PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
-	ACCEL_REALKERNEL_GUEST=1 LAB_OUT="$OUT" \
+	ACCEL_REALKERNEL_GUEST=1 ACCEL_REALKERNEL_LAB="$NAME" LAB_OUT="$OUT" \
 	/bin/bash "$CMD"
 rc=$?
 say "GUEST_CMD_RC $rc"

@@ -2,15 +2,22 @@
 
     untar-image ABI DEST     read `dpkg-deb --fsys-tarfile linux-image-...deb` on stdin and
                              extract vmlinuz, config, modules.builtin and the .ko files of the
-                             few module folders the guest needs (flat, into DEST/ko)
+                             few module folders the guest needs (flat, into DEST/ko; a .ko.xz,
+                             as Debian's 6.12 ships them, is stored decompressed: busybox insmod
+                             takes plain .ko files only)
     vmlinux VMLINUZ OUT      the uncompressed ELF vmlinux out of a bzImage (QEMU boots it
-                             directly through its PVH note: ~3.5 s faster per boot under TCG)
+                             directly through its PVH note: ~3.5 s faster per boot under TCG);
+                             an XZ payload (6.1) is unpacked here, a zstd one (6.12) by `zstd`
     modorder KODIR BUILTIN ROOT...
                              print the insmod order (dependencies first) for ROOT modules,
                              computed from each .ko's `.modinfo depends=`
     summary JUNIT            print "P F E S" (passed failed errors skipped) of a junit XML
+    requirements PYPROJECT [EXCLUDE...]
+                             print the project's runtime dependencies and its pytest, one per
+                             line, leaving out the EXCLUDE distributions (what a lab rootfs
+                             takes from Debian instead, e.g. libvirt-python)
 
-Standard library only; run with any Python >= 3.9.  research/mtty-lab.md has the recipe.
+Standard library only; run with any Python >= 3.11.  research/mtty-lab.md has the recipe.
 """
 
 from __future__ import annotations
@@ -19,8 +26,11 @@ import lzma
 import os
 import re
 import shutil
+import struct
+import subprocess
 import sys
 import tarfile
+import tomllib
 import xml.etree.ElementTree as ET
 
 # Module folders of the image package that hold everything the guest loads:
@@ -32,14 +42,16 @@ MODULE_DIRS = (
     "fs/9p",
     "fs/netfs",
     "fs/fscache",
+    # the overlay that makes a lab rootfs shared read-only over 9p writable in the guest
+    "fs/overlayfs",
 )
 
 _DEPENDS_RE = re.compile(rb"(?:^|\0)depends=([^\0]*)\0")
 
 
 def _module_name(filename: str) -> str:
-    """Kernel module name of a file: basename without .ko, dashes as underscores."""
-    return os.path.basename(filename).removesuffix(".ko").replace("-", "_")
+    """Kernel module name of a file: basename without .ko(.xz), dashes as underscores."""
+    return os.path.basename(filename).removesuffix(".xz").removesuffix(".ko").replace("-", "_")
 
 
 def untar_image(abi: str, dest: str) -> int:
@@ -57,14 +69,17 @@ def untar_image(abi: str, dest: str) -> int:
                 continue
             if member.name in boot:
                 target = os.path.join(dest, boot[member.name])
-            elif member.name.startswith(prefixes) and member.name.endswith(".ko"):
+            elif member.name.startswith(prefixes) and member.name.endswith((".ko", ".ko.xz")):
                 target = os.path.join(dest, "ko", _module_name(member.name) + ".ko")
             else:
                 continue
             source = archive.extractfile(member)
             assert source is not None
             with open(target, "wb") as out:
-                shutil.copyfileobj(source, out)
+                if member.name.endswith(".xz"):
+                    out.write(lzma.decompress(source.read()))
+                else:
+                    shutil.copyfileobj(source, out)
             found.add(member.name)
     missing = sorted(n for n in boot if n not in found)
     if missing:
@@ -73,14 +88,39 @@ def untar_image(abi: str, dest: str) -> int:
     return 0
 
 
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _bzimage_payload(data: bytes) -> bytes:
+    """The compressed kernel of a bzImage, located by its boot protocol header
+    (``payload_offset``/``payload_length`` at 0x248, relative to the
+    protected-mode code after the setup sectors), as the bootloader sees it."""
+    setup_sects = data[0x1F1] or 4
+    offset, length = struct.unpack_from("<II", data, 0x248)
+    start = (setup_sects + 1) * 512 + offset
+    return data[start : start + length]
+
+
 def vmlinux(vmlinuz: str, out: str) -> int:
     with open(vmlinuz, "rb") as handle:
         data = handle.read()
-    start = data.find(b"\xfd7zXZ\x00")
-    if start < 0:
-        print(f"labtool: {vmlinuz} has no XZ payload", file=sys.stderr)
+    payload = _bzimage_payload(data)
+    if payload.startswith(_XZ_MAGIC):
+        elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(payload)
+    elif payload.startswith(_ZSTD_MAGIC):
+        # No zstd in this Python's standard library.  The kernel's build appends
+        # the uncompressed size (4 bytes) after the frame: not zstd data.
+        proc = subprocess.run(
+            ["zstd", "-q", "-d", "-c"], input=payload[:-4], capture_output=True, check=False
+        )
+        if proc.returncode != 0:
+            print(f"labtool: zstd -d failed: {proc.stderr.decode().strip()}", file=sys.stderr)
+            return 1
+        elf = proc.stdout
+    else:
+        print(f"labtool: {vmlinuz} has neither an XZ nor a zstd payload", file=sys.stderr)
         return 1
-    elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[start:])
     if not elf.startswith(b"\x7fELF"):
         print(f"labtool: the payload of {vmlinuz} is not an ELF file", file=sys.stderr)
         return 1
@@ -136,7 +176,27 @@ def summary(junit: str) -> int:
     return 0
 
 
+def _distribution(requirement: str) -> str:
+    """``oslo.service[threading]>=4.1`` -> ``oslo-service`` (PEP 503 normalised)."""
+    name = re.split(r"[\s\[<>=!~;]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirements(pyproject: str, *exclude: str) -> int:
+    with open(pyproject, "rb") as handle:
+        project = tomllib.load(handle)["project"]
+    test_extra = project.get("optional-dependencies", {}).get("test", [])
+    wanted = [*project["dependencies"], *(r for r in test_extra if _distribution(r) == "pytest")]
+    skipped = {_distribution(name) for name in exclude}
+    for requirement in wanted:
+        if _distribution(requirement) not in skipped:
+            print(requirement)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["requirements"] and len(argv) >= 2:
+        return requirements(argv[1], *argv[2:])
     commands = {
         "untar-image": (untar_image, 2),
         "vmlinux": (vmlinux, 2),

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Real-kernel tier (what `make test` runs after the unit and functional tiers):
-# the agent against Debian's kernel with the mtty sample mdev driver, in a QEMU
-# (TCG) guest built and booted by lab.sh; recipe in research/mtty-lab.md.
+# Real-kernel tier (what `make test` runs after the unit and functional tiers): the
+# agent against real kernels with the mtty sample driver, in QEMU (TCG) guests built
+# and booted by lab.sh, one per lab profile (labs/*.sh):
+#   host    the distribution's default kernel, the host's root (research/mtty-lab.md);
+#   trixie  Debian's 6.12 kernel, a trixie userland with QEMU 10 and libvirt 11: a real
+#           live migration through two agents (research/live-migration-lab.md).
 #
 # Decides whether this host can run the tier.  If not, prints
 #   realkernel tier: SKIPPED (reason: ...)
-# and exits 0.  Otherwise runs it, prints
-#   realkernel: N passed, N failed
-# and exits non-zero on any failure (with the tail of the guest's console).
+# and exits 0.  Otherwise runs each lab, prints
+#   realkernel LAB: N passed, N failed in Ns
+# then the total, and exits non-zero on any failure (with the tail of that guest's
+# console and of the logs its tests kept: both agents', both libvirtds').
 #
 # env:
 #   ACCEL_REALKERNEL=0        skip the tier
 #   ACCEL_REALKERNEL=1        the tier must run: being unable to run is an error
 #   (unset)                   run when possible, else skip with the reason
-#   ACCEL_REALKERNEL_CACHE, _ABI, _RESULTS, _TIMEOUT, _PYTEST_ARGS: see lab.sh
+#   ACCEL_REALKERNEL_LABS     the labs to run, in order (default "host trixie")
+#   ACCEL_REALKERNEL_CACHE, _ABI, _TRIXIE_ABI, _RESULTS, _TIMEOUT, _PYTEST_ARGS: see lab.sh
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,7 +27,7 @@ CACHE=${ACCEL_REALKERNEL_CACHE:-/var/cache/accel-agent-realkernel}
 RESULTS=${ACCEL_REALKERNEL_RESULTS:-$HERE/results}
 export ACCEL_REALKERNEL_CACHE=$CACHE ACCEL_REALKERNEL_RESULTS=$RESULTS
 MODE=${ACCEL_REALKERNEL:-}
-START=$(date +%s)
+LABS=${ACCEL_REALKERNEL_LABS:-host trixie}
 
 case "$MODE" in
 0)
@@ -82,27 +87,36 @@ cannot_run_reason() {
 		return
 	fi
 
-	# Memory for a 1 GiB guest, also under strict overcommit (vm.overcommit_memory=2).
-	local avail_kib limit_kib committed_kib
+	# Memory for the largest guest (the labs run one after the other) and 512 MiB
+	# more, also under strict overcommit (vm.overcommit_memory=2).
+	local lab mib guest_mib=0 need_kib avail_kib limit_kib committed_kib
+	for lab in $LABS; do
+		[[ $lab =~ ^[a-z0-9-]+$ ]] && [ -f "$HERE/labs/$lab.sh" ] ||
+			{ echo "no lab profile '$lab' (tests/realkernel/labs/*.sh)"; return; }
+		mib=$(sed -n 's/^LAB_MEMORY_MB=\([0-9]*\)$/\1/p' "$HERE/labs/$lab.sh")
+		[ "${mib:-0}" -le "$guest_mib" ] || guest_mib=$mib
+	done
+	need_kib=$(((guest_mib + 512) * 1024))
 	avail_kib=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
-	[ "${avail_kib:-0}" -ge $((1536 * 1024)) ] ||
-		{ echo "less than 1.5 GiB of memory available for a 1 GiB guest"; return; }
+	[ "${avail_kib:-0}" -ge "$need_kib" ] ||
+		{ echo "less than $((need_kib / 1024)) MiB of memory available for a $guest_mib MiB guest"; return; }
 	if [ "$(cat /proc/sys/vm/overcommit_memory 2>/dev/null)" = 2 ]; then
 		limit_kib=$(awk '/^CommitLimit:/ { print $2 }' /proc/meminfo)
 		committed_kib=$(awk '/^Committed_AS:/ { print $2 }' /proc/meminfo)
-		[ $((limit_kib - committed_kib)) -ge $((1536 * 1024)) ] ||
-			{ echo "strict overcommit leaves less than 1.5 GiB to commit for the guest"; return; }
+		[ $((limit_kib - committed_kib)) -ge "$need_kib" ] ||
+			{ echo "strict overcommit leaves less than $((need_kib / 1024)) MiB to commit for the guest"; return; }
 	fi
 
-	# Cache: writable; ~400 MB at peak for a first (cold) build, little afterwards.
+	# Cache: writable; a first (cold) build needs ~400 MB at peak per kernel and
+	# ~700 MB for a rootfs with its venv and wheelhouse; little afterwards.
 	dir=$CACHE
 	while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
 	[ -w "$dir" ] || { echo "cache $CACHE is not writable (set ACCEL_REALKERNEL_CACHE)"; return; }
-	if compgen -G "$CACHE/*/kernel" >/dev/null; then
-		[ "$(free_mib "$CACHE")" -ge 100 ] || { echo "less than 100 MB free for $CACHE"; return; }
+	if compgen -G "$CACHE/*/kernel" >/dev/null && compgen -G "$CACHE/rootfs-*/packages.txt" >/dev/null; then
+		[ "$(free_mib "$CACHE")" -ge 200 ] || { echo "less than 200 MB free for $CACHE"; return; }
 	else
-		[ "$(free_mib "$CACHE")" -ge 600 ] ||
-			{ echo "less than 600 MB free for a first build in $CACHE"; return; }
+		[ "$(free_mib "$CACHE")" -ge 1500 ] ||
+			{ echo "less than 1500 MB free for a first build in $CACHE"; return; }
 	fi
 	[ "$(free_mib "$(dirname "$RESULTS")")" -ge 20 ] || { echo "no space for $RESULTS"; return; }
 }
@@ -110,12 +124,12 @@ cannot_run_reason() {
 reason=$(cannot_run_reason)
 [ -z "$reason" ] || skip "$reason"
 
-# --- run the lab; never leave QEMU behind --------------------------------------------
+# --- run the labs; never leave QEMU behind --------------------------------------------
 
 # lab.sh writes why it cannot run (exit status 75) into this file.
 export LAB_REASON_FILE
 LAB_REASON_FILE=$(mktemp)
-LAB_PID=''
+LAB_PID='' LAB=''
 # shellcheck disable=SC2317 # called by the EXIT trap
 stop_lab() {
 	local pid
@@ -124,7 +138,7 @@ stop_lab() {
 		wait "$LAB_PID" 2>/dev/null
 	fi
 	# lab.sh kills its QEMU on every exit path; this is the safety net.
-	pid=$(cat "$RESULTS/qemu.pid" 2>/dev/null)
+	pid=$(cat "$RESULTS/$LAB/qemu.pid" 2>/dev/null)
 	if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = qemu-system-x86 ]; then
 		kill -TERM "$pid" 2>/dev/null
 	fi
@@ -134,43 +148,67 @@ trap stop_lab EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-"$HERE/lab.sh" &
-LAB_PID=$!
-wait "$LAB_PID"
-rc=$?
-LAB_PID=
-elapsed=$(($(date +%s) - START))
-
-if [ "$rc" = 75 ]; then
-	skip "$(cat "$LAB_REASON_FILE")"
-fi
-
-JUNIT=$RESULTS/realkernel.junit.xml
-counts=
-if [ -s "$JUNIT" ]; then
-	counts=$("$REPO/.venv/bin/python" "$HERE/labtool.py" summary "$JUNIT" 2>/dev/null)
-fi
-if [ -n "$counts" ]; then
-	read -r passed failed errors skipped <<<"$counts"
-	line="realkernel: $passed passed, $((failed + errors)) failed"
-	[ "$skipped" = 0 ] || line="$line, $skipped skipped"
-	echo "$line in ${elapsed}s (junit: $JUNIT)"
-	# A guest run in which nothing passed proves nothing (e.g. everything skipped).
-	if [ "$rc" = 0 ] && [ "$passed" = 0 ]; then
-		echo "realkernel: no test passed in the guest" >&2
-		rc=1
+# On failure: the end of the guest's console and of every log the tests kept.
+show_failure() {
+	local out=$1 log
+	if [ -s "$out/console.log" ]; then
+		echo "---- last lines of the guest console ($out/console.log) ----" >&2
+		tail -n 60 "$out/console.log" >&2
 	fi
-else
-	echo "realkernel: no test results (lab exit status $rc) after ${elapsed}s" >&2
-	[ "$rc" != 0 ] || rc=1
-fi
+	while IFS= read -r log; do
+		echo "---- last lines of $log ----" >&2
+		tail -n 25 "$log" >&2
+	done < <(find "$out/logs" -name '*.log' -type f 2>/dev/null | sort)
+	echo "----" >&2
+}
 
-if [ "$rc" != 0 ]; then
-	if [ -s "$RESULTS/console.log" ]; then
-		echo "---- last lines of the guest console ($RESULTS/console.log) ----" >&2
-		tail -n 60 "$RESULTS/console.log" >&2
-		echo "----" >&2
+total_passed=0 total_failed=0 status=0
+for LAB in $LABS; do
+	out=$RESULTS/$LAB
+	started=$(date +%s)
+	: >"$LAB_REASON_FILE"
+	# A lab that fails before its guest runs must not be read from an earlier junit file.
+	rm -f "$out/realkernel.junit.xml"
+	"$HERE/lab.sh" --lab "$LAB" &
+	LAB_PID=$!
+	wait "$LAB_PID"
+	rc=$?
+	LAB_PID=
+	elapsed=$(($(date +%s) - started))
+
+	if [ "$rc" = 75 ]; then
+		skip "lab $LAB: $(cat "$LAB_REASON_FILE")"
 	fi
-	exit 1
-fi
-exit 0
+	JUNIT=$out/realkernel.junit.xml
+	counts=
+	if [ -s "$JUNIT" ]; then
+		counts=$("$REPO/.venv/bin/python" "$HERE/labtool.py" summary "$JUNIT" 2>/dev/null)
+	fi
+	if [ -n "$counts" ]; then
+		read -r passed failed errors skipped <<<"$counts"
+		line="realkernel $LAB: $passed passed, $((failed + errors)) failed"
+		[ "$skipped" = 0 ] || line="$line, $skipped skipped"
+		echo "$line in ${elapsed}s (junit: $JUNIT)"
+		total_passed=$((total_passed + passed))
+		total_failed=$((total_failed + failed + errors))
+		# A guest run in which nothing passed proves nothing (e.g. everything skipped).
+		if [ "$rc" = 0 ] && [ "$passed" = 0 ]; then
+			echo "realkernel $LAB: no test passed in the guest" >&2
+			rc=1
+		fi
+	else
+		echo "realkernel $LAB: no test results (lab exit status $rc) after ${elapsed}s" >&2
+		[ "$rc" != 0 ] || rc=1
+		total_failed=$((total_failed + 1))
+	fi
+	if [ "$rc" != 0 ]; then
+		if [ -n "$counts" ] && [ "$((failed + errors))" = 0 ]; then
+			echo "realkernel $LAB: the lab failed (exit status $rc)" >&2
+			total_failed=$((total_failed + 1))
+		fi
+		show_failure "$out"
+		status=1
+	fi
+done
+echo "realkernel: $total_passed passed, $total_failed failed"
+exit "$status"

@@ -43,6 +43,7 @@ class FakeBackend:
         self.held: dict[str, list[str]] = {}
         self.calls: list[tuple[Any, ...]] = []
         self.fail: BaseException | None = None
+        self.qemu_globals: list[str] = []
 
     def _maybe_fail(self) -> None:
         if self.fail is not None:
@@ -326,6 +327,16 @@ def test_domain_xml_for_an_instance_without_mdevs_is_404(app, backend):
     status, headers, xml = call(app, "GET", "/v1/instances/vm/domain-xml")
     assert status == 200 and headers["Content-Type"] == "application/xml"
     assert f"uuid='{UUID}'" in xml or f'uuid="{UUID}"' in xml
+    assert "commandline" not in xml
+    # [libvirt] qemu_globals: one <qemu:commandline> after the hostdevs
+    backend.qemu_globals = ["vfio-pci.enable-migration=on"]
+    lines = call(app, "GET", "/v1/instances/vm/domain-xml")[2].splitlines()
+    assert f'uuid="{UUID}"' in lines[0]
+    assert lines[1] == (
+        '<qemu:commandline xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0">'
+        '<qemu:arg value="-global"/><qemu:arg value="vfio-pci.enable-migration=on"/>'
+        "</qemu:commandline>"
+    )
 
 
 def test_adopt_passes_the_uuid_through(app, backend):

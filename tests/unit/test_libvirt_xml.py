@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from lxml import etree
+from oslo_config import cfg
 
 from accel_agent import exception
 from accel_agent.libvirt_xml import (
@@ -16,11 +17,14 @@ from accel_agent.libvirt_xml import (
     canonical_uuid,
     domain_hostdevs_xml,
     hostdev_xml,
+    instance_domain_xml,
     list_mdev_uuids,
     parse_domain,
+    qemu_commandline_xml,
 )
 from accel_agent.libvirt_xml import cli as xml_cli
 from accel_agent.libvirt_xml.parser import decode_attr_value, tokenise
+from tests.configutil import make_conf
 
 SRC = "c2177883-f1bb-47f0-914d-32a22e3a8804"
 DST = "0b2ff7c4-4fd4-4a6b-8bf5-d0e1f2a3b4c5"
@@ -420,3 +424,42 @@ def test_cli_as_a_process_keeps_bytes_and_imports_no_lxml_up_front() -> None:
     )
     assert (refused.returncode, refused.stdout) == (1, b"")
     assert SRC.upper().encode() in refused.stderr
+
+
+# --- [libvirt] qemu_globals: the <qemu:commandline> of `accelctl domain-xml` -------------
+
+MIGRATION_GLOBALS = ["vfio-pci.x-device-dirty-page-tracking=off", "vfio-pci.enable-migration=on"]
+
+
+def test_qemu_commandline_passes_each_setting_as_one_global() -> None:
+    element = etree.fromstring(qemu_commandline_xml(MIGRATION_GLOBALS))
+    assert element.tag == "{http://libvirt.org/schemas/domain/qemu/1.0}commandline"
+    assert [(arg.tag.split("}")[1], arg.get("value")) for arg in element] == [
+        ("arg", "-global"),
+        ("arg", "vfio-pci.x-device-dirty-page-tracking=off"),
+        ("arg", "-global"),
+        ("arg", "vfio-pci.enable-migration=on"),
+    ]
+
+
+def test_instance_domain_xml_adds_the_commandline_only_when_configured() -> None:
+    assert instance_domain_xml([SRC, SRC2]) == domain_hostdevs_xml([SRC, SRC2])
+    lines = instance_domain_xml([SRC, SRC2], MIGRATION_GLOBALS).split("\n")
+    assert lines[:2] == domain_hostdevs_xml([SRC, SRC2]).split("\n")
+    assert lines[2:] == [qemu_commandline_xml(MIGRATION_GLOBALS)]
+    # the hostdevs stay plain, namespace-free elements for <devices>
+    assert "qemu" not in "".join(lines[:2])
+
+
+def test_qemu_globals_option_refuses_what_is_not_driver_property_value() -> None:
+    conf = make_conf(
+        "[libvirt]\nqemu_globals = vfio-pci.enable-migration=on, "
+        "vfio-pci.x-device-dirty-page-tracking=off\n"
+    )
+    assert conf.libvirt.qemu_globals == [
+        "vfio-pci.enable-migration=on", "vfio-pci.x-device-dirty-page-tracking=off"
+    ]
+    assert make_conf("[libvirt]\n").libvirt.qemu_globals == []
+    for bad in ("enable-migration=on", "vfio-pci.enable-migration", "-device vfio-pci.x=1"):
+        with pytest.raises(cfg.ConfigFileValueError):
+            _ = make_conf(f"[libvirt]\nqemu_globals = {bad}\n").libvirt.qemu_globals
