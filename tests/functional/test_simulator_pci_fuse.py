@@ -105,6 +105,7 @@ def test_destroy_of_a_vgpu_in_use_is_ebusy_through_fuse(sim):
 
 def test_injected_vgpu_write_failure_through_the_control_socket(sim):
     sim.fail_next_vgpu_write("EIO", vf="0000:c1:00.5", type_id=1150)
+    assert write(sim.path(VF0, "nvidia", "current_vgpu_type"), b"1150") == 0  # another VF
     assert write(sim.path(VF1, "nvidia", "current_vgpu_type"), b"1150") == errno.EIO
     assert write(sim.path(VF1, "nvidia", "current_vgpu_type"), b"1150") == 0
 
@@ -149,6 +150,8 @@ def test_a_vf_handed_to_vfio_pci_through_fuse(sim):
     assert not os.path.lexists(sim.path(vf, "driver"))
     assert write(sim.path("bus/pci/drivers_probe"), NIC_VF0.encode() + b"\n") == 0
     assert os.readlink(sim.path(vf, "driver")).endswith("bus/pci/drivers/vfio-pci")
+    # unbind through a driver the device is not bound to
+    assert write(os.path.join(drivers, "igbvf", "unbind"), NIC_VF0.encode()) == errno.ENODEV
     fd = os.open(node, os.O_RDONLY)
     try:
         with pytest.raises(OSError) as info:
