@@ -293,8 +293,10 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="log every FUSE request (foreground)")
     p = action("umount", cmd_umount, "stop the simulator and unmount")
     p.add_argument("--timeout", type=_seconds, default=15.0)
-    action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes")
-    p = action("status", cmd_status, "show parents, counters and mdevs")
+    action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes, VFs, drivers "
+           "and driver_override return to the boot state, every vGPU type is 0")
+    p = action("status", cmd_status, "show parents, counters, mdevs, SR-IOV PFs, typed VFs "
+               "and functions off their own driver")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     hold = action("hold", cmd_hold, "mark an mdev (UUID) or a VFIO-bound PCI function "
                   "(address) as held by a VM (its vfio/<group> node answers EBUSY, a remove "
@@ -329,9 +331,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``simulate`` to accelctl's subparsers (``func(args) -> exit code``)."""
     parser = subparsers.add_parser(
         "simulate", help="run a simulated mdev host (FUSE sysfs) for demos and tests",
-        description="Give any machine a simulated GPU host: a kernel-faithful mdev sysfs, "
-                    "mounted with FUSE (create/remove act like the kernel) or written as a "
-                    "static tree.")
+        description="Give any machine a simulated GPU host: a kernel-faithful sysfs (mdev "
+                    "types, SR-IOV VFs from sriov_numvfs, PCI driver binding, NVIDIA vGPU 17+ "
+                    "VFs typed through nvidia/current_vgpu_type), mounted with FUSE (writes "
+                    "act like the kernel's) or written as a static tree.")
     add_commands(parser)
     return parser
 
