@@ -90,6 +90,7 @@ class NvidiaVgpus:
         self._tree = tree
         self._changed = changed
         self._vfs: dict[str, _VgpuVf] = {}
+        self._by_pf: dict[str, list[_VgpuVf]] = {}  # a card's bound VFs: what the rule reads
         self._faults: list[tuple[int, str | None, int | None]] = []
 
     # ---------------------------------------------------------------- driver hooks
@@ -103,6 +104,7 @@ class NvidiaVgpus:
             return
         vf = _VgpuVf(fn, spec)
         self._vfs[fn.address] = vf
+        self._by_pf.setdefault(vf.pf, []).append(vf)
         d = (*fn.path, NVIDIA_DIR)
         tr = self._tree
         tr.attr((*d, "creatable_vgpu_types"), lambda: self._creatable_show(vf))
@@ -113,14 +115,16 @@ class NvidiaVgpus:
         tr.attr((*d, "vgpu_params"), b"", store=_refuse)
 
     def unbound(self, fn: PciFunction) -> None:
-        if self._vfs.pop(fn.address, None) is not None:
+        vf = self._vfs.pop(fn.address, None)
+        if vf is not None:
+            self._by_pf[vf.pf].remove(vf)
             self._tree.remove((*fn.path, NVIDIA_DIR))
             self._changed()
 
     # ---------------------------------------------------------------- the rules
 
     def _siblings(self, vf: _VgpuVf) -> list[_VgpuVf]:
-        return [v for v in self._vfs.values() if v.pf == vf.pf]
+        return self._by_pf.get(vf.pf, [])
 
     def creatable(self, vf: _VgpuVf) -> list[VgpuTypeSpec]:
         """What a write of an id to this VF would create now (module docstring)."""

@@ -136,7 +136,10 @@ def test_vf_groups_are_freed_and_reused(igb):
     before = igb.listdir("kernel/iommu_groups")
     igb.write(path, "2")
     during = set(igb.listdir("kernel/iommu_groups")) - set(before)
+    seq = igb.events_since(0)[-1].seq
     igb.write(path, "0")
+    assert [(e.action, e.devpath.rsplit("/", 1)[1]) for e in igb.events_since(seq)] == [
+        ("unbind", VF0), ("remove", VF0), ("unbind", VF1), ("remove", VF1)]
     assert igb.listdir("kernel/iommu_groups") == before
     assert sorted(igb.listdir("vfio")) == sorted(before)
     igb.write(path, "2")
