@@ -591,8 +591,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 SIMULATE_HELP = (
-    "Give any machine a simulated GPU host: a kernel-faithful mdev sysfs, mounted with FUSE "
-    "(create/remove act like the kernel) or written as a static tree. "
+    "Give any machine a simulated GPU host: a kernel-faithful sysfs (mdev types, SR-IOV VFs "
+    "from sriov_numvfs, PCI driver binding, NVIDIA vGPU 17+ VFs typed through "
+    "nvidia/current_vgpu_type), mounted with FUSE (writes act like the kernel's) or written "
+    "as a static tree. Profiles: 'accelctl simulate profiles'. "
     "Run 'accelctl simulate --help' for its commands."
 )
 

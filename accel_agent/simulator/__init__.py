@@ -3,6 +3,8 @@
 * :mod:`.spec` - ``HostSpec`` and friends: a JSON-serialisable host description;
 * :mod:`.profiles` - ready-made hosts (``PROFILES``, ``build_spec``);
 * :mod:`.model` - ``SimulatedHost``: the reactive sysfs model (in-process, unit speed);
+* :mod:`.pci` - its PCI side: driver binding, ``driver_override``, SR-IOV VFs;
+* :mod:`.nvidia_vfio` - the ``nvidia/`` files of NVIDIA vGPU 17+ VFs;
 * :mod:`.static` - ``materialise``: a real directory tree of the current state;
 * :mod:`.fusefs` / :mod:`.control` / :mod:`.daemon` - the FUSE front, its control
   socket and process management;
@@ -27,7 +29,9 @@ from accel_agent.simulator.spec import (
     MdevSpec,
     ParentSpec,
     PciDeviceSpec,
+    SriovPfSpec,
     TypeSpec,
+    VgpuTypeSpec,
 )
 from accel_agent.simulator.static import materialise
 
@@ -43,8 +47,10 @@ __all__ = [
     "ParentSpec",
     "PciDeviceSpec",
     "SimulatedHost",
+    "SriovPfSpec",
     "TreeEntry",
     "TypeSpec",
+    "VgpuTypeSpec",
     "build_spec",
     "materialise",
 ]

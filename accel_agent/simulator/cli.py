@@ -4,11 +4,14 @@
 parser; ``main()`` runs the same commands standalone (``python -m
 accel_agent.simulator``, which is also how ``mount`` starts its server).
 
-  simulate mount DIR [--profile P ...] [--gpus N] [--vfs N] [--parents N] [--types M]
-                     [--spec FILE.json] [--foreground] [--remove-timeout S] [--timeout S]
+  simulate mount DIR [--profile P ...] [--gpus N] [--vfs N] [--nics N] [--parents N]
+                     [--types M] [--spec FILE.json] [--foreground] [--remove-timeout S]
+                     [--timeout S]
   simulate umount DIR | reboot DIR | status DIR [--json]
-  simulate hold DIR UUID | release DIR UUID | unregister DIR PARENT | register DIR PARENT
+  simulate hold DIR UUID|ADDR | release DIR UUID|ADDR
+  simulate unregister DIR PARENT | register DIR PARENT
   simulate fail-next-create DIR ERRNO [--parent P] [--type T]
+  simulate fail-next-vgpu-write DIR ERRNO [--vf ADDR] [--type-id N]
   simulate materialise DIR [profile options]      (static tree, no process)
   simulate spec [profile options]                 (print the JSON spec)
   simulate profiles                               (list profiles and their options)
@@ -41,7 +44,8 @@ def _fail(message: str) -> int:
 
 
 def _spec(args: argparse.Namespace) -> HostSpec:
-    options = {"gpus": args.gpus, "vfs": args.vfs, "parents": args.parents, "types": args.types}
+    options = {"gpus": args.gpus, "vfs": args.vfs, "nics": args.nics, "parents": args.parents,
+               "types": args.types}
     profiles = list(args.profile or [])
     specs: list[HostSpec] = []
     if args.spec:
@@ -151,6 +155,12 @@ def cmd_fail_next_create(args: argparse.Namespace) -> int:
 
 
 @_handled
+def cmd_fail_next_vgpu_write(args: argparse.Namespace) -> int:
+    _client(args).fail_next_vgpu_write(args.errno, args.vf, args.type_id)
+    return 0
+
+
+@_handled
 def cmd_status(args: argparse.Namespace) -> int:
     status = _client(args).status(counters=True)
     if args.json:
@@ -168,7 +178,30 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{'  held' if m['held'] else ''}")
     for b in status["blocked_removes"]:
         print(f"  blocked remove of {b['uuid']}: {b['outcome']}")
+    _print_pci(status)
     return 0
+
+
+def _print_pci(status: dict[str, Any]) -> None:
+    """SR-IOV PFs, typed VFs, and functions off their own driver (the rest is quiet)."""
+    vgpus_of: dict[str, int] = {}
+    for v in status.get("vgpus", []):
+        vgpus_of[v["physfn"]] = vgpus_of.get(v["physfn"], 0) + 1
+    for pf in status.get("sriov_pfs", []):
+        extra = f"  netdev {pf['netdev']}" if pf["netdev"] else ""
+        vgpus = f"  vgpus {vgpus_of[pf['address']]}" if pf["address"] in vgpus_of else ""
+        print(f"  pf {pf['address']} {pf['driver'] or '(unbound)'}  vfs "
+              f"{pf['num_vfs']}/{pf['total_vfs']}{vgpus}{extra}")
+    for v in status.get("vgpus", []):
+        print(f"  vgpu {v['address']} {v['type_id']} {v['name']} group {v['iommu_group']}"
+              f"{'  held' if v['held'] else ''}")
+    for f in status.get("vfs", []) + status.get("pci_functions", []):
+        if (f["driver"] == f["default_driver"] and f["driver_override"] is None
+                and not f["held"]):
+            continue
+        override = f"  override {f['driver_override']}" if f["driver_override"] is not None else ""
+        print(f"  pci {f['address']} {f['driver'] or '(unbound)'} group {f['iommu_group']}"
+              f"{override}{'  held' if f['held'] else ''}")
 
 
 @_handled
@@ -221,8 +254,10 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="append", choices=sorted(PROFILES), metavar="PROFILE",
                    help=f"host profile, repeatable ({', '.join(PROFILES)}); "
                         f"default {DEFAULT_PROFILE}")
-    p.add_argument("--gpus", type=_positive, help="GPUs (nvidia-pf, nvidia-sriov)")
-    p.add_argument("--vfs", type=_positive, help="VFs per GPU (nvidia-sriov)")
+    p.add_argument("--gpus", type=_positive, help="GPUs (nvidia-pf, nvidia-sriov, nvidia-vfio)")
+    p.add_argument("--vfs", type=_positive,
+                   help="VFs per GPU (nvidia-sriov; nvidia-vfio: enabled at boot, <= 32)")
+    p.add_argument("--nics", type=_positive, help="SR-IOV NIC ports (igb-sriov)")
     p.add_argument("--parents", type=_positive, help="parents (synthetic)")
     p.add_argument("--types", type=_positive, help="types per parent (synthetic)")
     p.add_argument("--spec", metavar="FILE.json", help="a HostSpec JSON file (added to profiles)")
@@ -258,16 +293,20 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="log every FUSE request (foreground)")
     p = action("umount", cmd_umount, "stop the simulator and unmount")
     p.add_argument("--timeout", type=_seconds, default=15.0)
-    action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes")
-    p = action("status", cmd_status, "show parents, counters and mdevs")
+    action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes, VFs, drivers "
+           "and driver_override return to the boot state, every vGPU type is 0")
+    p = action("status", cmd_status, "show parents, counters, mdevs, SR-IOV PFs, typed VFs "
+               "and functions off their own driver")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    hold = action("hold", cmd_hold, "mark an mdev as held by a VM (its vfio/<group> node "
-                  "answers EBUSY, a remove write blocks)")
-    hold.add_argument("uuid")
+    hold = action("hold", cmd_hold, "mark an mdev (UUID) or a VFIO-bound PCI function "
+                  "(address) as held by a VM (its vfio/<group> node answers EBUSY, a remove "
+                  "write blocks, a vGPU cannot be destroyed)")
+    hold.add_argument("uuid", metavar="UUID|ADDR")
     hold.add_argument("--after-probe", action="store_true",
                       help="the VM arrives only after the next open of the group node is "
                       "closed: between the agent's in-use probe and its remove write")
-    action("release", cmd_release, "the VM releases the mdev").add_argument("uuid")
+    action("release", cmd_release, "the VM releases the mdev or PCI function").add_argument(
+        "uuid", metavar="UUID|ADDR")
     action("unregister", cmd_unregister,
            "unregister a parent (its mdevs vanish)").add_argument("parent")
     action("register", cmd_register, "register a parent again").add_argument("parent")
@@ -276,6 +315,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("errno")
     p.add_argument("--parent")
     p.add_argument("--type", dest="type_id")
+    p = action("fail-next-vgpu-write", cmd_fail_next_vgpu_write,
+               "make the next matching nvidia/current_vgpu_type write fail with ERRNO")
+    p.add_argument("errno")
+    p.add_argument("--vf", help="only a write to this VF (PCI address)")
+    p.add_argument("--type-id", type=int, help="only a write of this value (0: a destroy)")
     p = action("materialise", cmd_materialise, "write a static tree (no process, no FUSE)",
                directory="empty or new directory")
     _spec_args(p)
@@ -287,9 +331,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``simulate`` to accelctl's subparsers (``func(args) -> exit code``)."""
     parser = subparsers.add_parser(
         "simulate", help="run a simulated mdev host (FUSE sysfs) for demos and tests",
-        description="Give any machine a simulated GPU host: a kernel-faithful mdev sysfs, "
-                    "mounted with FUSE (create/remove act like the kernel) or written as a "
-                    "static tree.")
+        description="Give any machine a simulated GPU host: a kernel-faithful sysfs (mdev "
+                    "types, SR-IOV VFs from sriov_numvfs, PCI driver binding, NVIDIA vGPU 17+ "
+                    "VFs typed through nvidia/current_vgpu_type), mounted with FUSE (writes "
+                    "act like the kernel's) or written as a static tree.")
     add_commands(parser)
     return parser
 

@@ -9,10 +9,12 @@ simulator serving a directory without reading that directory.
 Protocol: JSON lines.  A request is ``{"op": NAME, ...args}``; the reply is
 ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "message"}``.
 Operations: ``ping``, ``status`` (``counters``: bool), ``reboot``,
-``hold`` (``uuid``, ``after_probe``)/``release`` (``uuid``),
+``hold`` (``uuid``: an mdev UUID or the PCI address of a function bound to a
+VFIO driver, ``after_probe``)/``release`` (``uuid``),
 ``unregister``/``register`` (``parent``),
 ``fail-next-create`` (``errno`` name such as ``"ENOSPC"``, optional ``parent``,
-``type_id``), ``stop``.
+``type_id``), ``fail-next-vgpu-write`` (``errno``, optional ``vf`` address and
+``type_id``: the value written, 0 for a destroy), ``stop``.
 """
 
 from __future__ import annotations
@@ -201,6 +203,10 @@ class SimulatorClient:
                          type_id: str | None = None) -> None:
         self.call("fail-next-create", errno=errno_name, parent=parent, type_id=type_id)
 
+    def fail_next_vgpu_write(self, errno_name: str, vf: str | None = None,
+                             type_id: int | None = None) -> None:
+        self.call("fail-next-vgpu-write", errno=errno_name, vf=vf, type_id=type_id)
+
     def stop(self) -> None:
         self.call("stop")
 
@@ -284,6 +290,13 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         elif op == "fail-next-create":
             host.fail_next_create(errno_from_name(req["errno"]), req.get("parent"),
                                   req.get("type_id"))
+        elif op == "fail-next-vgpu-write":
+            type_id = req.get("type_id")
+            if type_id is not None and (isinstance(type_id, bool) or not isinstance(type_id, int)):
+                raise ValueError(f"type_id must be an integer, got {type_id!r}")
+            vf = req.get("vf")
+            host.fail_next_vgpu_write(errno_from_name(req["errno"]),
+                                      None if vf is None else str(vf), type_id)
         elif op == "stop":
             return "stopping"
         else:

@@ -1,8 +1,10 @@
 """Small pieces of kernel behaviour the model reproduces byte for byte.
 
 ``uuid_is_valid`` and ``kstrtoul`` follow lib/uuid.c and lib/kstrtox.c, the
-parsers behind ``create`` and ``remove``; ``pci_path`` places a PCI function
-in the ``devices/`` hierarchy.
+parsers behind ``create`` and ``remove``; ``sysfs_streq`` is lib/string.c's
+comparison behind every "write a device name" attribute (``bind``,
+``unbind``, ``drivers_probe``); ``pci_path`` places a PCI function in the
+``devices/`` hierarchy and ``virtfn_address`` numbers SR-IOV VFs.
 """
 
 from __future__ import annotations
@@ -54,6 +56,27 @@ def kstrtoul(data: bytes) -> int:
     if value >= 1 << 64:
         raise oserror(errno.ERANGE, "out of range")
     return value
+
+
+def sysfs_streq(data: bytes, name: str) -> bool:
+    """lib/string.c ``sysfs_streq()``: equal, except that one trailing newline
+    on either side is ignored (so ``echo 0000:05:10.0 > bind`` matches)."""
+    text = data[:-1] if data.endswith(b"\n") else data
+    return text == name.encode()
+
+
+def virtfn_address(pf: str, offset: int, stride: int, index: int) -> str:
+    """The address of VF ``index`` of ``pf``: drivers/pci/iov.c
+    ``pci_iov_virtfn_bus()``/``pci_iov_virtfn_devfn()`` add the SR-IOV
+    capability's First VF Offset and VF Stride to the PF's routing id
+    (bus << 8 | devfn), carrying into the bus number."""
+    dom, bus, slot_fn = pf.split(":")
+    slot, fn = slot_fn.split(".")
+    rid = (int(bus, 16) << 8 | int(slot, 16) << 3 | int(fn)) + offset + stride * index
+    if rid >> 8 > 0xFF:
+        raise ValueError(f"VF {index} of {pf} would be beyond bus ff")
+    devfn = rid & 0xFF
+    return f"{dom}:{rid >> 8:02x}:{devfn >> 3:02x}.{devfn & 7}"
 
 
 def pci_path(addr: str) -> Path:

@@ -12,6 +12,13 @@ Threading: one ``RLock`` guards all state; a remove that blocks on a held
 device waits on a condition of that lock, so other callers (the FUSE worker
 threads, the control socket's ``release``) keep running meanwhile.
 
+The PCI side (driver binding, ``driver_override``, SR-IOV VFs that come and
+go with ``sriov_numvfs``) is :mod:`.pci`'s, the ``nvidia/`` files of NVIDIA
+vGPU 17+ VFs are :mod:`.nvidia_vfio`'s; the host wires them in and keeps one
+lock and one event log for all.  An mdev parent's types exist while its PCI
+function is bound to its own driver: unbinding it unregisters the parent
+(EBUSY while one of its mdevs is held), binding it back registers it again.
+
 Tree layout (every link relative, every value ending in ``\\n``)::
 
   devices/pci<dom>:<root>/[<root port>/]<addr>/   PCI function (parent or bare device)
@@ -27,13 +34,14 @@ Tree layout (every link relative, every value ending in ``\\n``)::
   bus/pci/devices/<addr>, bus/pci/drivers/<drv>/<addr>
   bus/mdev/devices/<uuid>, bus/mdev/drivers/<mdev drv>/<uuid>
   kernel/iommu_groups/<N>/devices/<addr|uuid>
-  vfio/<N>                                         stand-in for /dev/vfio/<N> of an mdev's group
+  vfio/<N>                                         stand-in for /dev/vfio/<N> of a group
+  (PCI binding, SR-IOV and nvidia/ files: see the pci and nvidia_vfio modules)
 
 ``vfio/<N>`` is not part of a real /sys: it plays the VFIO group node
 (``/dev/vfio/<N>``, root 0600) that the agent probes before a remove.  Like the
 kernel's group file, one opener at a time: a second ``open`` gets EBUSY, and
 while it is open (or the mdev is ``hold``-ed, a VM holding the device) a
-``remove`` write blocks.
+``remove`` write blocks.  PCI functions have one too (:mod:`.pci`).
 
 The root port directory above a PCI function is derived from its address
 alone (so combining profiles never moves a device): bus ``b`` hangs off root
@@ -59,9 +67,12 @@ from typing import Any
 from accel_agent import exception
 from accel_agent.simulator import tree as t
 from accel_agent.simulator.kabi import UUID_LEN, kstrtoul, pci_path, uuid_is_valid
+from accel_agent.simulator.nvidia_vfio import NvidiaVgpus
+from accel_agent.simulator.pci import PciBus, PciFunction, PciGroupNode
 from accel_agent.simulator.policies import Counters
 from accel_agent.simulator.spec import HostSpec, ParentSpec, PciDeviceSpec
 from accel_agent.simulator.tree import Attr, Dir, Link, NodeStat, Path, oserror
+from accel_agent.sysfs import address
 
 DEFAULT_REMOVE_BLOCK_TIMEOUT = 60.0
 
@@ -116,7 +127,7 @@ class Event:
     """A udev-like event: what a pyudev monitor on the real host would see."""
 
     seq: int
-    action: str  # add | remove | change | bind
+    action: str  # add | remove | change | bind | unbind
     devpath: str
     subsystem: str
     env: dict[str, str]
@@ -197,6 +208,15 @@ class SimulatedHost:
         self.blocked_removes: list[BlockedRemove] = []
         self.boot_count = 1
         self._counters = Counters(self._parents)  # reads _parents live; filled by _build
+        for base in (("class", "mdev_bus"), ("bus", "mdev", "devices"), ("bus", "mdev", "drivers"),
+                     ("bus", "pci", "devices"), ("bus", "pci", "drivers"),
+                     ("kernel", "iommu_groups"), ("devices", "virtual"), ("vfio",)):
+            self._tree.mkdir(base)
+        self._pci = PciBus(self._tree, self._event, self._changed, self._alloc_group,
+                           self._groups_used.discard)
+        self._vgpus = NvidiaVgpus(self._tree, self._changed)
+        self._pci.add_listener(_MdevParentBinding(self))
+        self._pci.add_listener(self._vgpus)
         with self._lock:
             self._build()
 
@@ -204,10 +224,6 @@ class SimulatedHost:
 
     def _build(self) -> None:
         tr = self._tree
-        for base in (("class", "mdev_bus"), ("bus", "mdev", "devices"), ("bus", "mdev", "drivers"),
-                     ("bus", "pci", "devices"), ("bus", "pci", "drivers"),
-                     ("kernel", "iommu_groups"), ("devices", "virtual"), ("vfio",)):
-            tr.mkdir(base)
         pfs: dict[str, Path] = {}
         vfs_of: dict[str, list[str]] = {}
         pci: list[ParentSpec | PciDeviceSpec] = [*self.spec.devices,
@@ -223,7 +239,10 @@ class SimulatedHost:
             phys = getattr(dev, "physfn", None)
             path = (*pfs[phys][:-1], addr) if phys else pci_path(addr)
             pfs[addr] = path
-            self._build_pci(dev, path, phys, pfs, sorted(vfs_of.get(addr, [])))
+            self._pci.add_static(dev, path, phys, sorted(vfs_of.get(addr, [])))
+        for pf in sorted(self.spec.sriov_pfs, key=lambda p: p.address):
+            self._pci.add_sriov_pf(pf, pci_path(pf.address))
+        self._pci.boot()
         for p in self.spec.parents:
             if p.kind == "virtual":
                 path = ("devices", "virtual", p.driver, p.name)
@@ -239,34 +258,6 @@ class SimulatedHost:
         for m in self.spec.mdevs:
             self._create(m.parent, m.type_id, m.uuid)
             self._mdevs[m.uuid].held = m.held
-
-    def _build_pci(self, dev: ParentSpec | PciDeviceSpec, path: Path, physfn: str | None,
-                   paths: dict[str, Path], vfs: list[str]) -> None:
-        tr = self._tree
-        addr = _addr(dev)
-        tr.attr((*path, "vendor"), f"{dev.vendor_id:#06x}\n")
-        tr.attr((*path, "device"), f"{dev.device_id:#06x}\n")
-        tr.attr((*path, "class"), f"{dev.class_code:#08x}\n")
-        tr.attr((*path, "numa_node"), f"{dev.numa_node}\n")
-        tr.attr((*path, "uevent"),
-                f"DRIVER={dev.driver}\nPCI_CLASS={dev.class_code:X}\n"
-                f"PCI_ID={dev.vendor_id:04X}:{dev.device_id:04X}\nPCI_SLOT_NAME={addr}\n",
-                store=self._uevent_store)
-        drv = ("bus", "pci", "drivers", dev.driver)
-        tr.symlink((*path, "driver"), drv)
-        tr.symlink((*drv, addr), path)
-        tr.symlink((*path, "subsystem"), ("bus", "pci"))
-        tr.symlink(("bus", "pci", "devices", addr), path)
-        group = self._alloc_group()
-        tr.symlink((*path, "iommu_group"), ("kernel", "iommu_groups", str(group)))
-        tr.symlink(("kernel", "iommu_groups", str(group), "devices", addr), path)
-        if physfn:
-            tr.symlink((*path, "physfn"), paths[physfn])
-        if vfs:
-            tr.attr((*path, "sriov_totalvfs"), f"{len(vfs)}\n")
-            tr.attr((*path, "sriov_numvfs"), f"{len(vfs)}\n")
-            for i, vf in enumerate(vfs):
-                tr.symlink((*path, f"virtfn{i}"), (*path[:-1], vf))
 
     def _uevent_store(self, data: bytes) -> int:
         return len(data)  # a synthetic uevent request: accepted and ignored
@@ -465,11 +456,16 @@ class SimulatedHost:
     # ---------------------------------------------------------------- host operations
 
     def reboot(self) -> None:
-        """A host reboot: every mdev is gone (counters restored), every parent is
-        registered again, holds and injected faults are forgotten."""
+        """A host reboot: every mdev is gone (counters restored), the PCI side is
+        back to the spec's boot state (VFs enabled again as the spec says, every
+        vGPU type 0, every function on its own driver, no driver_override),
+        every parent is registered again, holds and injected faults are
+        forgotten."""
         with self._lock:
             for m in list(self._mdevs.values()):
                 self._destroy(m)
+            self._pci.reboot()
+            self._vgpus.reset()
             for parent in self._parents.values():
                 if not parent.registered:
                     self._register(parent)
@@ -478,11 +474,16 @@ class SimulatedHost:
             self._changed()
 
     def hold(self, uuid: str, after_probe: bool = False) -> None:
-        """Mark an mdev as opened by a VM: its group node answers EBUSY and a
-        remove write blocks.  ``after_probe``: not yet; the VM arrives right
-        after the next open of the group node is closed (the race between an
-        in-use probe and the remove write that follows it)."""
+        """Mark an mdev (by UUID) or a PCI function bound to a VFIO driver (by
+        address: a VF given to a VM) as opened by a VM: its group node answers
+        EBUSY, a remove write blocks, a VF's vGPU cannot be destroyed.
+        ``after_probe``: not yet; the VM arrives right after the next open of the
+        group node is closed (the race between an in-use probe and the write
+        that follows it)."""
         with self._lock:
+            if address.is_pci_address(uuid):
+                self._pci.hold(address.parse_pci_address(uuid), after_probe)
+                return
             mdev = self._mdev(uuid)
             if after_probe:
                 mdev.late_hold = True
@@ -492,6 +493,9 @@ class SimulatedHost:
     def release(self, uuid: str) -> None:
         """The VM lets go: a blocked remove completes."""
         with self._lock:
+            if address.is_pci_address(uuid):
+                self._pci.release(address.parse_pci_address(uuid))
+                return
             mdev = self._mdev(uuid)
             mdev.held = mdev.late_hold = False
             self._cond.notify_all()
@@ -500,6 +504,7 @@ class SimulatedHost:
         with self._lock:
             for m in self._mdevs.values():
                 m.held = m.late_hold = False
+            self._pci.release_all()
             self._cond.notify_all()
 
     def fail_next_create(self, code: int, parent: str | None = None,
@@ -510,6 +515,16 @@ class SimulatedHost:
             if parent is not None:
                 self._parent(parent)
             self._faults.append((code, parent, type_id))
+
+    def fail_next_vgpu_write(self, code: int, vf: str | None = None,
+                             type_id: int | None = None) -> None:
+        """Make the next matching ``nvidia/current_vgpu_type`` write fail with
+        ``code`` (``type_id`` 0 matches a destroy)."""
+        with self._lock:
+            if vf is not None:
+                vf = address.parse_pci_address(vf)
+                self._pci.function(vf)
+            self._vgpus.fail_next_write(code, vf, type_id)
 
     def _mdev(self, uuid: str) -> _Mdev:
         mdev = self._mdevs.get(uuid.lower())
@@ -539,6 +554,22 @@ class SimulatedHost:
         with self._lock:
             return [MdevInfo(m.uuid, m.parent, m.type_id, m.group, m.busy)
                     for m in sorted(self._mdevs.values(), key=lambda m: (m.parent, m.uuid))]
+
+    def vfs(self) -> list[dict[str, Any]]:
+        """Every SR-IOV VF of the dynamic PFs with its binding and vGPU type."""
+        with self._lock:
+            return self._pci_status()["vfs"]
+
+    def vgpus(self) -> list[dict[str, Any]]:
+        """Every typed VF of a vendor-VFIO GPU (address, physfn, type, group, held)."""
+        with self._lock:
+            return self._vgpus.vgpus()
+
+    def _pci_status(self) -> dict[str, Any]:
+        out = self._pci.status()
+        for vf in out["vfs"]:
+            vf["vgpu_type"] = self._vgpus.type_of(vf["address"])
+        return out
 
     def parent_names(self, registered_only: bool = False) -> list[str]:
         with self._lock:
@@ -570,6 +601,8 @@ class SimulatedHost:
                 "mdevs": [{"uuid": i.uuid, "parent": i.parent, "type_id": i.type_id,
                            "iommu_group": i.iommu_group, "held": i.held} for i in self.mdevs()],
                 "blocked_removes": [vars(b).copy() for b in self.blocked_removes],
+                **self._pci_status(),
+                "vgpus": self._vgpus.vgpus(),
             }
 
     # ---------------------------------------------------------------- file API
@@ -624,7 +657,16 @@ class SimulatedHost:
             assert isinstance(node, Attr)
             if isinstance(node, GroupNode):
                 return self._open_group(node, path)
+            if isinstance(node, PciGroupNode):
+                return Handle(self, node, path, on_close=self._locked(self._pci.open_group(
+                    node, path)))
             return Handle(self, node, path)
+
+    def _locked(self, func: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            with self._lock:
+                func()
+        return run
 
     def _open_group(self, node: GroupNode, path: str) -> Handle:
         """vfio_group_fops_open(): one opener at a time, else EBUSY."""
@@ -664,13 +706,48 @@ class SimulatedHost:
                 elif isinstance(node, Link):
                     out.append(TreeEntry(rel, "link", 0o777, target=node.target))
                 else:
-                    data = node.read() if node.show is not None else None
+                    try:
+                        data = node.read() if node.show is not None else None
+                    except OSError:
+                        data = None  # unreadable now (gpu_instance_id of a free VF: ENXIO)
                     out.append(TreeEntry(rel, "file", node.mode, data=data))
         return out
 
     def close(self) -> None:
         """Wake every blocked remove (they complete); used when the front stops."""
         self.release_all()
+
+
+class _MdevParentBinding:
+    """An mdev parent's types live on its driver binding: unbinding the PCI
+    function's own driver unregisters the parent (its mdevs vanish, as with
+    mdev_unregister_parent() in the driver's remove), binding it back
+    registers it.  A held mdev refuses the unbind with EBUSY (a choice: the
+    kernel would block until the VM lets go)."""
+
+    def __init__(self, host: SimulatedHost) -> None:
+        self._host = host
+
+    def _parent(self, fn: PciFunction) -> _Parent | None:
+        parent = self._host._parents.get(fn.address)
+        if parent is None or fn.driver != parent.spec.driver:
+            return None
+        return parent
+
+    def check_unbind(self, fn: PciFunction) -> None:
+        parent = self._parent(fn)
+        if parent is not None and any(m.busy for m in parent.mdevs.values()):
+            raise oserror(errno.EBUSY, f"{fn.address}: an mdev of it is in use")
+
+    def bound(self, fn: PciFunction) -> None:
+        parent = self._parent(fn)
+        if parent is not None and not parent.registered:
+            self._host._register(parent)
+
+    def unbound(self, fn: PciFunction) -> None:
+        parent = self._parent(fn)
+        if parent is not None and parent.registered:
+            self._host.unregister_parent(parent.spec.name)
 
 
 def _addr(dev: ParentSpec | PciDeviceSpec) -> str:

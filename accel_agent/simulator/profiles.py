@@ -6,10 +6,14 @@ builder only the options it accepts, so ``--profile nvidia-pf --profile mtty
 --gpus 4`` works.  Addresses never overlap between profiles:
 
 ============  =========================================  ======================
-profile       parents                                    counts
+profile       devices                                    counts
 ============  =========================================  ======================
 nvidia-pf     0000:84:00.0, 0000:85:00.0, ... (M60 PFs)  nvidia-equal-size
 nvidia-sriov  VFs 0000:41:00.4.. of PF 0000:41:00.0, ... nvidia-vf (A100 VFs)
+nvidia-vfio   L40S PFs 0000:c1:00.0, 0000:c2:00.0, ...;  no mdev: VFs typed via
+              VFs 0000:c1:00.4.. (vGPU 17+)              nvidia/current_vgpu_type
+igb-sriov     82576 ports 0000:10:00.0, 0000:10:00.1,    no mdev: VFs 10:10.0..
+              0000:11:00.0, ... (netdev enp16s0f0, ...)  via sriov_numvfs
 i915-gvtg     0000:00:02.0                               shared, weights
 mtty          mtty (virtual, values from mtty-lab.md)    global, 24 ports
 mdpy          mdpy (virtual)                             core counter (EUSERS)
@@ -25,7 +29,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accel_agent import exception
-from accel_agent.simulator.spec import HostSpec, MdevSpec, ParentSpec, PciDeviceSpec, TypeSpec
+from accel_agent.simulator.spec import (
+    HostSpec,
+    MdevSpec,
+    ParentSpec,
+    PciDeviceSpec,
+    SriovPfSpec,
+    TypeSpec,
+    VgpuTypeSpec,
+)
 
 NVIDIA = 0x10DE
 INTEL = 0x8086
@@ -124,6 +136,82 @@ def nvidia_sriov(gpus: int = 1, vfs: int = 16) -> HostSpec:
     return HostSpec(parents=parents, devices=devices, profiles=("nvidia-sriov",))
 
 
+# NVIDIA L40S (Ada, 48 GiB) time-sliced vGPU types as its vGPU 17+ driver lists
+# them: ids and names are a real `cat /sys/bus/pci/devices/0000:3d:00.4/nvidia/
+# creatable_vgpu_types` quoted in harvester/pcidevices pkg/util/gpuhelper
+# (gpuhelper.go), i.e. a fresh VF of an empty card.  The size is the name's
+# number in GiB; the per-GPU maximum is 48 GiB / size, at most 32 (the most
+# vGPUs NVIDIA's type table allows an L40S, and the VF count used here).
+L40S_DEVICE_ID = 0x26B9
+L40S_TOTAL_VFS = 32
+_L40S_FB_GIB = 48
+_L40S_TYPES = (
+    (1145, "1B", 1), (1146, "2B", 2),
+    *((1147 + i, f"{gib}Q", gib) for i, gib in enumerate((1, 2, 3, 4, 6, 8, 12, 16, 24, 48))),
+    *((1157 + i, f"{gib}A", gib) for i, gib in enumerate((1, 2, 3, 4, 6, 8, 12, 16, 24, 48))),
+    (2164, "3B", 3),
+)
+L40S_VGPU_TYPES = tuple(
+    VgpuTypeSpec(type_id, f"NVIDIA L40S-{suffix}", gib * 1024,
+                 min(_L40S_FB_GIB // gib, L40S_TOTAL_VFS))
+    for type_id, suffix, gib in _L40S_TYPES)
+
+
+def nvidia_vfio_pf(index: int) -> str:
+    return f"0000:{0xC1 + index:02x}:00.0"
+
+
+def nvidia_vfio(gpus: int = 1, vfs: int = 16) -> HostSpec:
+    """NVIDIA vGPU 17+ on L40S GPUs: no mdev; VFs bound to nvidia, typed via nvidia/.
+
+    Research vendor-vfio-and-sriov.md §2-5: each PF (10de:26b9, bound to
+    ``nvidia``) has ``vfs`` VFs enabled at boot (as ``sriov-manage -e`` leaves
+    them; ``sriov_totalvfs`` 32), at first VF offset 4, stride 1 (00.4, 00.5,
+    ...), sharing the PF's vendor:device id, bound to ``nvidia``, each in its
+    own IOMMU group with a ``vfio/<group>`` node, each with
+    ``nvidia/creatable_vgpu_types`` and ``nvidia/current_vgpu_type`` (see
+    :mod:`.nvidia_vfio`).  Nothing appears in ``class/mdev_bus``.
+    """
+    _check_count("gpus", gpus, 1, 60)
+    _check_count("vfs", vfs, 1, L40S_TOTAL_VFS)
+    pfs = [SriovPfSpec(address=nvidia_vfio_pf(g), driver="nvidia", vf_driver="nvidia",
+                       total_vfs=L40S_TOTAL_VFS, num_vfs=vfs, vendor_id=NVIDIA,
+                       device_id=L40S_DEVICE_ID, vf_device_id=L40S_DEVICE_ID,
+                       class_code=0x030200, numa_node=g % 2, vf_offset=4, vf_stride=1,
+                       vgpu_types=L40S_VGPU_TYPES)
+           for g in range(gpus)]
+    return HostSpec(sriov_pfs=pfs, profiles=("nvidia-vfio",))
+
+
+def igb_port(index: int) -> tuple[str, str]:
+    """Port ``index`` of the igb-sriov profile: its PCI address and netdev name
+    (dual-port cards on buses 0x10.., systemd's ``enp<bus>s<slot>f<fn>``)."""
+    bus, fn = 0x10 + index // 2, index % 2
+    return f"0000:{bus:02x}:00.{fn}", f"enp{bus}s0f{fn}"
+
+
+def igb_sriov(nics: int = 1) -> HostSpec:
+    """Intel 82576 SR-IOV NIC ports (igb): VFs created by writing sriov_numvfs.
+
+    Values from research vendor-vfio-and-sriov.md §6 (QEMU's ``-device igb``
+    with Debian's igb/igbvf): PF 8086:10c9 bound to ``igb``, ``sriov_totalvfs``
+    7, no VF at boot (igb's ``max_vfs`` defaults to 0); VFs 8086:10ca bound to
+    ``igbvf``, each in its own IOMMU group, at VF offset 0x80 and stride 2
+    (QEMU's IGB_VF_OFFSET/IGB_VF_STRIDE, as on the real card: port 0's VFs
+    are 10.0, 10.2, ..., port 1's 10.1, 10.3, ...).  The PF's netdev is
+    ``net/<ifname>`` under it (and ``class/net/<ifname>``).
+    """
+    _check_count("nics", nics, 1, 16)
+    pfs = []
+    for i in range(nics):
+        addr, ifname = igb_port(i)
+        pfs.append(SriovPfSpec(address=addr, driver="igb", vf_driver="igbvf", total_vfs=7,
+                               num_vfs=0, vendor_id=INTEL, device_id=0x10C9,
+                               vf_device_id=0x10CA, class_code=0x020000, numa_node=0,
+                               vf_offset=0x80, vf_stride=2, netdev=ifname))
+    return HostSpec(sriov_pfs=pfs, profiles=("igb-sriov",))
+
+
 def i915_gvtg() -> HostSpec:
     """Intel GVT-g on the iGPU: four types drawing on one pool per GPU (ENOSPC)."""
     types = (_gvtg(8, 64, 384, "1024x768"), _gvtg(4, 128, 512, "1920x1200"),
@@ -207,6 +295,8 @@ def synthetic(parents: int = 4, types: int = 4) -> HostSpec:
 PROFILES: dict[str, Callable[..., HostSpec]] = {
     "nvidia-pf": nvidia_pf,
     "nvidia-sriov": nvidia_sriov,
+    "nvidia-vfio": nvidia_vfio,
+    "igb-sriov": igb_sriov,
     "i915-gvtg": i915_gvtg,
     "mtty": mtty,
     "mdpy": mdpy,

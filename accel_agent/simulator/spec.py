@@ -2,10 +2,13 @@
 
 A :class:`HostSpec` says *what hardware exists*: mdev parents (PCI GPUs, SR-IOV
 VFs, virtual sample parents such as ``mtty``), the types each offers and how
-their ``available_instances`` counters behave (the count *policy*), plus bare
-PCI devices (SR-IOV PFs that are not mdev parents themselves) and mdevs that
-already exist at "boot".  :class:`~accel_agent.simulator.model.SimulatedHost`
-turns a spec into a live, kernel-like sysfs model.
+their ``available_instances`` counters behave (the count *policy*), bare PCI
+devices (SR-IOV PFs that are not mdev parents themselves), mdevs that already
+exist at "boot", and SR-IOV PFs whose VFs come and go with ``sriov_numvfs``
+(:class:`SriovPfSpec`: a NIC such as igb, or an NVIDIA GPU whose VFs are typed
+through ``nvidia/current_vgpu_type``, see :mod:`.pci` and :mod:`.nvidia_vfio`).
+:class:`~accel_agent.simulator.model.SimulatedHost` turns a spec into a live,
+kernel-like sysfs model.
 
 Specs are frozen and validated on construction, so a bad spec fails where it
 is written (a profile builder, ``from_dict`` on a user's JSON file) with a
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel_agent import exception
+from accel_agent.simulator.kabi import virtfn_address
 from accel_agent.sysfs import address
 
 # How a parent's available_instances counters behave (research §1.3 / §1.9):
@@ -49,6 +53,11 @@ _MAX_INSTANCE_RE = re.compile(r"(?:^|[\s,])max_instance=(\d+)")
 # A single sysfs path component made of tame characters.
 _COMPONENT_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,128}$")
 _UUID_RE = re.compile(r"^[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+# A network interface name: IFNAMSIZ is 16 with the NUL, no '/', ':' or blanks
+# (net/core/dev.c dev_valid_name()).
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+# The PCI core caps sriov_totalvfs at what a u16 holds; a bus carries at most 256.
+MAX_VFS = 256
 
 
 def _bad(reason: str) -> exception.SimulatorSpecInvalid:
@@ -355,6 +364,153 @@ class MdevSpec:
 
 
 @dataclass(frozen=True)
+class VgpuTypeSpec:
+    """One vGPU type of a vendor-specific-VFIO NVIDIA GPU (vGPU 17+): a line
+    ``<type_id> : <name>`` of a VF's ``nvidia/creatable_vgpu_types``.
+
+    ``type_id`` is the decimal id written to ``current_vgpu_type`` (unique per
+    card model only).  ``framebuffer_mib`` is what the equal-size rule compares
+    (research vendor-vfio-and-sriov.md §5); ``max_instances`` is the limit per
+    physical GPU.
+    """
+
+    type_id: int
+    name: str
+    framebuffer_mib: int
+    max_instances: int
+
+    def __post_init__(self) -> None:
+        _int(self.type_id, "vgpu type_id", 1)
+        if self.type_id > 0xFFFFFFFF:
+            raise _bad(f"vgpu type_id {self.type_id} does not fit 32 bits")
+        if (not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name
+                or self.name != self.name.strip()):
+            raise _bad(f"vgpu type {self.type_id}: name {self.name!r} must be one trimmed line")
+        _int(self.framebuffer_mib, f"vgpu type {self.type_id}: framebuffer_mib", 1)
+        _int(self.max_instances, f"vgpu type {self.type_id}: max_instances", 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type_id": self.type_id, "name": self.name,
+                "framebuffer_mib": self.framebuffer_mib, "max_instances": self.max_instances}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "vgpu type") -> VgpuTypeSpec:
+        return cls(**_fields(data, where, required=(
+            "type_id", "name", "framebuffer_mib", "max_instances"), optional=()))
+
+
+@dataclass(frozen=True)
+class SriovPfSpec:
+    """An SR-IOV physical function whose VFs the kernel creates and destroys on
+    a ``sriov_numvfs`` write (the model lives in :mod:`.pci`).
+
+    ``total_vfs`` is what ``sriov_totalvfs`` reads (the driver's limit),
+    ``num_vfs`` how many VFs exist at boot (a boot script such as NVIDIA's
+    ``sriov-manage -e`` enabled them).  VF ``i`` sits at the PF's routing id
+    + ``vf_offset`` + ``vf_stride`` * i, as the SR-IOV capability says, has
+    device id ``vf_device_id`` and binds to ``vf_driver``.  ``netdev`` names
+    the network interface the PF driver registers (``net/<netdev>``).
+    Non-empty ``vgpu_types`` make it an NVIDIA vGPU 17+ GPU: its VFs, bound to
+    ``nvidia``, carry ``nvidia/creatable_vgpu_types`` and friends.
+    """
+
+    address: str
+    driver: str
+    vf_driver: str
+    total_vfs: int
+    num_vfs: int = 0
+    vendor_id: int = 0x8086
+    device_id: int = 0
+    vf_device_id: int = 0
+    class_code: int = 0x020000
+    numa_node: int = -1
+    vf_offset: int = 1
+    vf_stride: int = 1
+    netdev: str | None = None
+    vgpu_types: tuple[VgpuTypeSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"SR-IOV PF {self.address}"
+        canonical_pci(self.address, "SR-IOV PF address")
+        _component(self.driver, f"{where}: driver")
+        _component(self.vf_driver, f"{where}: vf_driver")
+        for attr in ("vendor_id", "device_id", "vf_device_id", "class_code"):
+            object.__setattr__(self, attr, _hex_id(getattr(self, attr), f"{where}: {attr}"))
+        _int(self.numa_node, f"{where}: numa_node", -1)
+        _int(self.total_vfs, f"{where}: total_vfs", 1)
+        if self.total_vfs > MAX_VFS:
+            raise _bad(f"{where}: total_vfs {self.total_vfs} > {MAX_VFS}")
+        _int(self.num_vfs, f"{where}: num_vfs", 0)
+        if self.num_vfs > self.total_vfs:
+            raise _bad(f"{where}: num_vfs {self.num_vfs} > total_vfs {self.total_vfs}")
+        _int(self.vf_offset, f"{where}: vf_offset", 1)
+        _int(self.vf_stride, f"{where}: vf_stride", 1)
+        try:
+            self.vf_addresses()
+        except ValueError as exc:
+            raise _bad(f"{where}: {exc}") from None
+        if self.netdev is not None and (not isinstance(self.netdev, str)
+                                        or not _IFNAME_RE.match(self.netdev)):
+            raise _bad(f"{where}: netdev {self.netdev!r} is not an interface name")
+        types = tuple(self.vgpu_types)
+        object.__setattr__(self, "vgpu_types", types)
+        ids: set[int] = set()
+        for t in types:
+            if not isinstance(t, VgpuTypeSpec):
+                raise _bad(f"{where}: vgpu_types must be VgpuTypeSpec, got {t!r}")
+            if t.type_id in ids:
+                raise _bad(f"{where}: vgpu type {t.type_id} listed twice")
+            ids.add(t.type_id)
+
+    @property
+    def is_vgpu(self) -> bool:
+        """An NVIDIA vendor-specific-VFIO GPU (its VFs are typed, not passed as is)."""
+        return bool(self.vgpu_types)
+
+    def vf_address(self, index: int) -> str:
+        return virtfn_address(self.address, self.vf_offset, self.vf_stride, index)
+
+    def vf_addresses(self) -> list[str]:
+        """Every address a VF of this PF can ever have (``total_vfs`` of them)."""
+        return [self.vf_address(i) for i in range(self.total_vfs)]
+
+    def vgpu_type(self, type_id: int) -> VgpuTypeSpec | None:
+        for t in self.vgpu_types:
+            if t.type_id == type_id:
+                return t
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "address": self.address, "driver": self.driver, "vf_driver": self.vf_driver,
+            "total_vfs": self.total_vfs, "num_vfs": self.num_vfs,
+            "vendor_id": f"{self.vendor_id:#06x}", "device_id": f"{self.device_id:#06x}",
+            "vf_device_id": f"{self.vf_device_id:#06x}", "class_code": f"{self.class_code:#08x}",
+            "numa_node": self.numa_node, "vf_offset": self.vf_offset,
+            "vf_stride": self.vf_stride,
+        }
+        if self.netdev is not None:
+            out["netdev"] = self.netdev
+        if self.vgpu_types:
+            out["vgpu_types"] = [t.to_dict() for t in self.vgpu_types]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "sriov_pf") -> SriovPfSpec:
+        kwargs = _fields(data, where, required=("address", "driver", "vf_driver", "total_vfs"),
+                         optional=("num_vfs", "vendor_id", "device_id", "vf_device_id",
+                                   "class_code", "numa_node", "vf_offset", "vf_stride",
+                                   "netdev", "vgpu_types"))
+        if "vgpu_types" in kwargs:
+            if not isinstance(kwargs["vgpu_types"], list):
+                raise _bad(f"{where}.vgpu_types must be a list")
+            kwargs["vgpu_types"] = tuple(
+                VgpuTypeSpec.from_dict(t, f"{where}.vgpu_types[{i}]")
+                for i, t in enumerate(kwargs["vgpu_types"]))
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """A whole simulated host.  Validated as a unit on construction."""
 
@@ -362,9 +518,10 @@ class HostSpec:
     devices: tuple[PciDeviceSpec, ...] = ()
     mdevs: tuple[MdevSpec, ...] = ()
     profiles: tuple[str, ...] = field(default=(), compare=False)
+    sriov_pfs: tuple[SriovPfSpec, ...] = ()
 
     def __post_init__(self) -> None:
-        for attr in ("parents", "devices", "mdevs", "profiles"):
+        for attr in ("parents", "devices", "mdevs", "profiles", "sriov_pfs"):
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
         self._validate()
 
@@ -385,6 +542,7 @@ class HostSpec:
             if d.address in pci:
                 raise _bad(f"PCI address {d.address} defined twice")
             pci[d.address] = d
+        self._validate_sriov_pfs(pci)
         pools: dict[str, int] = {}
         for p in self.parents:
             if p.physfn is not None:
@@ -418,6 +576,19 @@ class HostSpec:
             if not isinstance(name, str):
                 raise _bad(f"profile names must be strings, got {name!r}")
 
+    def _validate_sriov_pfs(self, pci: dict[str, object]) -> None:
+        """Every address a dynamic VF may take is reserved up front, so a VF
+        created at run time can never land on another device."""
+        taken = {a: f"PCI device {a}" for a in pci}
+        for pf in self.sriov_pfs:
+            if not isinstance(pf, SriovPfSpec):
+                raise _bad(f"sriov_pfs must be SriovPfSpec, got {pf!r}")
+            for addr, what in ((pf.address, f"SR-IOV PF {pf.address}"),
+                               *((a, f"VF of {pf.address}") for a in pf.vf_addresses())):
+                if addr in taken:
+                    raise _bad(f"PCI address {addr} defined twice ({taken[addr]} and {what})")
+                taken[addr] = what
+
     # -- helpers --------------------------------------------------------------------
 
     def parent(self, name: str) -> ParentSpec | None:
@@ -434,13 +605,15 @@ class HostSpec:
         devices: list[PciDeviceSpec] = []
         mdevs: list[MdevSpec] = []
         profiles: list[str] = []
+        sriov_pfs: list[SriovPfSpec] = []
         for s in specs:
             parents += s.parents
             devices += s.devices
             mdevs += s.mdevs
             profiles += s.profiles
+            sriov_pfs += s.sriov_pfs
         return cls(parents=tuple(parents), devices=tuple(devices), mdevs=tuple(mdevs),
-                   profiles=tuple(profiles))
+                   profiles=tuple(profiles), sriov_pfs=tuple(sriov_pfs))
 
     # -- JSON ----------------------------------------------------------------------------
 
@@ -450,6 +623,8 @@ class HostSpec:
             out["devices"] = [d.to_dict() for d in self.devices]
         if self.mdevs:
             out["mdevs"] = [m.to_dict() for m in self.mdevs]
+        if self.sriov_pfs:
+            out["sriov_pfs"] = [p.to_dict() for p in self.sriov_pfs]
         if self.profiles:
             out["profiles"] = list(self.profiles)
         return out
@@ -457,7 +632,7 @@ class HostSpec:
     @classmethod
     def from_dict(cls, data: Any) -> HostSpec:
         kwargs = _fields(data, "spec", required=(), optional=(
-            "parents", "devices", "mdevs", "profiles"))
+            "parents", "devices", "mdevs", "profiles", "sriov_pfs"))
         for key in kwargs:
             if not isinstance(kwargs[key], list):
                 raise _bad(f"spec.{key} must be a list")
@@ -469,6 +644,8 @@ class HostSpec:
             mdevs=tuple(MdevSpec.from_dict(m, f"mdevs[{i}]")
                         for i, m in enumerate(kwargs.get("mdevs", []))),
             profiles=tuple(kwargs.get("profiles", [])),
+            sriov_pfs=tuple(SriovPfSpec.from_dict(p, f"sriov_pfs[{i}]")
+                            for i, p in enumerate(kwargs.get("sriov_pfs", []))),
         )
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -80,7 +80,8 @@ def test_missing_action_is_usage(capsys):
 def test_profiles_lists_every_profile(capsys):
     assert cli.main(["profiles"]) == 0
     out = capsys.readouterr().out
-    for name in ("nvidia-pf", "nvidia-sriov", "i915-gvtg", "mtty", "synthetic"):
+    for name in ("nvidia-pf", "nvidia-sriov", "nvidia-vfio", "igb-sriov", "i915-gvtg", "mtty",
+                 "synthetic"):
         assert name in out
 
 
@@ -89,3 +90,45 @@ def test_mount_without_fuse_is_a_clear_error(monkeypatch, tmp_path, capsys):
     assert run(["simulate", "mount", str(tmp_path / "sys"), "--profile", "mtty"]) == 1
     assert "FUSE is not available: /dev/fuse does not exist" in capsys.readouterr().err
     assert not (tmp_path / "sys").exists()
+
+
+def test_spec_with_the_pci_profiles(capsys):
+    assert run(["simulate", "spec", "--profile", "nvidia-pf", "--profile", "nvidia-vfio",
+                "--profile", "igb-sriov", "--gpus", "2", "--vfs", "16", "--nics", "2"]) == 0
+    spec = HostSpec.from_json(capsys.readouterr().out)
+    assert [(p.address, p.num_vfs) for p in spec.sriov_pfs] == [
+        ("0000:c1:00.0", 16), ("0000:c2:00.0", 16), ("0000:10:00.0", 0), ("0000:10:00.1", 0)]
+    assert run(["simulate", "spec", "--profile", "nvidia-vfio", "--vfs", "33"]) == 1
+    assert "vfs must be an integer in 1..32" in capsys.readouterr().err
+    assert run(["simulate", "spec", "--profile", "mtty", "--nics", "2"]) == 1
+    assert "nics not used" in capsys.readouterr().err
+
+
+def test_status_prints_the_pci_side(capsys, monkeypatch):
+    from accel_agent.simulator.model import SimulatedHost
+    from accel_agent.simulator.profiles import build_spec
+
+    host = SimulatedHost(build_spec(["nvidia-vfio", "igb-sriov"], gpus=1, vfs=2))
+    host.write("bus/pci/devices/0000:c1:00.5/nvidia/current_vgpu_type", "1150")
+    host.write("bus/pci/devices/0000:10:00.0/sriov_numvfs", "2")
+    host.write("bus/pci/devices/0000:10:10.2/driver_override", "vfio-pci")
+    host.write("bus/pci/drivers/igbvf/unbind", "0000:10:10.2")
+    host.write("bus/pci/drivers_probe", "0000:10:10.2")
+    host.hold("0000:10:10.2")
+    status = json.loads(json.dumps(host.status()))
+    status.update(pid=1, mountpoint="/x", mounted=True, profiles=["nvidia-vfio", "igb-sriov"])
+
+    class Fake:
+        def status(self, counters: bool = True) -> dict:
+            return status
+
+    monkeypatch.setattr(cli, "_client", lambda args: Fake())
+    assert run(["simulate", "status", "/x"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  pf 0000:10:00.0 igb  vfs 2/7  netdev enp16s0f0" in out
+    assert "  pf 0000:c1:00.0 nvidia  vfs 2/32  vgpus 1" in out
+    group = status["vgpus"][0]["iommu_group"]
+    assert f"  vgpu 0000:c1:00.5 1150 NVIDIA L40S-4Q group {group}" in out
+    vf_group = next(v["iommu_group"] for v in status["vfs"] if v["address"] == "0000:10:10.2")
+    assert f"  pci 0000:10:10.2 vfio-pci group {vf_group}  override vfio-pci  held" in out
+    assert not any("0000:10:10.0" in line for line in out)  # on its own driver: quiet

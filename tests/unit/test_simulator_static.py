@@ -105,3 +105,35 @@ def test_materialised_helper_cleans_up(tmp_path):
     with materialised(profiles.mtty(), tmp_path / "m") as root:
         assert os.listdir(os.path.join(root, "class/mdev_bus")) == ["mtty"]
     assert not os.path.exists(root)
+
+
+def test_pci_side_is_exported_with_writable_files_as_plain_files(tmp_path):
+    host = SimulatedHost(build_spec(["nvidia-vfio", "igb-sriov"], gpus=1, vfs=2))
+    host.write("bus/pci/devices/0000:10:00.0/sriov_numvfs", "2")
+    host.write("bus/pci/devices/0000:c1:00.4/nvidia/current_vgpu_type", "1150")
+    root = materialise(host, tmp_path / "sys")
+
+    def read(rel: str) -> bytes:
+        with open(os.path.join(root, rel), "rb") as f:
+            return f.read()
+
+    vf0 = os.path.join(root, "bus/pci/devices/0000:c1:00.4")
+    assert os.path.realpath(vf0) == os.path.join(
+        root, "devices/pci0000:c0/0000:c0:01.0/0000:c1:00.4")
+    assert read("bus/pci/devices/0000:c1:00.4/nvidia/current_vgpu_type") == b"1150\n"
+    assert read("bus/pci/devices/0000:c1:00.5/nvidia/creatable_vgpu_types") == (
+        b"ID    : vGPU Name\n1150  : NVIDIA L40S-4Q\n1160  : NVIDIA L40S-4A\n")
+    # unreadable at export time (ENXIO on a free VF): an empty file, mode kept
+    gi = "bus/pci/devices/0000:c1:00.5/nvidia/gpu_instance_id"
+    assert read(gi) == b""
+    assert stat.S_IMODE(os.stat(os.path.join(root, gi)).st_mode) == 0o644
+    assert read("bus/pci/devices/0000:10:00.0/sriov_numvfs") == b"2\n"
+    assert read("bus/pci/devices/0000:10:10.2/driver_override") == b"(null)\n"
+    assert os.readlink(os.path.join(root, "bus/pci/devices/0000:10:00.0/virtfn1")) == \
+        "../0000:10:10.2"
+    assert os.path.basename(os.path.realpath(
+        os.path.join(root, "bus/pci/devices/0000:10:10.2/driver"))) == "igbvf"
+    assert os.listdir(os.path.join(root, "class/net/enp16s0f0/device/net")) == ["enp16s0f0"]
+    bind = os.path.join(root, "bus/pci/drivers/vfio-pci/bind")
+    assert stat.S_IMODE(os.stat(bind).st_mode) == 0o200
+    assert os.listdir(os.path.join(root, "class/mdev_bus")) == []

@@ -1,0 +1,200 @@
+"""NVIDIA vGPU 17+ on vendor-specific VFIO: the ``nvidia/`` files of a GPU's VFs.
+
+Since vGPU 17 (Ada, Hopper, Blackwell) the ``nvidia`` driver registers no mdev
+parent: a vGPU is an SR-IOV VF that stays bound to ``nvidia`` and is typed
+through files under the VF (research vendor-vfio-and-sriov.md §2-5).  The VFs
+themselves (``sriov_numvfs``, ``virtfn``/``physfn``, IOMMU groups, binding)
+are :mod:`.pci`'s; this module adds, while a VF of a GPU whose spec lists
+``vgpu_types`` is bound to its VF driver, ``<VF>/nvidia/``:
+
+========================  ====  ===============================================
+file                      mode  behaviour
+========================  ====  ===============================================
+creatable_vgpu_types      0444  ``ID    : vGPU Name`` then ``<id>  : <name>`` per
+                                type creatable on this VF *now* (the real
+                                driver's layout: id left-justified in 6 columns)
+current_vgpu_type         0644  decimal id, ``0`` = none; writing an id creates
+                                the vGPU, writing ``0`` destroys it
+gpu_instance_id           0644  ``0`` on a typed VF; ENXIO while untyped (research
+                                §3: "reads fail with ENXIO until a vGPU exists")
+placement_id              0644  like gpu_instance_id (its values are unpublished)
+vgpu_params               0644  reads empty (research §3)
+========================  ====  ===============================================
+
+What is creatable (research §5, equal-size or "homogeneous" mode, the default;
+the mixed-size mode of ``nvidia-smi vgpu -shm 1`` is not modelled): nothing on
+a typed VF (it lists the header only); on a free VF every type while the card
+holds no vGPU; once it holds vGPUs of framebuffer size S, only the types of
+size S, each while fewer than its ``max_instances`` vGPUs of that size exist
+on the card.  A card whose VFs are all typed therefore shows the header only
+everywhere.
+
+Writes to ``current_vgpu_type`` (parsed like the kernel's ``kstrtoul``, so a
+trailing newline is optional; the driver's own parser is not published):
+
+=====================================  =======  ===================================
+write                                  errno    source
+=====================================  =======  ===================================
+not a number                           EINVAL   kstrtoul (ERANGE beyond 64 bits)
+an id not creatable on this VF now     EINVAL   choice: research §3 says it fails
+  (unknown, another size, type full)            and leaves 0; the errno is unpublished
+an id on a VF already typed            EINVAL   choice: nothing is creatable there
+``0`` on a free VF                     ok       no-op (research §5: "already 0
+                                                counts as done")
+``0`` while the VF's ``vfio/<group>``  EBUSY    choice: the real driver's answer is
+  is open or held (a VM uses it)                unknown; the agent probes first anyway
+fail-next-vgpu-write (control hook)    chosen   e.g. EIO as with a MIG-backed type
+                                                whose GPU instance is missing (§3)
+=====================================  =======  ===================================
+
+Writes to ``gpu_instance_id``, ``placement_id`` and ``vgpu_params`` are refused
+with EINVAL (their semantics on this route are unpublished; the simulated
+card has no MIG).  Unbinding a VF from ``nvidia`` destroys its vGPU and the
+directory (the driver's remove); a reboot starts every VF at ``0``.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from accel_agent.simulator import tree as t
+from accel_agent.simulator.kabi import kstrtoul
+from accel_agent.simulator.pci import PciFunction
+from accel_agent.simulator.spec import SriovPfSpec, VgpuTypeSpec
+from accel_agent.simulator.tree import oserror
+
+HEADER = b"ID    : vGPU Name\n"
+NVIDIA_DIR = "nvidia"
+
+
+@dataclass(eq=False)
+class _VgpuVf:
+    fn: PciFunction
+    spec: SriovPfSpec  # the GPU's
+    type_id: int = 0
+
+    @property
+    def pf(self) -> str:
+        assert self.fn.physfn is not None
+        return self.fn.physfn.address
+
+
+class NvidiaVgpus:
+    """The vendor files of every bound VF of every vGPU-capable GPU; a
+    :class:`~.pci.DriverListener` of the host's PCI bus."""
+
+    def __init__(self, tree: t.Tree, changed: Callable[[], None]) -> None:
+        self._tree = tree
+        self._changed = changed
+        self._vfs: dict[str, _VgpuVf] = {}
+        self._by_pf: dict[str, list[_VgpuVf]] = {}  # a card's bound VFs: what the rule reads
+        self._faults: list[tuple[int, str | None, int | None]] = []
+
+    # ---------------------------------------------------------------- driver hooks
+
+    def check_unbind(self, fn: PciFunction) -> None:
+        return None  # a busy VF is refused by the PCI bus already
+
+    def bound(self, fn: PciFunction) -> None:
+        spec = fn.sriov_pf
+        if spec is None or not spec.is_vgpu or fn.driver != spec.vf_driver:
+            return
+        vf = _VgpuVf(fn, spec)
+        self._vfs[fn.address] = vf
+        self._by_pf.setdefault(vf.pf, []).append(vf)
+        d = (*fn.path, NVIDIA_DIR)
+        tr = self._tree
+        tr.attr((*d, "creatable_vgpu_types"), lambda: self._creatable_show(vf))
+        tr.attr((*d, "current_vgpu_type"), lambda: f"{vf.type_id}\n".encode(),
+                store=lambda data: self._current_store(vf, data))
+        for name in ("gpu_instance_id", "placement_id"):
+            tr.attr((*d, name), lambda: self._instance_show(vf), store=_refuse)
+        tr.attr((*d, "vgpu_params"), b"", store=_refuse)
+
+    def unbound(self, fn: PciFunction) -> None:
+        vf = self._vfs.pop(fn.address, None)
+        if vf is not None:
+            self._by_pf[vf.pf].remove(vf)
+            self._tree.remove((*fn.path, NVIDIA_DIR))
+            self._changed()
+
+    # ---------------------------------------------------------------- the rules
+
+    def _siblings(self, vf: _VgpuVf) -> list[_VgpuVf]:
+        return self._by_pf.get(vf.pf, [])
+
+    def creatable(self, vf: _VgpuVf) -> list[VgpuTypeSpec]:
+        """What a write of an id to this VF would create now (module docstring)."""
+        if vf.type_id:
+            return []
+        placed = [vf.spec.vgpu_type(v.type_id) for v in self._siblings(vf) if v.type_id]
+        sizes = {p.framebuffer_mib for p in placed if p is not None}
+        out = []
+        for ts in vf.spec.vgpu_types:
+            if sizes and sizes != {ts.framebuffer_mib}:
+                continue  # equal-size mode: the first vGPU fixed the card's size
+            if len(placed) < ts.max_instances:
+                out.append(ts)
+        return out
+
+    def _creatable_show(self, vf: _VgpuVf) -> bytes:
+        return HEADER + b"".join(f"{ts.type_id:<6}: {ts.name}\n".encode()
+                                 for ts in self.creatable(vf))
+
+    def _instance_show(self, vf: _VgpuVf) -> bytes:
+        if not vf.type_id:
+            raise oserror(errno.ENXIO, f"{vf.fn.address} has no vGPU")
+        return b"0\n"
+
+    def _current_store(self, vf: _VgpuVf, data: bytes) -> int:
+        value = kstrtoul(data)
+        for i, (code, f_vf, f_type) in enumerate(self._faults):
+            if f_vf in (None, vf.fn.address) and f_type in (None, value):
+                del self._faults[i]
+                raise oserror(code, "injected vGPU write failure")
+        if value == 0:
+            if vf.type_id == 0:
+                return len(data)
+            if vf.fn.busy:
+                raise oserror(errno.EBUSY, f"{vf.fn.address}: the vGPU is in use by a VM")
+            vf.type_id = 0
+        else:
+            if value not in {ts.type_id for ts in self.creatable(vf)}:
+                raise oserror(errno.EINVAL, f"type {value} is not creatable on {vf.fn.address}")
+            vf.type_id = value
+        self._changed()
+        return len(data)
+
+    # ---------------------------------------------------------------- host operations
+
+    def fail_next_write(self, code: int, vf: str | None = None, type_id: int | None = None) -> None:
+        """The next ``current_vgpu_type`` write matching ``vf`` (any when None)
+        and the written value ``type_id`` (any when None; 0 for a destroy)
+        fails with ``code`` and changes nothing."""
+        self._faults.append((code, vf, type_id))
+
+    def reset(self) -> None:
+        self._faults.clear()
+
+    def vgpus(self) -> list[dict[str, Any]]:
+        """Every typed VF, by address."""
+        out = []
+        for addr in sorted(self._vfs):
+            vf = self._vfs[addr]
+            if vf.type_id:
+                ts = vf.spec.vgpu_type(vf.type_id)
+                out.append({"address": addr, "physfn": vf.pf, "type_id": vf.type_id,
+                            "name": ts.name if ts else None, "iommu_group": vf.fn.group,
+                            "held": vf.fn.busy})
+        return out
+
+    def type_of(self, address: str) -> int:
+        vf = self._vfs.get(address)
+        return vf.type_id if vf else 0
+
+
+def _refuse(data: bytes) -> int:
+    raise oserror(errno.EINVAL, "not settable on the simulated GPU")

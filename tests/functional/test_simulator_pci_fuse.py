@@ -1,0 +1,209 @@
+"""The simulator's PCI side through a mounted FUSE tree: real open(2)/write(2),
+the kernel's errno values crossing FUSE, and the control socket's hooks."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from accel_agent.simulator import control
+from accel_agent.simulator.profiles import build_spec
+from accel_agent.simulator.testing import fuse_unavailable_reason, mounted
+
+pytestmark = pytest.mark.fuse
+
+_REASON = fuse_unavailable_reason()
+if _REASON:
+    pytest.skip(f"FUSE simulator unavailable: {_REASON}", allow_module_level=True)
+
+GPU = "bus/pci/devices/0000:c1:00.0"
+VF0, VF1 = "bus/pci/devices/0000:c1:00.4", "bus/pci/devices/0000:c1:00.5"
+NIC = "bus/pci/devices/0000:10:00.0"
+NIC_VF0 = "0000:10:10.0"
+
+
+@pytest.fixture(scope="module")
+def module_sim(tmp_path_factory):
+    spec = build_spec(["nvidia-pf", "nvidia-vfio", "igb-sriov"], gpus=2, vfs=4)
+    with mounted(spec, tmp_path_factory.mktemp("fuse") / "sys") as sim:
+        yield sim
+
+
+@pytest.fixture
+def sim(module_sim):
+    module_sim.reboot()  # every test starts from the boot state
+    return module_sim
+
+
+def write(path: str, data: bytes) -> int:
+    """One open + one write(2), the way the agent writes sysfs; 0 or the errno."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, data)
+    except OSError as exc:
+        return exc.errno
+    finally:
+        os.close(fd)
+    return 0
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def group_of(sim, rel: str) -> str:
+    return os.path.basename(os.path.realpath(sim.path(rel, "iommu_group")))
+
+
+def test_vgpu_create_and_destroy_through_fuse(sim):
+    current = sim.path(VF0, "nvidia", "current_vgpu_type")
+    creatable = sim.path(VF1, "nvidia", "creatable_vgpu_types")
+    assert read(creatable).startswith(b"ID    : vGPU Name\n1145  : NVIDIA L40S-1B\n")
+    with pytest.raises(OSError) as info:
+        read(sim.path(VF0, "nvidia", "gpu_instance_id"))
+    assert info.value.errno == errno.ENXIO
+    assert write(current, b"9999") == errno.EINVAL
+    assert read(current) == b"0\n"
+    assert write(current, b"1150") == 0  # no newline, as the agent writes it
+    assert read(current) == b"1150\n"
+    assert read(sim.path(VF0, "nvidia", "gpu_instance_id")) == b"0\n"
+    assert read(creatable) == b"ID    : vGPU Name\n1150  : NVIDIA L40S-4Q\n1160  : NVIDIA L40S-4A\n"
+    assert write(sim.path(VF1, "nvidia", "current_vgpu_type"), b"1147\n") == errno.EINVAL
+    assert write(current, b"1160") == errno.EINVAL  # typed already
+    status = sim.status()
+    assert [(v["address"], v["type_id"]) for v in status["vgpus"]] == [("0000:c1:00.4", 1150)]
+    assert write(current, b"0") == 0
+    assert read(current) == b"0\n"
+    assert os.listdir(sim.path("class/mdev_bus")) == ["0000:84:00.0", "0000:85:00.0"]
+
+
+def test_destroy_of_a_vgpu_in_use_is_ebusy_through_fuse(sim):
+    current = sim.path(VF0, "nvidia", "current_vgpu_type")
+    assert write(current, b"1150") == 0
+    node = sim.path("vfio", group_of(sim, VF0))
+    fd = os.open(node, os.O_RDONLY)  # what QEMU holds
+    try:
+        with pytest.raises(OSError) as info:
+            os.close(os.open(node, os.O_RDONLY))  # the agent's in-use probe
+        assert info.value.errno == errno.EBUSY
+        assert write(current, b"0") == errno.EBUSY
+    finally:
+        os.close(fd)
+    sim.hold("0000:c1:00.4")  # the control socket's VM
+    assert write(current, b"0") == errno.EBUSY
+    assert sim.status()["vgpus"][0]["held"] is True
+    sim.release("0000:c1:00.4")
+    assert write(current, b"0") == 0
+
+
+def test_injected_vgpu_write_failure_through_the_control_socket(sim):
+    sim.fail_next_vgpu_write("EIO", vf="0000:c1:00.5", type_id=1150)
+    assert write(sim.path(VF0, "nvidia", "current_vgpu_type"), b"1150") == 0  # another VF
+    assert write(sim.path(VF1, "nvidia", "current_vgpu_type"), b"1150") == errno.EIO
+    assert write(sim.path(VF1, "nvidia", "current_vgpu_type"), b"1150") == 0
+
+
+def test_reboot_resets_vgpus(sim):
+    assert write(sim.path(VF0, "nvidia", "current_vgpu_type"), b"1156") == 0
+    sim.reboot()
+    assert read(sim.path(VF0, "nvidia", "current_vgpu_type")) == b"0\n"
+    assert read(sim.path(GPU, "sriov_numvfs")) == b"4\n"
+
+
+def test_sriov_numvfs_through_the_shell_and_fuse(sim):
+    numvfs = sim.path(NIC, "sriov_numvfs")
+    res = subprocess.run(["sh", "-c", f"echo 3 > '{numvfs}'"], capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    assert read(numvfs) == b"3\n"
+    assert os.readlink(sim.path(NIC, "virtfn2")) == "../0000:10:10.4"
+    assert os.path.basename(os.path.realpath(sim.path(NIC, "virtfn0", "driver"))) == "igbvf"
+    assert os.path.realpath(sim.path(NIC, "virtfn0", "physfn")) == os.path.realpath(
+        sim.path(NIC))
+    assert write(numvfs, b"2") == errno.EBUSY
+    assert write(numvfs, b"8") == errno.ERANGE
+    assert write(numvfs, b"two") == errno.EINVAL
+    assert write(numvfs, b"0\n") == 0
+    assert not os.path.lexists(sim.path(NIC, "virtfn0"))
+    assert os.listdir(sim.path(NIC, "net")) == ["enp16s0f0"]
+
+
+def test_a_vf_handed_to_vfio_pci_through_fuse(sim):
+    assert write(sim.path(NIC, "sriov_numvfs"), b"2") == 0
+    vf = f"bus/pci/devices/{NIC_VF0}"
+    node = sim.path("vfio", group_of(sim, vf))
+    with pytest.raises(OSError) as info:
+        os.open(node, os.O_RDONLY)
+    assert info.value.errno == errno.ENODEV  # igbvf is no VFIO driver
+    drivers = sim.path("bus/pci/drivers")
+    assert write(os.path.join(drivers, "vfio-pci", "bind"), NIC_VF0.encode()) == errno.ENODEV
+    assert write(sim.path(vf, "driver_override"), b"vfio-pci") == 0
+    assert read(sim.path(vf, "driver_override")) == b"vfio-pci\n"
+    assert write(os.path.join(drivers, "igbvf", "unbind"), NIC_VF0.encode()) == 0
+    assert not os.path.lexists(sim.path(vf, "driver"))
+    assert write(sim.path("bus/pci/drivers_probe"), NIC_VF0.encode() + b"\n") == 0
+    assert os.readlink(sim.path(vf, "driver")).endswith("bus/pci/drivers/vfio-pci")
+    # unbind through a driver the device is not bound to
+    assert write(os.path.join(drivers, "igbvf", "unbind"), NIC_VF0.encode()) == errno.ENODEV
+    fd = os.open(node, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as info:
+            os.open(node, os.O_RDONLY)
+        assert info.value.errno == errno.EBUSY
+        assert write(os.path.join(drivers, "vfio-pci", "unbind"), NIC_VF0.encode()) == \
+            errno.EBUSY
+        assert write(sim.path(NIC, "sriov_numvfs"), b"0") == errno.EBUSY
+    finally:
+        os.close(fd)
+    assert write(os.path.join(drivers, "vfio-pci", "bind"), NIC_VF0.encode()) == errno.EBUSY
+    assert write(os.path.join(drivers, "igbvf", "unbind"), b"0000:10:1f.0") == errno.ENODEV
+    assert write(sim.path(NIC, "sriov_numvfs"), b"0") == 0
+    assert not os.path.exists(node)
+
+
+def test_cli_mounts_nvidia_vfio_and_shows_typed_vfs(tmp_path):
+    rundir = tempfile.mkdtemp(prefix="accel-sim-cli-", dir="/tmp")
+    env = dict(os.environ, ACCEL_SIM_RUNDIR=rundir)
+    mp = str(tmp_path / "sys")
+    cmd = [sys.executable, "-m", "accel_agent.simulator"]
+    try:
+        res = subprocess.run([*cmd, "mount", mp, "--profile", "nvidia-vfio", "--gpus", "2",
+                              "--vfs", "16"], env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+        gpu2 = os.path.join(mp, "bus/pci/devices/0000:c2:00.0")
+        assert read(os.path.join(gpu2, "sriov_numvfs")) == b"16\n"
+        assert os.readlink(os.path.join(gpu2, "virtfn15")) == "../0000:c2:02.3"
+        assert write(os.path.join(gpu2, "virtfn15", "nvidia", "current_vgpu_type"),
+                     b"1155") == 0
+        res = subprocess.run([*cmd, "status", mp], env=env, capture_output=True, text=True,
+                             timeout=30, check=False)
+        assert res.returncode == 0, res.stderr
+        assert "  pf 0000:c2:00.0 nvidia  vfs 16/32  vgpus 1" in res.stdout
+        assert "  vgpu 0000:c2:02.3 1155 NVIDIA L40S-24Q group" in res.stdout
+        res = subprocess.run([*cmd, "fail-next-vgpu-write", mp, "ENOSPC", "--vf",
+                              "0000:c2:02.3", "--type-id", "0"], env=env, capture_output=True,
+                             text=True, timeout=30, check=False)
+        assert res.returncode == 0, res.stderr
+        assert write(os.path.join(gpu2, "virtfn15", "nvidia", "current_vgpu_type"),
+                     b"0") == errno.ENOSPC
+        res = subprocess.run([*cmd, "hold", mp, "0000:c2:00.4"], env=env, capture_output=True,
+                             text=True, timeout=30, check=False)
+        assert res.returncode == 0, res.stderr
+        res = subprocess.run([*cmd, "hold", mp, "0000:c2:1f.0"], env=env, capture_output=True,
+                             text=True, timeout=30, check=False)
+        assert res.returncode == 1 and "no PCI device 0000:c2:1f.0" in res.stderr
+        res = subprocess.run([*cmd, "umount", mp], env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+    finally:
+        if control.is_mounted(mp):
+            control.fusermount_unmount(mp, lazy=True)
+        shutil.rmtree(rundir, ignore_errors=True)
