@@ -13,7 +13,7 @@ DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
 PYTEST_ARGS ?=
 
 .PHONY: all deps venv demo test test-unit test-functional test-realkernel lint sample-config \
-	bench soak prove-faults test-stress clean
+	bench soak prove-faults test-stress dist clean
 
 all: test
 
@@ -85,5 +85,10 @@ test-stress: venv
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mdevctl >/dev/null; }
 	@mkdir -p .stamps && touch $@
 
+# The wheel and the sdist in dist/ (the version comes from accel_agent/__init__.py).
+dist: venv
+	rm -rf dist
+	$(PY) -m build --sdist --wheel --outdir dist .
+
 clean:
-	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache tests/realkernel/results
+	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache tests/realkernel/results dist build
