@@ -52,7 +52,7 @@ from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev import policy as policy_mod
 from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
 from accel_agent.reporting import placement_opts, views
-from accel_agent.reporting.metrics import AgentMetrics
+from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 
 if TYPE_CHECKING:
     from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport
@@ -116,25 +116,48 @@ class ReloadView:
     reason: str | None = None
 
 
+def record_state(record: MdevRecord, present: bool) -> str:
+    """The ``state`` label of a recorded mdev (accel_agent_mdevs, _mdev_info)."""
+    if record.state is not MdevState.PRESENT or record.intent_id is not None:
+        return "transient"
+    if not present:
+        return "missing"
+    if record.owner_kind is OwnerKind.CLAIM:
+        return "claimed"
+    if record.owner is not None:
+        return "assigned"
+    return "free"
+
+
 def count_mdevs(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> dict[str, int]:
     """The ``accel_agent_mdevs{state}`` gauge: every record and sysfs mdev once."""
     counts = dict.fromkeys(("assigned", "claimed", "free", "foreign", "missing", "transient"), 0)
     recorded = set()
     for record in records:
         recorded.add(record.uuid)
-        present = record.uuid in snapshot.mdevs
-        if record.state is not MdevState.PRESENT or record.intent_id is not None:
-            counts["transient"] += 1
-        elif not present:
-            counts["missing"] += 1
-        elif record.owner_kind is OwnerKind.CLAIM:
-            counts["claimed"] += 1
-        elif record.owner is not None:
-            counts["assigned"] += 1
-        else:
-            counts["free"] += 1
+        counts[record_state(record, record.uuid in snapshot.mdevs)] += 1
     counts["foreign"] = sum(1 for uuid in snapshot.mdevs if uuid not in recorded)
     return counts
+
+
+def mdev_infos(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> list[MdevInfo]:
+    """One accel_agent_mdev_info series per mdev in sysfs (foreign ones too)."""
+    by_uuid = {r.uuid: r for r in records}
+    rows = []
+    for mdev in snapshot.mdevs.values():
+        record = by_uuid.get(mdev.uuid)
+        parent = snapshot.parents.get(mdev.parent)
+        rows.append(
+            MdevInfo(
+                uuid=mdev.uuid,
+                instance=(record.owner or "") if record else "",
+                parent=mdev.parent,
+                physical_gpu=parent.physical_gpu if parent else mdev.parent,
+                mdev_type=mdev.mdev_type or "",
+                state=record_state(record, True) if record else "foreign",
+            )
+        )
+    return rows
 
 
 def placement_signature(inventory: inventory_mod.Inventory) -> tuple[Any, ...]:
@@ -409,7 +432,11 @@ class AgentCore:
             snapshot, self.manager.policy, self.host, free
         )
         self.metrics.set_mdev_counts(counts)
-        self.metrics.set_providers({p.name: (p.total, p.used) for p in inventory.providers})
+        self.metrics.set_mdevs(mdev_infos(records, snapshot))
+        self.metrics.set_providers(
+            ProviderSample(p.name, p.physical_gpu, p.mdev_type, p.resource_class, p.total, p.used)
+            for p in inventory.providers
+        )
         with self._state_lock:
             previous = self._rescan.inventory
             self._rescan = RescanView(

@@ -222,6 +222,14 @@ def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
     assert proc.returncode == 0, proc.stderr
     uuids = [m["uuid"] for m in json.loads(proc.stdout)["mdevs"]]
     assert daemon.metric("accel_agent_allocations_total") == 1.0  # it went through the API
+    # Each mdev names its instance and its GPU as DCGM does (docs/metrics.md).
+    for uuid in uuids:
+        labels = {"uuid": uuid, "instance": "vm-c", "state": "assigned"}
+        wait_for(lambda labels=labels: daemon.metric("accel_agent_mdev_info", **labels) == 1.0,
+                 what=f"accel_agent_mdev_info of {uuid}")
+        join = {"Hostname": os.uname().nodename, "pci_bus_id": "00000000:84:00.0"}
+        assert daemon.metric("accel_agent_mdev_info", uuid=uuid, mdev_type="nvidia-35",
+                             physical_gpu=GPU, **join) == 1.0
     for listing in ("types", "mdevs", "inventory"):
         route = {"method": "GET", "route": f"/v1/{listing}", "status": "200"}
         served = daemon.metric("accel_agent_api_request_duration_seconds_count", **route)
