@@ -160,6 +160,15 @@ def mdev_infos(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> list[Md
     return rows
 
 
+def _same_inputs(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    """Snapshot and policy (the first two) by identity, the rest by value."""
+    return (
+        len(old) == len(new)
+        and all(a is b for a, b in zip(old[:2], new[:2], strict=True))
+        and old[2:] == new[2:]
+    )
+
+
 def placement_signature(inventory: inventory_mod.Inventory) -> tuple[Any, ...]:
     """What Placement is told: everything but ``used`` (allocations are Nova's)."""
     return tuple(
@@ -202,6 +211,8 @@ class AgentCore:
         self._synced_signature: tuple[Any, ...] | None = None
         # Mdevs recovery found looking like ours while the ledger was missing.
         self._unrecorded: frozenset[str] = frozenset()
+        # listing name -> (the inputs it was built from, its JSON body)
+        self._listings: dict[str, tuple[tuple[Any, ...], bytes]] = {}
         # Wired by AgentService; plain calls (no threads) by default.
         self.request_rescan: Callable[[str], None] = lambda reason: None
         self.wake_placement: Callable[[], None] = lambda: None
@@ -232,21 +243,62 @@ class AgentCore:
         return report
 
     # --- reads (the API's GETs and accelctl's JSON) --------------------------------------
+    #
+    # Each listing is answered from a snapshot that re-read only what can
+    # have changed (Rescanner.listing), and its encoded body is kept with
+    # the inputs it was built from: when the snapshot object, the policy
+    # object and the ledger's view are the same, so is the answer, and the
+    # bytes are sent again without building or encoding anything.
 
-    def types_document(self) -> dict[str, Any]:
-        # Every type's counter: a listing shows them all (a create of one type
-        # can change another's, so the cached ones would be stale).
+    def types_json(self) -> bytes:
         snapshot = self.manager.scan_all()
-        return views.types_document(snapshot, self.manager.policy, self.host)
+        policy = self.manager.policy
+        return self._listing_body(
+            "types",
+            (snapshot, policy),
+            lambda: views.types_document(snapshot, policy, self.host),
+        )
 
-    def mdevs_document(self) -> dict[str, Any]:
+    def mdevs_json(self) -> bytes:
+        # The ledger is read each time: accelctl --offline may write it
+        # behind the daemon (serialised by the manager's file lock).
         records = self.manager.ledger.all()
-        snapshot = self.manager.scan()
+        snapshot = self.manager.scan_all()
+        policy = self.manager.policy
         owners = {r.uuid: r.owner for r in records}
-        return views.mdevs_document(snapshot, self.manager.policy, self.host, owners, owners)
+        return self._listing_body(
+            "mdevs",
+            (snapshot, policy, owners),
+            lambda: views.mdevs_document(snapshot, policy, self.host, owners, owners),
+        )
 
-    def inventory_document(self) -> dict[str, Any]:
-        return views.inventory_document(self.manager.inventory())
+    def inventory_json(self) -> bytes:
+        snapshot = self.manager.scan_all()
+        policy = self.manager.policy
+        free = self.manager.free_uuids()
+        return self._listing_body(
+            "inventory",
+            (snapshot, policy, free),
+            lambda: views.inventory_document(
+                inventory_mod.compute_inventory(
+                    snapshot, policy, self.host, frozenset(u for u in free if u in snapshot.mdevs)
+                )
+            ),
+        )
+
+    def _listing_body(
+        self, name: str, inputs: tuple[Any, ...], build: Callable[[], dict[str, Any]]
+    ) -> bytes:
+        """The encoded listing for ``inputs``: snapshot and policy compared by
+        identity (a new object is a new state), anything else by value."""
+        with self._state_lock:
+            cached = self._listings.get(name)
+        if cached is not None and _same_inputs(cached[0], inputs):
+            return cached[1]
+        body = views.encode(build())
+        with self._state_lock:
+            self._listings[name] = (inputs, body)
+        return body
 
     def allocation(self, instance: str) -> Allocation:
         return self.manager.allocation(instance)
@@ -364,7 +416,7 @@ class AgentCore:
             for reason in reasons:
                 self.metrics.rescans.labels(reason=reason).inc()
             try:
-                view = self._rescan_once()
+                view = self._rescan_once(full=events.PERIODIC in reasons)
             except exception.AccelAgentException as exc:
                 self.metrics.error(type(exc).__name__)
                 LOG.error("rescan failed: %s", exc.message)
@@ -398,12 +450,14 @@ class AgentCore:
         waiting = [r for r in gone if r.parent not in snapshot.parents]
         return recoverable, waiting
 
-    def _rescan_once(self) -> RescanView:
+    def _rescan_once(self, full: bool = False) -> RescanView:
         # Ledger first: a row settled as present was created before it was
         # read, so only a concurrent remove can make it look missing, and
         # recover() re-checks under the manager's lock anyway.
         records = self.manager.ledger.all()
-        snapshot = self.manager.scan()
+        # The periodic rescan reads every counter and mdev again: the bound on
+        # what no mdev change announces (accel_agent.sysfs.rescan).
+        snapshot = self.manager.scan_full() if full else self.manager.scan()
         recoverable, waiting = self._missing(records, snapshot)
         if recoverable:
             # Look twice: an mdev removed by a release between our two reads

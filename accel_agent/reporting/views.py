@@ -6,6 +6,7 @@ always give the same shape.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -76,3 +77,9 @@ def mdevs_document(
 
 def inventory_document(inventory: Inventory) -> dict[str, Any]:
     return inventory.to_dict()
+
+
+def encode(document: dict[str, Any]) -> bytes:
+    """A listing as the API sends it and accelctl prints it into a pipe:
+    compact JSON (the C encoder; the documents are trees, no cycle check)."""
+    return json.dumps(document, separators=(",", ":"), check_circular=False).encode("utf-8")

@@ -34,6 +34,7 @@ from tests.functional.simhost import simulated_host
 pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 
 GPU = "0000:84:00.0"
+LISTINGS = ("types", "mdevs", "inventory")
 NVIDIA_ONLY = """
 [devices]
 enabled_mdev_types = nvidia-35
@@ -260,6 +261,34 @@ def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
     proc = ctl(setup.config, "allocate", "vm-c2", "--count", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "vm-c2" in ledger_rows(setup.host).values()
+
+
+def test_listings_from_the_daemon_show_an_mdev_made_behind_its_back_at_once(setup):
+    """No periodic rescan (an hour) and no udev on a simulated host: only the
+    listing's own re-read of the mdev list can see another process's create."""
+    daemon = setup.start(rescan_interval=3600)
+    api = daemon.client()
+    before = {name: api.call_json_bytes("GET", f"/v1/{name}") for name in LISTINGS}
+    assert api.call_json_bytes("GET", "/v1/types") == before["types"]  # kept while unchanged
+    foreign = "fe0fe0fe-0000-4000-8000-0000000000aa"
+    setup.host.create_foreign(GPU, "nvidia-35", foreign)
+    after = {name: json.loads(api.call_json_bytes("GET", f"/v1/{name}")) for name in LISTINGS}
+    gpu = next(p for p in after["types"]["parents"] if p["name"] == GPU)
+    counters = {t["type_id"]: (t["available_instances"], t["mdevs"]) for t in gpu["types"]}
+    assert counters["nvidia-35"] == (15, 1)
+    assert counters["nvidia-36"][0] == 0  # one type per M60: the others' counters moved too
+    listed = {m["uuid"]: m for m in after["mdevs"]["mdevs"]}
+    assert listed[foreign]["owned"] is False and listed[foreign]["instance"] is None
+    provider = next(p for p in after["inventory"]["providers"] if p["parent_device"] == GPU)
+    assert provider["inventory"]["total"] == 16  # the foreign mdev counts against capacity
+    for name in LISTINGS:  # exactly what a full scan says
+        offline = ctl(setup.config, "--offline", name, "--json")
+        assert json.loads(offline.stdout) == after[name], name
+    with open(os.path.join(setup.host.root, "bus/mdev/devices", foreign, "remove"), "w") as f:
+        f.write("1")
+    gone = json.loads(api.call_json_bytes("GET", "/v1/types"))
+    assert gone == json.loads(before["types"])
+    assert daemon.metric("accel_agent_rescans_total", reason="periodic") == 0.0
 
 
 def test_accelctl_fails_instead_of_falling_back_when_the_daemon_is_broken(setup):
