@@ -4,6 +4,7 @@ re-create vanished mdevs, and accelctl as its client."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -289,6 +290,54 @@ def test_listings_from_the_daemon_show_an_mdev_made_behind_its_back_at_once(setu
     gone = json.loads(api.call_json_bytes("GET", "/v1/types"))
     assert gone == json.loads(before["types"])
     assert daemon.metric("accel_agent_rescans_total", reason="periodic") == 0.0
+
+
+# Modules accelctl's plain listing path must not need (plain_listing.py).
+HEAVY = ("oslo_config", "argparse", "http.client", "accel_agent.cmd.ctl", "accel_agent.api")
+PROBE = """
+import sys
+from accel_agent.cmd import accelctl
+sys.argv[1:] = {argv!r}
+status = accelctl.main()
+sys.stdout.flush()
+heavy = {heavy!r}
+sys.stderr.write(repr(sorted(m for m in sys.modules if m.startswith(heavy))))
+sys.exit(status)
+"""
+
+
+def plain(config, *argv: str) -> tuple[int, str, list[str]]:
+    """The accelctl console script's main() with these arguments: (status,
+    stdout, the HEAVY modules it imported)."""
+    code = PROBE.format(argv=["--config-file", str(config), *argv], heavy=HEAVY)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=str(Path(__file__).resolve().parents[2]))
+    return proc.returncode, proc.stdout, ast.literal_eval(proc.stderr.splitlines()[-1])
+
+
+def test_plain_listings_reach_the_daemon_without_oslo_config_or_the_parser(setup):
+    daemon = setup.start()
+    assert ctl(setup.config, "allocate", "vm-p", "--count", "1").returncode == 0
+    # The first listing after a config change loads oslo.config and caches it.
+    assert ctl(setup.config, "types", "--json").returncode == 0
+    for name in LISTINGS:
+        route = {"method": "GET", "route": f"/v1/{name}", "status": "200"}
+        served = daemon.metric("accel_agent_api_request_duration_seconds_count", **route)
+        status, out, heavy = plain(setup.config, name, "--json")
+        assert (status, heavy) == (0, []), name
+        assert daemon.metric("accel_agent_api_request_duration_seconds_count", **route) == (
+            served + 1
+        ), f"{name} did not come from the daemon"
+        assert out == ctl(setup.config, "--offline", name, "--json").stdout, name
+    assert daemon.stop() == 0
+    # No daemon: the same plain path scans sysfs itself, still without them.
+    for name in LISTINGS:
+        status, out, heavy = plain(setup.config, name, "--json")
+        assert (status, heavy) == (0, []), name
+        assert out == ctl(setup.config, "--offline", name, "--json").stdout, name
+    # A terminal, a table or -v: the parser path (which imports them).
+    status, out, heavy = plain(setup.config, "-v", "types", "--json")
+    assert status == 0 and "argparse" in heavy
 
 
 def test_accelctl_fails_instead_of_falling_back_when_the_daemon_is_broken(setup):
