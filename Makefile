@@ -13,7 +13,7 @@ DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
 PYTEST_ARGS ?=
 
 .PHONY: all deps venv demo test test-unit test-functional test-realkernel test-package lint \
-	sample-config bench soak prove-faults test-stress dist deb clean
+	sample-config bench soak prove-faults test-stress dist deb docs clean
 
 all: test
 
@@ -64,6 +64,11 @@ test-package: deb
 
 lint: venv
 	$(PY) -m ruff check .
+
+# docs/api.md, docs/config.md and the metric table of docs/metrics.md, from
+# openapi.json, the options and the metrics registry (kept in sync by a test).
+docs: venv
+	$(PY) tools/gendocs.py
 
 sample-config: venv
 	$(VENV)/bin/oslo-config-generator --config-file etc/oslo-config-generator/accel-agent.conf

@@ -71,7 +71,14 @@ MDEV_INFO_LABELS = (
     "state",
     "Hostname",
 )
-PROVIDER_LABELS = ("provider", "physical_gpu", "pci_bus_id", "mdev_type", "resource_class")
+PROVIDER_LABELS = (
+    "provider",
+    "physical_gpu",
+    "pci_bus_id",
+    "mdev_type",
+    "resource_class",
+    "Hostname",
+)
 
 
 def dcgm_pci_bus_id(physical_gpu: str) -> str:
@@ -155,13 +162,14 @@ class ProviderSample:
     total: int
     used: int
 
-    def labels(self) -> tuple[str, ...]:
+    def labels(self, hostname: str) -> tuple[str, ...]:
         return (
             self.name,
             self.physical_gpu,
             dcgm_pci_bus_id(self.physical_gpu),
             self.mdev_type,
             self.resource_class,
+            hostname,
         )
 
 
@@ -196,7 +204,8 @@ class AgentMetrics:
         )
         self.build_info.info({"version": accel_agent.__version__})
         # dcgm-exporter's Hostname is Go's os.Hostname(): the kernel's node name.
-        self.mdev_info = _MdevInfoCollector(hostname or os.uname().nodename)
+        self.hostname = hostname or os.uname().nodename
+        self.mdev_info = _MdevInfoCollector(self.hostname)
         r.register(self.mdev_info)
         self.allocations = Counter(
             f"{PREFIX}_allocations",
@@ -315,14 +324,15 @@ class AgentMetrics:
         """The providers of the last rescan; those that left are dropped."""
         providers = list(providers)
         self.providers.set(len(providers))
-        current = {p.labels() for p in providers}
+        current = {p.labels(self.hostname) for p in providers}
         for labels in self._providers_seen - current:
             for gauge in (self.capacity, self.used):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
         for provider in providers:
-            self.capacity.labels(*provider.labels()).set(provider.total)
-            self.used.labels(*provider.labels()).set(provider.used)
+            labels = provider.labels(self.hostname)
+            self.capacity.labels(*labels).set(provider.total)
+            self.used.labels(*labels).set(provider.used)
         self._providers_seen = current
 
     def set_mdevs(self, rows: Iterable[MdevInfo]) -> None:
