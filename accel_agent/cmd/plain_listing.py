@@ -155,7 +155,12 @@ def _offline(request: Request, cached: dict[str, object]) -> int | None:
             output.emit_json(listings.offline_document(request.listing, listing))
         return output.EXIT_OK
 
-    return output.exit_status(run)
+    status = output.exit_status(run)
+    # As ctl.run: no final collection over what is still alive at exit.
+    import gc
+
+    gc.freeze()
+    return status
 
 
 def _print(body: bytes) -> int:
