@@ -42,7 +42,9 @@ def machine() -> str:
         pass
     return (
         f"{os.cpu_count()} cores ({model}), kernel {platform.release()}, "
-        f"Python {platform.python_version()}"
+        f"Python {platform.python_version()}; load average {os.getloadavg()[0]:.2f} at the "
+        "start (the machine is shared: wall times grow with it, ratios of interleaved "
+        "runs much less)"
     )
 
 
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = 5 if args.quick else 15
     sizes = [(256, 24)] if args.quick else [(256, 24), (1024, 24)]
     out: list[str] = []
+    started_on = machine()
 
     def run(letter: str, title: str, body: Callable[[], list[str]]) -> None:
         if letter in args.only:
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "# Benchmarks",
         "",
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}",
+        f"- machine: {started_on}",
         f"- command: `{command.strip()}` (what `make bench` runs)",
         "",
         "Targets (DESIGN.md §9):",
