@@ -12,8 +12,8 @@ DEMO_SYSFS := $(DEMO_DIR)/sysfs
 DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv demo test test-unit test-functional test-realkernel lint sample-config \
-	bench soak prove-faults test-stress clean
+.PHONY: all deps venv demo test test-unit test-functional test-realkernel test-package lint \
+	sample-config bench soak prove-faults test-stress dist deb docs clean
 
 all: test
 
@@ -44,6 +44,7 @@ test: venv
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests/unit tests/functional $(PYTEST_ARGS)
 	@bash tests/realkernel/run.sh || exit $$?
+	$(MAKE) test-package
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -54,8 +55,20 @@ test-functional: venv
 test-realkernel: venv
 	@bash tests/realkernel/run.sh
 
+# Build the .deb, then check it and install it with apt into a bookworm
+# chroot (debootstrap, cached in /var/tmp/accel-agent-test).
+test-package: deb
+	@dpkg -s debootstrap >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+	$(PY) -m pytest tests/package $(PYTEST_ARGS)
+
 lint: venv
 	$(PY) -m ruff check .
+
+# docs/api.md, docs/config.md and the metric table of docs/metrics.md, from
+# openapi.json, the options and the metrics registry (kept in sync by a test).
+docs: venv
+	$(PY) tools/gendocs.py
 
 sample-config: venv
 	$(VENV)/bin/oslo-config-generator --config-file etc/oslo-config-generator/accel-agent.conf
@@ -85,5 +98,25 @@ test-stress: venv
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mdevctl >/dev/null; }
 	@mkdir -p .stamps && touch $@
 
+# The wheel and the sdist in dist/ (the version comes from accel_agent/__init__.py).
+dist: venv
+	rm -rf dist
+	$(PY) -m build --sdist --wheel --outdir dist .
+	rm -rf build/lib build/bdist.*
+
+# The Debian package in dist/, built from that sdist (tools/build-deb.sh):
+# the agent in its own venv under /opt/accel-agent.
+DEB_APT_PACKAGES := debhelper dh-virtualenv dpkg-dev python3-venv python3-dev libvirt-dev \
+	pkg-config gcc
+deb: dist .stamps/deb-apt
+	bash tools/build-deb.sh
+
+.stamps/deb-apt:
+	@missing=$$(for p in $(DEB_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@mkdir -p .stamps && touch $@
+
 clean:
-	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache tests/realkernel/results
+	rm -rf $(VENV) .stamps .pytest_cache .ruff_cache tests/realkernel/results dist build

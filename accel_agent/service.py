@@ -52,7 +52,7 @@ from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev import policy as policy_mod
 from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
 from accel_agent.reporting import placement_opts, views
-from accel_agent.reporting.metrics import AgentMetrics
+from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 
 if TYPE_CHECKING:
     from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport
@@ -116,25 +116,57 @@ class ReloadView:
     reason: str | None = None
 
 
+def record_state(record: MdevRecord, present: bool) -> str:
+    """The ``state`` label of a recorded mdev (accel_agent_mdevs, _mdev_info)."""
+    if record.state is not MdevState.PRESENT or record.intent_id is not None:
+        return "transient"
+    if not present:
+        return "missing"
+    if record.owner_kind is OwnerKind.CLAIM:
+        return "claimed"
+    if record.owner is not None:
+        return "assigned"
+    return "free"
+
+
 def count_mdevs(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> dict[str, int]:
     """The ``accel_agent_mdevs{state}`` gauge: every record and sysfs mdev once."""
     counts = dict.fromkeys(("assigned", "claimed", "free", "foreign", "missing", "transient"), 0)
     recorded = set()
     for record in records:
         recorded.add(record.uuid)
-        present = record.uuid in snapshot.mdevs
-        if record.state is not MdevState.PRESENT or record.intent_id is not None:
-            counts["transient"] += 1
-        elif not present:
-            counts["missing"] += 1
-        elif record.owner_kind is OwnerKind.CLAIM:
-            counts["claimed"] += 1
-        elif record.owner is not None:
-            counts["assigned"] += 1
-        else:
-            counts["free"] += 1
+        counts[record_state(record, record.uuid in snapshot.mdevs)] += 1
     counts["foreign"] = sum(1 for uuid in snapshot.mdevs if uuid not in recorded)
     return counts
+
+
+def mdev_infos(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> list[MdevInfo]:
+    """One accel_agent_mdev_info series per mdev in sysfs (foreign ones too)."""
+    by_uuid = {r.uuid: r for r in records}
+    rows = []
+    for mdev in snapshot.mdevs.values():
+        record = by_uuid.get(mdev.uuid)
+        parent = snapshot.parents.get(mdev.parent)
+        rows.append(
+            MdevInfo(
+                uuid=mdev.uuid,
+                instance=(record.owner or "") if record else "",
+                parent=mdev.parent,
+                physical_gpu=parent.physical_gpu if parent else mdev.parent,
+                mdev_type=mdev.mdev_type or "",
+                state=record_state(record, True) if record else "foreign",
+            )
+        )
+    return rows
+
+
+def _same_inputs(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    """Snapshot and policy (the first two) by identity, the rest by value."""
+    return (
+        len(old) == len(new)
+        and all(a is b for a, b in zip(old[:2], new[:2], strict=True))
+        and old[2:] == new[2:]
+    )
 
 
 def placement_signature(inventory: inventory_mod.Inventory) -> tuple[Any, ...]:
@@ -179,6 +211,8 @@ class AgentCore:
         self._synced_signature: tuple[Any, ...] | None = None
         # Mdevs recovery found looking like ours while the ledger was missing.
         self._unrecorded: frozenset[str] = frozenset()
+        # listing name -> (the inputs it was built from, its JSON body)
+        self._listings: dict[str, tuple[tuple[Any, ...], bytes]] = {}
         # Wired by AgentService; plain calls (no threads) by default.
         self.request_rescan: Callable[[str], None] = lambda reason: None
         self.wake_placement: Callable[[], None] = lambda: None
@@ -209,21 +243,62 @@ class AgentCore:
         return report
 
     # --- reads (the API's GETs and accelctl's JSON) --------------------------------------
+    #
+    # Each listing is answered from a snapshot that re-read only what can
+    # have changed (Rescanner.listing), and its encoded body is kept with
+    # the inputs it was built from: when the snapshot object, the policy
+    # object and the ledger's view are the same, so is the answer, and the
+    # bytes are sent again without building or encoding anything.
 
-    def types_document(self) -> dict[str, Any]:
-        # Every type's counter: a listing shows them all (a create of one type
-        # can change another's, so the cached ones would be stale).
+    def types_json(self) -> bytes:
         snapshot = self.manager.scan_all()
-        return views.types_document(snapshot, self.manager.policy, self.host)
+        policy = self.manager.policy
+        return self._listing_body(
+            "types",
+            (snapshot, policy),
+            lambda: views.types_document(snapshot, policy, self.host),
+        )
 
-    def mdevs_document(self) -> dict[str, Any]:
+    def mdevs_json(self) -> bytes:
+        # The ledger is read each time: accelctl --offline may write it
+        # behind the daemon (serialised by the manager's file lock).
         records = self.manager.ledger.all()
-        snapshot = self.manager.scan()
+        snapshot = self.manager.scan_all()
+        policy = self.manager.policy
         owners = {r.uuid: r.owner for r in records}
-        return views.mdevs_document(snapshot, self.manager.policy, self.host, owners, owners)
+        return self._listing_body(
+            "mdevs",
+            (snapshot, policy, owners),
+            lambda: views.mdevs_document(snapshot, policy, self.host, owners, owners),
+        )
 
-    def inventory_document(self) -> dict[str, Any]:
-        return views.inventory_document(self.manager.inventory())
+    def inventory_json(self) -> bytes:
+        snapshot = self.manager.scan_all()
+        policy = self.manager.policy
+        free = self.manager.free_uuids()
+        return self._listing_body(
+            "inventory",
+            (snapshot, policy, free),
+            lambda: views.inventory_document(
+                inventory_mod.compute_inventory(
+                    snapshot, policy, self.host, frozenset(u for u in free if u in snapshot.mdevs)
+                )
+            ),
+        )
+
+    def _listing_body(
+        self, name: str, inputs: tuple[Any, ...], build: Callable[[], dict[str, Any]]
+    ) -> bytes:
+        """The encoded listing for ``inputs``: snapshot and policy compared by
+        identity (a new object is a new state), anything else by value."""
+        with self._state_lock:
+            cached = self._listings.get(name)
+        if cached is not None and _same_inputs(cached[0], inputs):
+            return cached[1]
+        body = views.encode(build())
+        with self._state_lock:
+            self._listings[name] = (inputs, body)
+        return body
 
     def allocation(self, instance: str) -> Allocation:
         return self.manager.allocation(instance)
@@ -341,7 +416,7 @@ class AgentCore:
             for reason in reasons:
                 self.metrics.rescans.labels(reason=reason).inc()
             try:
-                view = self._rescan_once()
+                view = self._rescan_once(full=events.PERIODIC in reasons)
             except exception.AccelAgentException as exc:
                 self.metrics.error(type(exc).__name__)
                 LOG.error("rescan failed: %s", exc.message)
@@ -375,12 +450,14 @@ class AgentCore:
         waiting = [r for r in gone if r.parent not in snapshot.parents]
         return recoverable, waiting
 
-    def _rescan_once(self) -> RescanView:
+    def _rescan_once(self, full: bool = False) -> RescanView:
         # Ledger first: a row settled as present was created before it was
         # read, so only a concurrent remove can make it look missing, and
         # recover() re-checks under the manager's lock anyway.
         records = self.manager.ledger.all()
-        snapshot = self.manager.scan()
+        # The periodic rescan reads every counter and mdev again: the bound on
+        # what no mdev change announces (accel_agent.sysfs.rescan).
+        snapshot = self.manager.scan_full() if full else self.manager.scan()
         recoverable, waiting = self._missing(records, snapshot)
         if recoverable:
             # Look twice: an mdev removed by a release between our two reads
@@ -409,7 +486,11 @@ class AgentCore:
             snapshot, self.manager.policy, self.host, free
         )
         self.metrics.set_mdev_counts(counts)
-        self.metrics.set_providers({p.name: (p.total, p.used) for p in inventory.providers})
+        self.metrics.set_mdevs(mdev_infos(records, snapshot))
+        self.metrics.set_providers(
+            ProviderSample(p.name, p.physical_gpu, p.mdev_type, p.resource_class, p.total, p.used)
+            for p in inventory.providers
+        )
         with self._state_lock:
             previous = self._rescan.inventory
             self._rescan = RescanView(

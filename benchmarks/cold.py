@@ -1,5 +1,6 @@
-"""(a) Cold ``accelctl types --json`` as a whole process vs ``mdevctl types
---dumpjson`` in a chroot of the same tree vs a bare Python openat loop."""
+"""(a) ``accelctl types --json`` as a whole process, through the running
+daemon and offline, vs ``mdevctl types --dumpjson`` in a chroot of the same
+tree vs a bare Python openat loop: wall and CPU time, in one run."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 from benchmarks import timing, trees
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VENV_BIN = os.path.dirname(sys.executable)
+MDEVCTL = "mdevctl types --dumpjson (chroot)"
+VIA_DAEMON = "accelctl types --json, daemon running"
+OFFLINE = "accelctl --offline types --json"
+ONE_CORE = "accelctl --offline types --json, one core (taskset)"
 
 
 @contextlib.contextmanager
@@ -48,6 +55,30 @@ def mdevctl_chroot(tree: str) -> Iterator[list[str] | None]:
             subprocess.run(["umount", target], check=False)
 
 
+@contextlib.contextmanager
+def daemon_on(tree: str) -> Iterator[str | None]:
+    """The real daemon (with its privsep helper) serving ``tree``: the path
+    of its config file, or None where it cannot run (not root)."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    from tests.functional.daemon_fixture import AgentDaemon, agent_config, short_dir
+
+    with tempfile.TemporaryDirectory(prefix="accel-bench-") as tmp, short_dir() as sock_dir:
+        socket_path = str(sock_dir / "api.sock")
+        config = agent_config(
+            Path(tmp) / "agent.conf",
+            tree,
+            str(Path(tmp) / "state"),
+            socket_path,
+            "[devices]\nenabled_mdev_types = nvidia-1003\n",
+            extra="[DEFAULT]\ndebug = false\n",
+        )
+        with AgentDaemon(config, socket_path, Path(tmp)) as daemon:
+            daemon.start()
+            yield str(config)
+
+
 def byte_compile() -> None:
     """Measure the package as installed (pip byte-compiles it), also where
     PYTHONDONTWRITEBYTECODE keeps an editable checkout from caching bytecode."""
@@ -57,36 +88,67 @@ def byte_compile() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", package], check=True)
 
 
+def summary(samples: list[tuple[float, float]]) -> dict[str, object]:
+    wall = timing.summary([w for w, _ in samples])
+    cpu = timing.summary([c for _, c in samples])
+    return {**wall, "cpu_median": cpu["median"]}
+
+
 def measure(parents: int, types: int, runs: int) -> dict[str, object]:
     tree = trees.tree(parents, types)
     conf = trees.config(tree)
     byte_compile()
-    accelctl = [os.path.join(VENV_BIN, "accelctl"), "--offline", "--config-file", conf]
+    accelctl = os.path.join(VENV_BIN, "accelctl")
     commands = {
-        "accelctl types --json": [*accelctl, "types", "--json"],
+        OFFLINE: [accelctl, "--offline", "--config-file", conf, "types", "--json"],
+        ONE_CORE: ["taskset", "-c", "0", accelctl, "--offline", "--config-file", conf,
+                   "types", "--json"],
         # What the first run after a config change pays: oslo.config's import.
-        "accelctl types --json, config cache off": [
+        "accelctl --offline types --json, config cache off": [
             "env",
             "ACCEL_AGENT_CACHE_DIR=",
-            *accelctl,
+            accelctl,
+            "--offline",
+            "--config-file",
+            conf,
             "types",
             "--json",
         ],
         "bare Python openat loop": [sys.executable, os.path.join(HERE, "bare_loop.py"), tree],
     }
     results: dict[str, object] = {}
-    with mdevctl_chroot(tree) as mdevctl:
+    with mdevctl_chroot(tree) as mdevctl, daemon_on(tree) as daemon_conf:
         if mdevctl:
-            commands["mdevctl types --dumpjson (chroot)"] = mdevctl
+            commands[MDEVCTL] = mdevctl
         else:
-            results["mdevctl types --dumpjson (chroot)"] = "skipped: needs root and mdevctl"
-        for argv in commands.values():  # page cache, bytecode, config cache
-            timing.run_command(argv, runs=0, warmup=1)
+            results[MDEVCTL] = "skipped: needs root and mdevctl"
+        if daemon_conf:
+            commands[VIA_DAEMON] = [accelctl, "--config-file", daemon_conf, "types", "--json"]
+        else:
+            results[VIA_DAEMON] = "skipped: the daemon needs root"
+        for argv in commands.values():  # page cache, bytecode, config cache, daemon's first read
+            timing.run_process(argv)
+            timing.run_process(argv)
         # Interleave the commands run by run so drift hits all of them alike.
-        samples: dict[str, list[float]] = {name: [] for name in commands}
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for _ in range(runs):
             for name, argv in commands.items():
-                samples[name] += timing.run_command(argv, runs=1, warmup=0)
+                samples[name].append(timing.run_process(argv))
         for name in commands:
-            results[name] = timing.summary(samples[name])
+            results[name] = summary(samples[name])
     return results
+
+
+def ratios(results: dict[str, object]) -> list[str]:
+    """The targets' ratios to mdevctl in the same run (DESIGN.md §9)."""
+    base = results.get(MDEVCTL)
+    if not isinstance(base, dict):
+        return []
+    notes = []
+    for name, what in ((VIA_DAEMON, "wall"), (OFFLINE, "wall"), (OFFLINE, "CPU"),
+                       (ONE_CORE, "wall"), (ONE_CORE, "CPU")):
+        ours = results.get(name)
+        if isinstance(ours, dict):
+            key = "median" if what == "wall" else "cpu_median"
+            notes.append(f"{name} / mdevctl, {what} time: {ours[key] / base[key]:.2f}")
+    return notes

@@ -227,9 +227,10 @@ def report(only: str, quick: bool) -> list[str]:
                         "(f) mdev removed behind the agent -> gone from GET /v1/mdevs",
                         {"latency": timing.summary(samples)},
                         [
-                            f"Simulated host: no udev, so the periodic rescan "
-                            f"(rescan_interval = {rescan_interval} s) finds it; on real /sys "
-                            "the pyudev monitor triggers a rescan at once."
+                            "Each GET /v1/mdevs re-reads the mdev list (accel_agent.sysfs."
+                            "rescan), so the first listing after the remove already shows it "
+                            "gone; no udev event or periodic rescan is needed (the simulated "
+                            "host sends none)."
                         ],
                     )
     return lines

@@ -25,6 +25,21 @@ def run_command(argv: Sequence[str], runs: int, warmup: int = 2) -> list[float]:
     return samples
 
 
+def run_process(argv: Sequence[str]) -> tuple[float, float]:
+    """(wall time, CPU time) of one run of a whole process: user + system
+    time of it and of the children it waited for (a forked scan worker)."""
+    import os
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, list(argv))
+    return wall, usage.ru_utime + usage.ru_stime
+
+
 def run_callable(func: Callable[[], object], runs: int, warmup: int = 3) -> list[float]:
     samples = []
     for i in range(warmup + runs):

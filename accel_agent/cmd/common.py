@@ -3,30 +3,84 @@ the host, and say clearly what is wrong."""
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
-from accel_agent.cmd import config_cache, config_lint
-from accel_agent.cmd.config_cache import ListingConfig
-from accel_agent.mdev import inventory as inventory_mod
+from accel_agent.cmd import config_cache
+from accel_agent.cmd.config_cache import (
+    DEFAULT_CONFIG_DIR,
+    DEFAULT_CONFIG_FILE,
+    config_sources,
+)
 from accel_agent.mdev import policy as policy_mod
+from accel_agent.mdev.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
 from accel_agent.sysfs import scanner
 from accel_agent.sysfs.model import HostSnapshot
 
 # oslo.config is imported where a command loads the configuration: the
-# read-only listings usually get by without it (config_cache.py).
+# read-only listings usually get by without it (config_cache.py).  argparse
+# and the inventory are imported where used: accelctl's plain listings
+# (plain_listing.py) need neither.
 if TYPE_CHECKING:
+    import argparse
+
     from oslo_config import cfg
 
-DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
-# Read after the files, *.conf in name order (oslo.config's --config-dir).
-# Named here rather than left to oslo.config's search (which also looks in
-# ~/.accel-agent and under the program's name) so that the daemon and
-# accelctl always read the same files.
-DEFAULT_CONFIG_DIR = "/etc/accel-agent/accel-agent.conf.d"
+    from accel_agent.mdev import inventory as inventory_mod
+
+
+@dataclass(frozen=True)
+class ListingConfig:
+    """The configuration as the read-only listings see it: what config_cache
+    keeps between runs (as :meth:`to_dict`)."""
+
+    sysfs_root: str
+    host: str
+    state_dir: str
+    api_socket_path: str
+    policy_inputs: PolicyInputs
+
+    @classmethod
+    def from_conf(
+        cls, conf: cfg.ConfigOpts
+    ) -> tuple[ListingConfig, list[exception.AccelAgentException]]:
+        """From a loaded oslo.config object; also the option values it
+        refused, for :func:`resolve_policy` to report with the rest."""
+        inputs, errors = read_policy_inputs(conf)
+        return (
+            cls(
+                sysfs_root=conf.sysfs_root,
+                host=conf.host,
+                state_dir=conf.state_dir,
+                api_socket_path=conf.api.socket_path,
+                policy_inputs=inputs,
+            ),
+            errors,
+        )
+
+    def policy(self, errors: list[exception.AccelAgentException] | None = None) -> MdevPolicy:
+        return resolve_policy(self.policy_inputs, self.sysfs_root, errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sysfs_root": self.sysfs_root,
+            "host": self.host,
+            "state_dir": self.state_dir,
+            "api_socket_path": self.api_socket_path,
+            "policy_inputs": self.policy_inputs.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ListingConfig:
+        return cls(
+            sysfs_root=str(data["sysfs_root"]),
+            host=str(data["host"]),
+            state_dir=str(data["state_dir"]),
+            api_socket_path=str(data["api_socket_path"]),
+            policy_inputs=PolicyInputs.from_dict(data["policy_inputs"]),
+        )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,17 +102,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_sources(config_files: list[str], config_dirs: list[str]) -> tuple[list[str], list[str]]:
-    """The files and directories oslo.config reads for these arguments."""
-    files = list(config_files)
-    if not files and not config_dirs and os.path.exists(DEFAULT_CONFIG_FILE):
-        files = [DEFAULT_CONFIG_FILE]
-    dirs = list(config_dirs)
-    if not dirs and os.path.isdir(DEFAULT_CONFIG_DIR):
-        dirs = [DEFAULT_CONFIG_DIR]
-    return files, dirs
-
-
 def load_config(
     config_files: list[str],
     config_dirs: list[str],
@@ -73,6 +116,7 @@ def load_config(
     from oslo_config import cfg
 
     from accel_agent import conf as agent_conf
+    from accel_agent.cmd import config_lint  # difflib: not for the plain listings
 
     conf = conf or agent_conf.CONF
     argv: list[str] = []
@@ -159,6 +203,8 @@ class HostState:
     ledger: LedgerView = field(default_factory=LedgerView)
 
     def inventory(self) -> inventory_mod.Inventory:
+        from accel_agent.mdev import inventory as inventory_mod
+
         return inventory_mod.compute_inventory(
             self.snapshot, self.policy, self.host, self.ledger.free
         )
@@ -173,12 +219,15 @@ def listing_config(
     files, dirs = config_sources(config_files, config_dirs)
     cached = config_cache.load(files, dirs)
     if cached is not None:
-        return cached, []
+        try:
+            return ListingConfig.from_dict(cached), []
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry of another shape: load the files as on a miss
     key = config_cache.inputs_key(files, dirs)
     conf = load_config(config_files, config_dirs, prog)
     listing, errors = ListingConfig.from_conf(conf)
     if not errors and not conf.config_source:
-        config_cache.store(files, dirs, key, listing)
+        config_cache.store(files, dirs, key, listing.to_dict())
     return listing, errors
 
 
@@ -209,6 +258,8 @@ def check(
     """:func:`validate`, and the host state it looked at (None when the
     configuration could not be resolved), so that a caller reporting on the
     host need not scan it again."""
+    from accel_agent.cmd import config_lint  # difflib: not for the plain listings
+
     # The files as written (unknown options, indented headers) and the state
     # directory: reported whatever else is wrong.
     warnings: list[str] = config_lint.lint(config_lint.parsed_files(conf))

@@ -18,6 +18,10 @@ error, when the values came from a ``config_source`` (remote, unversioned)
 or when a file changed while it was being read.  ``check-config``, the
 mutating commands and the daemon never use the cache.
 
+This module imports nothing but the standard library's smallest parts: a
+listing that goes to the running daemon (accel_agent.cmd.daemon_listing)
+reads the socket path from here before anything else is imported.
+
 The cache lives in ``/var/cache/accel-agent`` for root, else in
 ``$XDG_CACHE_HOME/accel-agent``; ``ACCEL_AGENT_CACHE_DIR`` moves it and an
 empty value turns it off.  Files are 0600 in a 0700 directory and are only
@@ -28,27 +32,14 @@ from __future__ import annotations
 
 import binascii
 import json
-import logging
 import os
 import stat
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from accel_agent import __version__, exception
-from accel_agent.mdev.policy import (
-    MdevPolicy,
-    PolicyInputs,
-    read_policy_inputs,
-    resolve_policy,
-)
-
-if TYPE_CHECKING:
-    from oslo_config import cfg
-
-LOG = logging.getLogger(__name__)
+from accel_agent import __version__
 
 CACHE_DIR_ENV = "ACCEL_AGENT_CACHE_DIR"
-# Bump when ListingConfig's shape or meaning changes.
+# Bump when the cached value's shape or meaning changes.
 FORMAT = 1
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The code whose behaviour the cached values depend on: option declarations
@@ -56,59 +47,34 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE_FILES = (
     os.path.join(_PACKAGE_DIR, "conf.py"),
     os.path.join(_PACKAGE_DIR, "mdev", "policy.py"),
+    os.path.join(_PACKAGE_DIR, "cmd", "common.py"),
     os.path.abspath(__file__),
 )
 
+DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
+# Read after the files, *.conf in name order (oslo.config's --config-dir).
+# Named here rather than left to oslo.config's search (which also looks in
+# ~/.accel-agent and under the program's name) so that the daemon and
+# accelctl always read the same files.
+DEFAULT_CONFIG_DIR = "/etc/accel-agent/accel-agent.conf.d"
 
-@dataclass(frozen=True)
-class ListingConfig:
-    """The configuration as the read-only listings see it."""
 
-    sysfs_root: str
-    host: str
-    state_dir: str
-    api_socket_path: str
-    policy_inputs: PolicyInputs
+def config_sources(config_files: list[str], config_dirs: list[str]) -> tuple[list[str], list[str]]:
+    """The files and directories oslo.config reads for these arguments."""
+    files = list(config_files)
+    if not files and not config_dirs and os.path.exists(DEFAULT_CONFIG_FILE):
+        files = [DEFAULT_CONFIG_FILE]
+    dirs = list(config_dirs)
+    if not dirs and os.path.isdir(DEFAULT_CONFIG_DIR):
+        dirs = [DEFAULT_CONFIG_DIR]
+    return files, dirs
 
-    @classmethod
-    def from_conf(
-        cls, conf: cfg.ConfigOpts
-    ) -> tuple[ListingConfig, list[exception.AccelAgentException]]:
-        """From a loaded oslo.config object; also the option values it
-        refused, for :func:`resolve_policy` to report with the rest."""
-        inputs, errors = read_policy_inputs(conf)
-        return (
-            cls(
-                sysfs_root=conf.sysfs_root,
-                host=conf.host,
-                state_dir=conf.state_dir,
-                api_socket_path=conf.api.socket_path,
-                policy_inputs=inputs,
-            ),
-            errors,
-        )
 
-    def policy(self, errors: list[exception.AccelAgentException] | None = None) -> MdevPolicy:
-        return resolve_policy(self.policy_inputs, self.sysfs_root, errors)
+def _debug(message: str, *args: object) -> None:
+    # logging is imported only when there is something to say (~3 ms).
+    import logging
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sysfs_root": self.sysfs_root,
-            "host": self.host,
-            "state_dir": self.state_dir,
-            "api_socket_path": self.api_socket_path,
-            "policy_inputs": self.policy_inputs.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ListingConfig:
-        return cls(
-            sysfs_root=str(data["sysfs_root"]),
-            host=str(data["host"]),
-            state_dir=str(data["state_dir"]),
-            api_socket_path=str(data["api_socket_path"]),
-            policy_inputs=PolicyInputs.from_dict(data["policy_inputs"]),
-        )
+    logging.getLogger(__name__).debug(message, *args)
 
 
 def cache_dir() -> str | None:
@@ -178,8 +144,9 @@ def _trusted(st: os.stat_result) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def load(files: list[str], dirs: list[str]) -> ListingConfig | None:
-    """The cached ListingConfig when every input is unchanged, else None."""
+def load(files: list[str], dirs: list[str]) -> dict[str, Any] | None:
+    """The cached value (ListingConfig.to_dict()) when every input is
+    unchanged, else None."""
     directory = cache_dir()
     if directory is None:
         return None
@@ -197,13 +164,16 @@ def load(files: list[str], dirs: list[str]) -> ListingConfig | None:
             entry = json.loads(handle.read())
         if entry.get("key") != inputs_key(files, dirs):
             return None
-        return ListingConfig.from_dict(entry["value"])
+        value = entry["value"]
+        if not isinstance(value, dict) or not isinstance(value.get("api_socket_path"), str):
+            raise ValueError("no api_socket_path")
+        return value
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        LOG.debug("config cache %s unusable: %s", path, exc)
+        _debug("config cache %s unusable: %s", path, exc)
         return None
 
 
-def store(files: list[str], dirs: list[str], key: dict[str, Any], value: ListingConfig) -> None:
+def store(files: list[str], dirs: list[str], key: dict[str, Any], value: dict[str, Any]) -> None:
     """Remember ``value`` for ``key`` (computed before the load); silently
     skipped when the cache directory cannot be written."""
     import tempfile  # only on a miss: 3 ms of imports
@@ -218,10 +188,10 @@ def store(files: list[str], dirs: list[str], key: dict[str, Any], value: Listing
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".listing-")
         try:
             with os.fdopen(fd, "w") as handle:
-                json.dump({"key": key, "value": value.to_dict()}, handle)
+                json.dump({"key": key, "value": value}, handle)
             os.replace(tmp, _cache_path(directory, files, dirs))
         except BaseException:
             os.unlink(tmp)
             raise
     except OSError as exc:
-        LOG.debug("config cache not written in %s: %s", directory, exc)
+        _debug("config cache not written in %s: %s", directory, exc)

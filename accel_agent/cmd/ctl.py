@@ -19,17 +19,16 @@ be reached (permission denied, no answer) is an error, never a fallback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from accel_agent import exception
-from accel_agent.cmd import common, output
+from accel_agent.cmd import common, listings, output
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -61,8 +60,7 @@ def _via_api(args: argparse.Namespace, socket_path: str, call: Callable[[Any], A
 
 
 def _listing(
-    path: str,
-    offline: Callable[[common.HostState], dict[str, Any]],
+    name: str,
     table: Callable[[dict[str, Any]], tuple[Sequence[str], list[tuple[Any, ...]]]],
 ) -> Callable[[argparse.Namespace], int]:
     """A read-only listing: from the daemon (GET ``path``) when it runs, else
@@ -77,6 +75,7 @@ def _listing(
             listing = dataclasses.replace(listing, sysfs_root=args.sysfs_root)
             document = _OFFLINE
         else:
+            path = f"/v1/{name}"
             document = _via_api(
                 args,
                 listing.api_socket_path,
@@ -85,12 +84,9 @@ def _listing(
         if isinstance(document, bytes):
             output.emit_json_bytes(document)
             return EXIT_OK
-        with _collector_paused():
+        with listings.collector_paused():
             if document is _OFFLINE:
-                state = common.host_state(listing, errors, scan_workers=_scan_workers())
-                for warning in state.snapshot.warnings:
-                    output.warning(f"sysfs: {warning}")
-                document = offline(state)
+                document = listings.offline_document(name, listing, errors)
             if args.json:
                 output.emit_json(document)
             else:
@@ -98,26 +94,6 @@ def _listing(
             return EXIT_OK
 
     return run
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A listing builds tens of thousands of small objects with no cycles;
-    the cyclic collector would walk them again and again as they pile up
-    (5 ms of a 256-GPU listing).  Everything is freed by reference count."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _scan_workers() -> int:
-    """Processes for an offline scan: the cores this process may use, at
-    most 4 (beyond that the forks and the merge eat the gain)."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def _load(args: argparse.Namespace):
@@ -145,27 +121,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"{len(providers)} provider(s) on {len(state.snapshot.parents)} mdev parent(s)"
     )
     return EXIT_OK
-
-
-def _types_offline(state: common.HostState) -> dict[str, Any]:
-    from accel_agent.reporting import views
-
-    return views.types_document(state.snapshot, state.policy, state.host)
-
-
-def _mdevs_offline(state: common.HostState) -> dict[str, Any]:
-    from accel_agent.reporting import views
-
-    return views.mdevs_document(
-        state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned
-    )
-
-
-def _inventory_offline(state: common.HostState) -> dict[str, Any]:
-    inventory = state.inventory()
-    for warning in inventory.warnings:
-        output.warning(warning)
-    return inventory.to_dict()
 
 
 def _types_table(document: dict[str, Any]) -> tuple[Sequence[str], list[tuple[Any, ...]]]:
@@ -489,24 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--strict", action="store_true", help="treat warnings as errors")
     check.set_defaults(func=cmd_check_config)
 
-    for name, offline, table, text in (
-        (
-            "types",
-            _types_offline,
-            _types_table,
-            "mdev types offered by each parent, with counters",
-        ),
-        ("mdevs", _mdevs_offline, _mdevs_table, "existing mediated devices, owned and foreign"),
-        (
-            "inventory",
-            _inventory_offline,
-            _inventory_table,
-            "inventory per physical GPU (resource providers)",
-        ),
+    for name, table, text in (
+        ("types", _types_table, "mdev types offered by each parent, with counters"),
+        ("mdevs", _mdevs_table, "existing mediated devices, owned and foreign"),
+        ("inventory", _inventory_table, "inventory per physical GPU (resource providers)"),
     ):
         sub = subparsers.add_parser(name, help=text, description=text)
         sub.add_argument("--json", action="store_true", help="machine-readable output")
-        sub.set_defaults(func=_listing(f"/v1/{name}", offline, table))
+        sub.set_defaults(func=_listing(name, table))
 
     allocate = subparsers.add_parser(
         "allocate",
@@ -636,31 +581,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    try:
-        return int(args.func(args))
-    except exception.ConfigErrors as exc:
-        for error in exc.errors:
-            output.error(error.message)
-        return EXIT_ERROR
-    except exception.AccelAgentException as exc:
-        output.error(exc.message)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        return EXIT_ERROR
-    except BrokenPipeError:
-        # The reader went away (``accelctl types | head``): no traceback, and
-        # nothing more to flush into the closed pipe at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_ERROR
+    return output.exit_status(lambda: int(args.func(args)))
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """main(), then skip the interpreter's final collection over every
+    object still alive (8 ms of a 256-GPU listing); reference counting has
+    already freed what the command built."""
+    status = main(argv)
+    gc.freeze()
+    return status
 
 
 def console_main() -> int:
-    """The ``accelctl`` console script: main(), then skip the interpreter's
-    final collection over every object still alive (8 ms of a 256-GPU
-    listing); reference counting has already freed what the command built."""
-    status = main()
-    gc.freeze()
-    return status
+    """``python -m accel_agent.cmd.ctl``: as the ``accelctl`` console script
+    (accel_agent.cmd.accelctl), a plain listing from the daemon first."""
+    from accel_agent.cmd import plain_listing
+
+    status = plain_listing.answer(sys.argv[1:])
+    return run() if status is None else status
 
 
 if __name__ == "__main__":

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
+from accel_agent import exception
 from accel_agent.exception import printable
+
+EXIT_OK = 0
+EXIT_ERROR = 1
 
 
 def _cell(value: Any) -> str:
@@ -75,3 +80,24 @@ def error(message: str) -> None:
 
 def warning(message: str) -> None:
     sys.stderr.write(f"warning: {printable(str(message))}\n")
+
+
+def exit_status(command: Callable[[], int]) -> int:
+    """Run ``command``; an agent error becomes its message(s) on stderr and
+    exit 1 (the CLI contract), never a traceback."""
+    try:
+        return command()
+    except exception.ConfigErrors as exc:
+        for item in exc.errors:
+            error(item.message)
+        return EXIT_ERROR
+    except exception.AccelAgentException as exc:
+        error(exc.message)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (``accelctl types | head``): no traceback, and
+        # nothing more to flush into the closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR

@@ -242,8 +242,15 @@ class MdevManager:
         return self._rescanner.rescan(self._configured_types)
 
     def scan_all(self) -> HostSnapshot:
-        """Like :meth:`scan` with every type's counter fresh (for listings)."""
-        return self._rescanner.rescan()
+        """Every type's counter true, for the listings: re-reads the mdev
+        list and only the counters that list says can have changed
+        (accel_agent.sysfs.rescan explains why that is enough)."""
+        return self._rescanner.listing()
+
+    def scan_full(self) -> HostSnapshot:
+        """Every counter and every mdev read again: the periodic safety net
+        for what no mdev change announces."""
+        return self._rescanner.rescan(reread_mdevs=True)
 
     def _configured_types(self, parent: Parent) -> set[str]:
         mdev_type = self.policy.type_for(parent)

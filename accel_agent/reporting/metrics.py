@@ -4,24 +4,45 @@ One :class:`AgentMetrics` per daemon, with its own ``CollectorRegistry`` (not
 prometheus-client's global one), so that tests can build several agents in
 one process and no library's default collectors leak into our output.
 
+Names follow Prometheus' conventions: seconds for durations, ``_total`` on
+every counter (prometheus-client appends it), ``_info`` on the series whose
+value is always 1 and whose labels carry the information.  Every metric is
+documented in docs/metrics.md; the Grafana dashboard beside it is checked
+against :func:`exported_names` by a test, so renaming one here fails there.
+
 Label values are bounded: error codes are exception class names, routes are
 the API's path templates (``/v1/instances/{id}/allocation``, never the id),
-mdev states and sync states are fixed sets.
+mdev states and sync states are fixed sets.  The per-mdev and per-provider
+series have one series per mdev or physical GPU of the host (hundreds at
+most), which is what an operator needs to join them with DCGM's GPU metrics.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
+import prometheus_client
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Enum,
     Gauge,
     Histogram,
+    Info,
 )
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import InfoMetricFamily
+
+import accel_agent
+from accel_agent.sysfs import address
+
+# ``<name>_created`` beside every counter and histogram is the time the
+# process created it: noise on a dashboard, and a series per label set.
+prometheus_client.disable_created_metrics()
 
 PREFIX = "accel_agent"
 # The classic text format every Prometheus understands (generate_latest writes it).
@@ -36,12 +57,156 @@ LATENCY_BUCKETS = (
 )
 
 
+# Labels of accel_agent_mdev_info and of the per-provider gauges that an
+# operator joins with NVIDIA's dcgm-exporter, which labels every GPU metric
+# with ``Hostname`` (the node's host name) and ``pci_bus_id`` (NVML's form,
+# ``00000000:84:00.0``).  See docs/metrics.md.
+MDEV_INFO_LABELS = (
+    "uuid",
+    "instance",
+    "parent",
+    "physical_gpu",
+    "pci_bus_id",
+    "mdev_type",
+    "state",
+    "Hostname",
+)
+PROVIDER_LABELS = (
+    "provider",
+    "physical_gpu",
+    "pci_bus_id",
+    "mdev_type",
+    "resource_class",
+    "Hostname",
+)
+
+
+def dcgm_pci_bus_id(physical_gpu: str) -> str:
+    """A physical GPU's PCI address as NVML and dcgm-exporter write it: eight
+    hex digits of domain, upper-case hex (``0000:84:00.0`` ->
+    ``00000000:84:00.0``); empty for a virtual parent (``mtty``), which DCGM
+    does not know."""
+    if not address.is_pci_address(physical_gpu):
+        return ""
+    domain, bus, rest = address.parse_pci_address(physical_gpu).split(":")
+    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
+
+
+@dataclass(frozen=True)
+class MdevInfo:
+    """One ``accel_agent_mdev_info`` series (value 1)."""
+
+    uuid: str
+    instance: str  # the owning instance; empty when free or foreign
+    parent: str
+    physical_gpu: str
+    mdev_type: str
+    state: str  # assigned, claimed, free, foreign, transient
+
+    def labels(self, hostname: str) -> list[str]:
+        return [
+            self.uuid,
+            self.instance,
+            self.parent,
+            self.physical_gpu,
+            dcgm_pci_bus_id(self.physical_gpu),
+            self.mdev_type,
+            self.state,
+            hostname,
+        ]
+
+
+_MDEV_INFO_HELP = (
+    "One series per mdev on the host at the last rescan (value 1): its instance (empty "
+    "when free or foreign), parent, physical GPU (and its pci_bus_id as DCGM writes it), "
+    "type, state, and the node's Hostname as dcgm-exporter labels it."
+)
+
+
+class _MdevInfoCollector:
+    """``accel_agent_mdev_info``: the mdevs of the last rescan.  A collector
+    rather than a labelled Gauge: the whole set is replaced at each rescan,
+    so a released or removed mdev's old series simply stops."""
+
+    def __init__(self, hostname: str) -> None:
+        self._hostname = hostname
+        self._lock = threading.Lock()
+        self._rows: tuple[MdevInfo, ...] = ()
+
+    def set(self, rows: Iterable[MdevInfo]) -> None:
+        with self._lock:
+            self._rows = tuple(rows)
+
+    def describe(self) -> Iterator[InfoMetricFamily]:
+        yield InfoMetricFamily(
+            "accel_agent_mdev", _MDEV_INFO_HELP, labels=MDEV_INFO_LABELS
+        )
+
+    def collect(self) -> Iterator[InfoMetricFamily]:
+        family = InfoMetricFamily(
+            "accel_agent_mdev", _MDEV_INFO_HELP, labels=MDEV_INFO_LABELS
+        )
+        with self._lock:
+            rows = self._rows
+        for row in rows:
+            family.add_metric(row.labels(self._hostname), {})
+        yield family
+
+
+@dataclass(frozen=True)
+class ProviderSample:
+    name: str
+    physical_gpu: str
+    mdev_type: str
+    resource_class: str
+    total: int
+    used: int
+
+    def labels(self, hostname: str) -> tuple[str, ...]:
+        return (
+            self.name,
+            self.physical_gpu,
+            dcgm_pci_bus_id(self.physical_gpu),
+            self.mdev_type,
+            self.resource_class,
+            hostname,
+        )
+
+
+# The sample names of each metric type in the text format.
+_SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "summary": ("_count", "_sum", ""),
+    "info": ("_info",),
+}
+
+
+def exported_names(metrics: AgentMetrics) -> set[str]:
+    """Every sample name ``GET /metrics`` can carry, also for metrics that
+    have no sample yet (a labelled counter nobody incremented): what a
+    dashboard query may name."""
+    return {
+        family.name + suffix
+        for family in metrics.registry.collect()
+        for suffix in _SAMPLE_SUFFIXES.get(family.type, ("",))
+    }
+
+
 class AgentMetrics:
     """Every metric of the agent; thread-safe (prometheus-client is)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hostname: str | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.build_info = Info(
+            f"{PREFIX}_build", "The agent's version (value 1).", registry=r
+        )
+        self.build_info.info({"version": accel_agent.__version__})
+        # dcgm-exporter's Hostname is Go's os.Hostname(): the kernel's node name.
+        self.hostname = hostname or os.uname().nodename
+        self.mdev_info = _MdevInfoCollector(self.hostname)
+        r.register(self.mdev_info)
         self.allocations = Counter(
             f"{PREFIX}_allocations",
             "Successful allocate requests (an idempotent repeat counts again).",
@@ -81,8 +246,16 @@ class AgentMetrics:
         )
         self.capacity = Gauge(
             f"{PREFIX}_provider_capacity",
-            "Inventory total and used per provider at the last rescan.",
-            ["provider", "kind"],
+            "Inventory total per provider (physical GPU) at the last rescan: the mdevs "
+            "of its configured type it can hold.",
+            PROVIDER_LABELS,
+            registry=r,
+        )
+        self.used = Gauge(
+            f"{PREFIX}_provider_used",
+            "Mdevs of the configured type assigned or claimed per provider at the last "
+            "rescan.",
+            PROVIDER_LABELS,
             registry=r,
         )
         self.rescans = Counter(
@@ -139,7 +312,7 @@ class AgentMetrics:
         self.placement_state.state("disabled")
         for state in MDEV_STATES:
             self.mdevs.labels(state=state).set(0)
-        self._providers_seen: set[str] = set()
+        self._providers_seen: set[tuple[str, ...]] = set()
 
     # --- updates ---------------------------------------------------------------------
 
@@ -147,17 +320,23 @@ class AgentMetrics:
         for state in MDEV_STATES:
             self.mdevs.labels(state=state).set(counts.get(state, 0))
 
-    def set_providers(self, capacity: Mapping[str, tuple[int, int]]) -> None:
-        """``{provider name: (total, used)}``; providers that left are dropped."""
-        self.providers.set(len(capacity))
-        for name in self._providers_seen - set(capacity):
-            for kind in ("total", "used"):
+    def set_providers(self, providers: Iterable[ProviderSample]) -> None:
+        """The providers of the last rescan; those that left are dropped."""
+        providers = list(providers)
+        self.providers.set(len(providers))
+        current = {p.labels(self.hostname) for p in providers}
+        for labels in self._providers_seen - current:
+            for gauge in (self.capacity, self.used):
                 with contextlib.suppress(KeyError):
-                    self.capacity.remove(name, kind)
-        for name, (total, used) in capacity.items():
-            self.capacity.labels(provider=name, kind="total").set(total)
-            self.capacity.labels(provider=name, kind="used").set(used)
-        self._providers_seen = set(capacity)
+                    gauge.remove(*labels)
+        for provider in providers:
+            labels = provider.labels(self.hostname)
+            self.capacity.labels(*labels).set(provider.total)
+            self.used.labels(*labels).set(provider.used)
+        self._providers_seen = current
+
+    def set_mdevs(self, rows: Iterable[MdevInfo]) -> None:
+        self.mdev_info.set(rows)
 
     def set_placement(self, health: Mapping[str, object]) -> None:
         state = str(health.get("state", "disabled"))

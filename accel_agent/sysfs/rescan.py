@@ -8,16 +8,45 @@ What moves is ``available_instances`` and the mdev list.
 
 :class:`Rescanner` keeps the last snapshot and, on each rescan:
 
+* lists ``bus/mdev/devices`` and reads only the mdevs it has not seen, or
+  whose link target changed (a UUID removed and re-created elsewhere);
 * lists ``class/mdev_bus``; a parent that appeared, or whose link now points
   elsewhere, is read in full; a vanished one is dropped;
-* re-reads ``available_instances`` of the types asked for (the configured
-  type of each parent for the inventory path; every type when a caller
-  needs all counters, e.g. ``GET /v1/types``);
-* lists ``bus/mdev/devices`` and reads only the mdevs it has not seen, or
-  whose link target changed (a UUID removed and re-created elsewhere).
+* re-reads the ``available_instances`` its caller needs: :meth:`rescan`
+  those of the types asked for (the configured type of each parent for the
+  inventory and every decision of the manager; every type for the daemon's
+  periodic safety net), :meth:`listing` only those that can have changed.
+
+Why :meth:`listing` may skip a counter (the daemon answers ``GET
+/v1/types``, ``/v1/mdevs`` and ``/v1/inventory`` from it, DESIGN.md §9):
+``available_instances`` of a type is the room its parent has left, and what
+takes room is mdevs.  Room is shared on one *physical GPU*: the types of a
+parent share it (a create of one type lowers the others'), and the SR-IOV VFs
+of one card share the card's (NVIDIA: a vGPU on one VF zeroes its siblings).
+So the counters of a parent can change only when the set of mdevs on its
+physical GPU changes, whoever made the change: the agent, another process,
+a guest teardown.  A virtual parent (``mtty``, ``matrix``) has no hardware
+of its own: its room is whatever its driver module keeps, which may be one
+pool for all of the module's parents (mtty's ports are), so for those the
+group is the driver instead of the GPU.  The mdev list is cheap to re-read (one directory and one
+readlink per mdev), so every listing re-reads it, and re-reads every counter
+of a parent whose GPU's mdev set differs from the one listed just before its
+counters were last read.  The list is taken *before* the counters, so a
+create that races with the read leaves the recorded set behind, and the next
+listing reads the counters again: a counter is never stuck stale.
+
+What no mdev change accompanies, and the listing therefore does not see at
+once: a driver re-registering a parent with other types under the same link
+(the udev watcher and the next rescan's type listing catch it), and room
+taken outside the mdev ABI (NVIDIA MIG-backed types after ``nvidia-smi mig``
+changes).  The daemon's periodic rescan (``[DEFAULT] rescan_interval``)
+re-reads every counter and every mdev, which bounds how long either can go
+unseen.
 
 The result is a new immutable :class:`HostSnapshot`, equal to what a full
-scan would return for everything it re-read.
+scan would return for everything it re-read, or the previous snapshot object
+itself when nothing changed, so that callers can keep what they built from
+it (the daemon keeps the encoded listings).
 """
 
 from __future__ import annotations
@@ -25,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from accel_agent import exception
@@ -34,6 +63,9 @@ from accel_agent.sysfs.model import HostSnapshot, Mdev, Parent
 
 # parent -> the type ids whose counters to refresh (None: all of them)
 CounterFilter = Callable[[Parent], "set[str] | None"]
+# (parent, whether the mdevs on its physical GPU changed since all its
+# counters were last read) -> the type ids to re-read (None: all of them)
+_Refresh = Callable[[Parent, bool], "set[str] | None"]
 
 
 class Rescanner:
@@ -44,6 +76,9 @@ class Rescanner:
         self._parent_targets: dict[str, str] = {}
         self._parent_links: dict[str, str] = {}
         self._mdev_targets: dict[str, str] = {}
+        # parent -> the mdevs sharing its room (uuid, link target) listed
+        # just before all of its counters were last read.
+        self._basis: dict[str, frozenset[tuple[str, str]]] = {}
 
     def full(self) -> HostSnapshot:
         """A complete scan; resets the cache."""
@@ -71,25 +106,49 @@ class Rescanner:
                 self._mdev_targets[uuid] = os.readlink(os.path.join(bus, uuid))
             except OSError:
                 continue
+        # A full scan reads the counters *before* the mdev list, so its list
+        # cannot vouch for them: the first listing reads every counter again.
+        self._basis = {}
 
-    def rescan(self, counters: CounterFilter | None = None) -> HostSnapshot:
+    def rescan(
+        self, counters: CounterFilter | None = None, *, reread_mdevs: bool = False
+    ) -> HostSnapshot:
         """A snapshot as fresh as a full scan for parents, mdevs and the
-        counters ``counters`` selects (all counters when None)."""
+        counters ``counters`` selects (all counters when None).
+        ``reread_mdevs``: read every mdev again, even those whose link is
+        unchanged (the periodic safety net)."""
+
+        def refresh(parent: Parent, gpu_changed: bool) -> set[str] | None:
+            return None if counters is None else (counters(parent) or set())
+
+        return self._locked_rescan(refresh, reread_mdevs)
+
+    def listing(self) -> HostSnapshot:
+        """A snapshot whose every counter is true, re-reading only those that
+        can have changed since they were read (see the module's docstring)."""
+        return self._locked_rescan(lambda parent, gpu_changed: None if gpu_changed else set())
+
+    def _locked_rescan(self, refresh: _Refresh, reread_mdevs: bool = False) -> HostSnapshot:
         with self._lock:
             if self._snapshot is None:
                 snapshot = scanner.scan(self.sysfs_root)
                 self._remember(snapshot)
                 return snapshot
-            return self._rescan(self._snapshot, counters)
+            return self._rescan(self._snapshot, refresh, reread_mdevs)
 
-    def _rescan(self, old: HostSnapshot, counters: CounterFilter | None) -> HostSnapshot:
+    def _rescan(self, old: HostSnapshot, refresh: _Refresh, reread_mdevs: bool) -> HostSnapshot:
         if not os.path.isdir(self.sysfs_root):
             raise exception.SysfsRootNotFound(root=self.sysfs_root)
         walker = scanner._Scan(self.sysfs_root)
         root = walker.root
+        # The mdevs first: a counter read after the list can only be fresher
+        # than the list, which the next rescan notices (module docstring).
+        mdevs, mdev_targets = self._rescan_mdevs(walker, old, reread_mdevs)
         parents: dict[str, Parent] = {}
         targets: dict[str, str] = {}
         links: dict[str, str] = {}
+        cached: list[str] = []
+        basis: dict[str, frozenset[tuple[str, str]]] = {}
         bus_dir = os.path.join(root, scanner.MDEV_BUS)
         bus_fd = scanner.open_dir(bus_dir)
         try:
@@ -99,25 +158,42 @@ class Rescanner:
                     link = os.readlink(name, dir_fd=bus_fd)
                 except OSError:
                     link = ""
-                cached = old.parents.get(name)
-                if cached is not None and link and self._parent_links.get(name) == link:
+                known = old.parents.get(name)
+                if known is not None and link and self._parent_links.get(name) == link:
                     # Same link text as last time: same device (a readlink,
                     # not a realpath walk, per parent).
-                    target = self._parent_targets[name]
-                    parents[name] = self._refresh_counters(walker, cached, target, counters)
+                    parents[name] = known
+                    targets[name] = self._parent_targets[name]
+                    cached.append(name)
                 else:
                     fresh = walker.parent(name)
                     if fresh is None:
                         continue
                     parents[name] = fresh
                     # The scan resolved the device already (as _remember does).
-                    target = os.path.join(root, fresh.device_path)
-                targets[name] = target
+                    targets[name] = os.path.join(root, fresh.device_path)
                 links[name] = link
         finally:
             if bus_fd is not None:
                 os.close(bus_fd)
-        mdevs, mdev_targets = self._rescan_mdevs(walker, old)
+        signatures = _room_signatures(parents, mdevs, mdev_targets)
+        for name, parent in parents.items():
+            now = signatures.get(_room(parent), frozenset())
+            if name not in cached:
+                basis[name] = now  # read in full above, after the mdev list
+                continue
+            gpu_changed = self._basis.get(name) != now
+            wanted = refresh(parent, gpu_changed)
+            fresh = self._refresh_counters(walker, parent, targets[name], wanted)
+            parents[name] = fresh
+            read_all = wanted is None or fresh.types.keys() != parent.types.keys()
+            basis[name] = now if read_all else self._basis.get(name, frozenset())
+        self._parent_targets = targets
+        self._parent_links = links
+        self._mdev_targets = mdev_targets
+        self._basis = basis
+        if _unchanged(old, parents, mdevs, walker.warnings):
+            return old
         by_parent: dict[str, list[Mdev]] = {}
         for mdev in sorted(mdevs.values(), key=lambda m: m.uuid):
             by_parent.setdefault(mdev.parent, []).append(mdev)
@@ -129,18 +205,19 @@ class Rescanner:
             by_parent=MappingProxyType({k: tuple(v) for k, v in by_parent.items()}),
         )
         self._snapshot = snapshot
-        self._parent_targets = targets
-        self._parent_links = links
-        self._mdev_targets = mdev_targets
         return snapshot
 
     @staticmethod
     def _refresh_counters(
-        walker: scanner._Scan, parent: Parent, device: str, counters: CounterFilter | None
+        walker: scanner._Scan, parent: Parent, device: str, wanted: set[str] | None
     ) -> Parent:
-        wanted = set(parent.types) if counters is None else (counters(parent) or set())
-        wanted &= set(parent.types)
+        """``parent`` with the counters of ``wanted`` (None: all) re-read; the
+        same object when none changed."""
+        if wanted is not None and not (wanted & parent.types.keys()):
+            return parent  # nothing to read: no syscall at all
+        wanted = set(parent.types) if wanted is None else wanted & parent.types.keys()
         types = dict(parent.types)
+        changed = False
         # Not followed, as in the full scan: a link here could lead out of the root.
         types_fd = scanner.open_dir(os.path.join(device, scanner.SUPPORTED_TYPES), follow=False)
         if types_fd is None:
@@ -163,17 +240,21 @@ class Rescanner:
                     if raw is None:
                         walker.warn(f"{owner} has no readable available_instances; skipped")
                     del types[type_id]
+                    changed = True
                     continue
                 if available != types[type_id].available_instances:
                     types[type_id] = dataclasses.replace(
                         types[type_id], available_instances=available
                     )
+                    changed = True
         finally:
             os.close(types_fd)
+        if not changed:
+            return parent
         return dataclasses.replace(parent, types=MappingProxyType(types))
 
     def _rescan_mdevs(
-        self, walker: scanner._Scan, old: HostSnapshot
+        self, walker: scanner._Scan, old: HostSnapshot, reread: bool = False
     ) -> tuple[dict[str, Mdev], dict[str, str]]:
         bus = os.path.join(walker.root, scanner.MDEV_DEVICES)
         if not os.path.isdir(bus):
@@ -189,15 +270,56 @@ class Rescanner:
                 except OSError:
                     target = ""
                 cached = old.mdevs.get(name)
-                if cached is not None and target and self._mdev_targets.get(name) == target:
+                if (
+                    not reread
+                    and cached is not None
+                    and target
+                    and self._mdev_targets.get(name) == target
+                ):
                     mdevs[name] = cached
                     targets[name] = target
                     continue
                 mdev = walker.mdev(os.path.join(bus, name))
                 if mdev is not None:
-                    mdevs[name] = mdev
+                    # An unchanged mdev keeps its object (snapshot identity).
+                    mdevs[name] = cached if cached == mdev else mdev
                     targets[name] = target
         finally:
             if bus_fd is not None:
                 os.close(bus_fd)
         return mdevs, targets
+
+
+def _room(parent: Parent) -> str:
+    """The parents whose mdevs take room from each other: those of one
+    physical GPU, or of one driver for virtual parents (module docstring)."""
+    if parent.pci_address is not None:
+        return parent.physical_gpu
+    return f"driver {parent.driver}"
+
+
+def _room_signatures(
+    parents: Mapping[str, Parent], mdevs: Mapping[str, Mdev], targets: Mapping[str, str]
+) -> dict[str, frozenset[tuple[str, str]]]:
+    """room (:func:`_room`) -> the mdevs on its parents, as (uuid, link target)."""
+    in_room: dict[str, set[tuple[str, str]]] = {}
+    for uuid, mdev in mdevs.items():
+        parent = parents.get(mdev.parent)
+        if parent is not None:
+            in_room.setdefault(_room(parent), set()).add((uuid, targets.get(uuid, "")))
+    return {room: frozenset(items) for room, items in in_room.items()}
+
+
+def _unchanged(
+    old: HostSnapshot,
+    parents: Mapping[str, Parent],
+    mdevs: Mapping[str, Mdev],
+    warnings: list[str],
+) -> bool:
+    return (
+        len(parents) == len(old.parents)
+        and all(old.parents.get(name) is parent for name, parent in parents.items())
+        and len(mdevs) == len(old.mdevs)
+        and all(old.mdevs.get(uuid) is mdev for uuid, mdev in mdevs.items())
+        and tuple(warnings) == old.warnings
+    )

@@ -265,7 +265,8 @@ class AgentDaemon:
         return self.client().health()
 
     def metric(self, name: str, **labels: str) -> float:
-        """One sample of GET /metrics (0.0 when absent)."""
+        """The first sample of GET /metrics named ``name`` whose labels include
+        ``labels`` (0.0 when there is none)."""
         text = self.client().call("GET", "/metrics")
         for line in text.splitlines():
             if line.startswith("#") or not line.strip():
@@ -277,7 +278,7 @@ class AgentDaemon:
                 for part in label_text.rstrip("}").split(",")
                 if "=" in part
             )
-            if sample == name and found == labels:
+            if sample == name and labels.items() <= found.items():
                 return float(value)
         return 0.0
 

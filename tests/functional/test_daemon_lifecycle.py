@@ -4,6 +4,7 @@ re-create vanished mdevs, and accelctl as its client."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from tests.functional.simhost import simulated_host
 pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 
 GPU = "0000:84:00.0"
+LISTINGS = ("types", "mdevs", "inventory")
 NVIDIA_ONLY = """
 [devices]
 enabled_mdev_types = nvidia-35
@@ -222,6 +224,14 @@ def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
     assert proc.returncode == 0, proc.stderr
     uuids = [m["uuid"] for m in json.loads(proc.stdout)["mdevs"]]
     assert daemon.metric("accel_agent_allocations_total") == 1.0  # it went through the API
+    # Each mdev names its instance and its GPU as DCGM does (docs/metrics.md).
+    for uuid in uuids:
+        labels = {"uuid": uuid, "instance": "vm-c", "state": "assigned"}
+        wait_for(lambda labels=labels: daemon.metric("accel_agent_mdev_info", **labels) == 1.0,
+                 what=f"accel_agent_mdev_info of {uuid}")
+        join = {"Hostname": os.uname().nodename, "pci_bus_id": "00000000:84:00.0"}
+        assert daemon.metric("accel_agent_mdev_info", uuid=uuid, mdev_type="nvidia-35",
+                             physical_gpu=GPU, **join) == 1.0
     for listing in ("types", "mdevs", "inventory"):
         route = {"method": "GET", "route": f"/v1/{listing}", "status": "200"}
         served = daemon.metric("accel_agent_api_request_duration_seconds_count", **route)
@@ -252,6 +262,82 @@ def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
     proc = ctl(setup.config, "allocate", "vm-c2", "--count", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "vm-c2" in ledger_rows(setup.host).values()
+
+
+def test_listings_from_the_daemon_show_an_mdev_made_behind_its_back_at_once(setup):
+    """No periodic rescan (an hour) and no udev on a simulated host: only the
+    listing's own re-read of the mdev list can see another process's create."""
+    daemon = setup.start(rescan_interval=3600)
+    api = daemon.client()
+    before = {name: api.call_json_bytes("GET", f"/v1/{name}") for name in LISTINGS}
+    assert api.call_json_bytes("GET", "/v1/types") == before["types"]  # kept while unchanged
+    foreign = "fe0fe0fe-0000-4000-8000-0000000000aa"
+    setup.host.create_foreign(GPU, "nvidia-35", foreign)
+    after = {name: json.loads(api.call_json_bytes("GET", f"/v1/{name}")) for name in LISTINGS}
+    gpu = next(p for p in after["types"]["parents"] if p["name"] == GPU)
+    counters = {t["type_id"]: (t["available_instances"], t["mdevs"]) for t in gpu["types"]}
+    assert counters["nvidia-35"] == (15, 1)
+    assert counters["nvidia-36"][0] == 0  # one type per M60: the others' counters moved too
+    listed = {m["uuid"]: m for m in after["mdevs"]["mdevs"]}
+    assert listed[foreign]["owned"] is False and listed[foreign]["instance"] is None
+    provider = next(p for p in after["inventory"]["providers"] if p["parent_device"] == GPU)
+    assert provider["inventory"]["total"] == 16  # the foreign mdev counts against capacity
+    for name in LISTINGS:  # exactly what a full scan says
+        offline = ctl(setup.config, "--offline", name, "--json")
+        assert json.loads(offline.stdout) == after[name], name
+    with open(os.path.join(setup.host.root, "bus/mdev/devices", foreign, "remove"), "w") as f:
+        f.write("1")
+    gone = json.loads(api.call_json_bytes("GET", "/v1/types"))
+    assert gone == json.loads(before["types"])
+    assert daemon.metric("accel_agent_rescans_total", reason="periodic") == 0.0
+
+
+# Modules accelctl's plain listing path must not need (plain_listing.py).
+HEAVY = ("oslo_config", "argparse", "http.client", "accel_agent.cmd.ctl", "accel_agent.api")
+PROBE = """
+import sys
+from accel_agent.cmd import accelctl
+sys.argv[1:] = {argv!r}
+status = accelctl.main()
+sys.stdout.flush()
+heavy = {heavy!r}
+sys.stderr.write(repr(sorted(m for m in sys.modules if m.startswith(heavy))))
+sys.exit(status)
+"""
+
+
+def plain(config, *argv: str) -> tuple[int, str, list[str]]:
+    """The accelctl console script's main() with these arguments: (status,
+    stdout, the HEAVY modules it imported)."""
+    code = PROBE.format(argv=["--config-file", str(config), *argv], heavy=HEAVY)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=str(Path(__file__).resolve().parents[2]))
+    return proc.returncode, proc.stdout, ast.literal_eval(proc.stderr.splitlines()[-1])
+
+
+def test_plain_listings_reach_the_daemon_without_oslo_config_or_the_parser(setup):
+    daemon = setup.start()
+    assert ctl(setup.config, "allocate", "vm-p", "--count", "1").returncode == 0
+    # The first listing after a config change loads oslo.config and caches it.
+    assert ctl(setup.config, "types", "--json").returncode == 0
+    for name in LISTINGS:
+        route = {"method": "GET", "route": f"/v1/{name}", "status": "200"}
+        served = daemon.metric("accel_agent_api_request_duration_seconds_count", **route)
+        status, out, heavy = plain(setup.config, name, "--json")
+        assert (status, heavy) == (0, []), name
+        assert daemon.metric("accel_agent_api_request_duration_seconds_count", **route) == (
+            served + 1
+        ), f"{name} did not come from the daemon"
+        assert out == ctl(setup.config, "--offline", name, "--json").stdout, name
+    assert daemon.stop() == 0
+    # No daemon: the same plain path scans sysfs itself, still without them.
+    for name in LISTINGS:
+        status, out, heavy = plain(setup.config, name, "--json")
+        assert (status, heavy) == (0, []), name
+        assert out == ctl(setup.config, "--offline", name, "--json").stdout, name
+    # A terminal, a table or -v: the parser path (which imports them).
+    status, out, heavy = plain(setup.config, "-v", "types", "--json")
+    assert status == 0 and "argparse" in heavy
 
 
 def test_accelctl_fails_instead_of_falling_back_when_the_daemon_is_broken(setup):

@@ -60,3 +60,107 @@ def test_counter_filter_refreshes_only_what_is_asked(tmp_path):
         assert full.parents["mtty"].types["mtty-1"].available_instances == 22
         same(rescanner.rescan(), full)
         assert set(partial.mdevs) == {U[2]}
+
+
+VF0, VF1 = "0000:41:00.4", "0000:41:00.5"  # two VFs of the A100-like PF 0000:41:00.0
+OTHER_CARD_VF = "0000:42:00.4"
+M60 = "0000:84:00.0"
+
+
+def opened_types_dirs(monkeypatch) -> list[str]:
+    """Record which parents' mdev_supported_types a rescan opens to read counters."""
+    from accel_agent.sysfs import scanner
+
+    opened: list[str] = []
+    real = scanner.open_dir
+
+    def spy(name, dir_fd=None, follow=True):
+        if str(name).endswith(scanner.SUPPORTED_TYPES):
+            where = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else ""
+            opened.append(os.path.basename(os.path.dirname(os.path.join(where, str(name)))))
+        return real(name, dir_fd, follow)
+
+    monkeypatch.setattr(scanner, "open_dir", spy)
+    return opened
+
+
+def test_listing_rereads_the_counters_of_the_card_whose_mdevs_changed_and_no_other(
+    tmp_path, monkeypatch
+):
+    with simulated_host(tmp_path, ["nvidia-sriov", "nvidia-pf"], gpus=2, vfs=4) as host:
+        rescanner = Rescanner(host.root)
+        rescanner.rescan()
+        first = rescanner.listing()  # the first listing reads every counter
+        same(first, scan(host.root))
+        opened = opened_types_dirs(monkeypatch)
+        # Nothing changed: the same snapshot object, and no counter read.
+        assert rescanner.listing() is first
+        assert opened == []
+
+        # Another process creates an mdev on one VF: its siblings' counters
+        # drop too (one type per card), so the whole card is read again.
+        host.create_foreign(VF0, "nvidia-474", U[3])
+        after = rescanner.listing()
+        assert set(opened) == {VF0, VF1, "0000:41:00.6", "0000:41:00.7"}
+        same(after, scan(host.root))
+        assert after.parents[VF1].types["nvidia-471"].available_instances == 0
+        assert first.parents[VF1].types["nvidia-471"].available_instances == 1
+        assert after.parents[OTHER_CARD_VF] is first.parents[OTHER_CARD_VF]
+        assert after.parents[M60] is first.parents[M60]
+
+        # Removed behind the agent's back: read again, and right again.
+        opened.clear()
+        with open(os.path.join(host.root, "bus/mdev/devices", U[3], "remove"), "w") as f:
+            f.write("1")
+        again = rescanner.listing()
+        assert VF1 in opened and M60 not in opened
+        same(again, scan(host.root))
+
+
+def test_listing_after_a_configured_counter_rescan_still_rereads_the_other_types(tmp_path):
+    with simulated_host(tmp_path, ["mtty"]) as host:
+        rescanner = Rescanner(host.root)
+        rescanner.listing()
+        host.create_foreign("mtty", "mtty-2", U[4])
+        # The manager's rescan refreshes the configured type only...
+        partial = rescanner.rescan(lambda parent: {"mtty-2"})
+        assert partial.parents["mtty"].types["mtty-1"].available_instances == 24
+        # ... and the listing knows the other counters are older than the mdev list.
+        same(rescanner.listing(), scan(host.root))
+
+
+def test_virtual_parents_share_their_driver_room_pci_parents_their_card():
+    from accel_agent.sysfs.model import Parent
+    from accel_agent.sysfs.rescan import _room
+
+    def parent(name, pci, physical, driver):
+        return Parent(name, "devices/x", pci, physical, None, None, driver, None, None, {})
+
+    assert _room(parent("mtty", None, "mtty", "mtty")) == _room(
+        parent("mtty2", None, "mtty2", "mtty")
+    )
+    vf = parent(VF0, VF0, "0000:41:00.0", "nvidia")
+    assert _room(vf) == _room(parent(VF1, VF1, "0000:41:00.0", "nvidia"))
+    assert _room(vf) != _room(parent(OTHER_CARD_VF, OTHER_CARD_VF, "0000:42:00.0", "nvidia"))
+
+
+def test_a_create_between_a_full_scans_counters_and_its_mdev_list_is_not_missed(
+    tmp_path, monkeypatch
+):
+    from accel_agent.sysfs import scanner
+
+    with simulated_host(tmp_path, ["mtty"]) as host:
+        real = scanner._Scan.mdevs
+
+        def create_first(walker, parents):
+            # Another process creates an mdev after the counters were read.
+            monkeypatch.setattr(scanner._Scan, "mdevs", real)
+            host.create_foreign("mtty", "mtty-1", U[5])
+            return real(walker, parents)
+
+        monkeypatch.setattr(scanner._Scan, "mdevs", create_first)
+        rescanner = Rescanner(host.root)
+        racy = rescanner.rescan()
+        assert U[5] in racy.mdevs and racy.parents["mtty"].types["mtty-1"].available_instances == 24
+        # The listing does not trust counters older than the mdev list.
+        same(rescanner.listing(), scan(host.root))

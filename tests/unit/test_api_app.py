@@ -54,14 +54,14 @@ class FakeBackend:
         return {"status": "ok", "version": "0", "reporting": {"enabled": False,
                 "state": "disabled"}, "last_rescan": None, "mdevs": {}}
 
-    def types_document(self) -> dict[str, Any]:
-        return {"host": "h", "parents": []}
+    def types_json(self) -> bytes:
+        return b'{"host":"h","parents":[]}'
 
-    def mdevs_document(self) -> dict[str, Any]:
-        return {"host": "h", "mdevs": []}
+    def mdevs_json(self) -> bytes:
+        return b'{"host":"h","mdevs":[]}'
 
-    def inventory_document(self) -> dict[str, Any]:
-        return {"host": "h", "providers": []}
+    def inventory_json(self) -> bytes:
+        return b'{"host":"h","providers":[]}'
 
     def allocation(self, instance: str) -> Allocation:
         return Allocation(instance, tuple(record(u, instance) for u in self.held.get(instance, [])))

@@ -1,0 +1,119 @@
+"""The documents of docs/ stay true: the generated references match their
+sources, the Grafana dashboard names only metrics the agent exports, and no
+link of README.md or docs/ leaves the repository or points at nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from accel_agent.reporting.metrics import AgentMetrics, exported_names
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "docs" / "grafana-dashboard.json"
+# Metrics of NVIDIA's dcgm-exporter the dashboard joins with (docs/metrics.md).
+DCGM = re.compile(r"^DCGM_FI_[A-Z0-9_]+$")
+# PromQL words that look like metric names but are not.
+KEYWORDS = {
+    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "bool", "offset", "inf", "nan",
+}
+
+
+def gendocs():
+    spec = importlib.util.spec_from_file_location("gendocs", REPO / "tools" / "gendocs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_references_are_up_to_date():
+    assert gendocs().stale() == [], "run make docs and commit the result"
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers left once
+    strings, label matchers, grouping lists, ranges, numbers and function
+    calls are taken out."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    names = set()
+    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        word = match.group(0)
+        after = text[match.end():].lstrip()
+        if after.startswith("(") or word.lower() in KEYWORDS:
+            continue  # a function or a keyword
+        names.add(word)
+    return names
+
+
+def queries(dashboard: dict) -> list[str]:
+    found = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "expr" in t]
+    for variable in dashboard.get("templating", {}).get("list", []):
+        query = variable.get("query")
+        if isinstance(query, dict):
+            query = query.get("query")
+        match = re.match(r"label_values\((\w+)", query or "")
+        if match:
+            found.append(match.group(1))
+    return found
+
+
+def test_metric_names_are_read_out_of_promql():
+    expr = ('sum by (le, route) (rate(accel_agent_x_bucket{route="/v1/{a}",b=~"c"}[5m])) '
+            '* on (Hostname) group_left (modelName) DCGM_FI_DEV_GPU_UTIL > bool 0.5')
+    assert metric_names(expr) == {"accel_agent_x_bucket", "DCGM_FI_DEV_GPU_UTIL"}
+    assert metric_names("time() - max(accel_agent_last_seconds)") == {"accel_agent_last_seconds"}
+
+
+def test_every_dashboard_query_names_metrics_the_agent_exports():
+    dashboard = json.loads(DASHBOARD.read_text())
+    exported = exported_names(AgentMetrics())
+    found = queries(dashboard)
+    assert len(found) >= 10
+    used = set()
+    for expr in found:
+        names = metric_names(expr)
+        ours = {n for n in names if not DCGM.match(n)}
+        assert ours, f"{expr!r} names no metric of the agent"
+        unknown = ours - exported
+        assert not unknown, f"{expr!r} names {sorted(unknown)}, which the agent does not export"
+        used |= ours
+    # The dashboard shows the join the docs promise.
+    assert any("accel_agent_mdev_info" in q and "DCGM_FI_" in q for q in found)
+    assert {"accel_agent_mdev_info", "accel_agent_provider_capacity"} <= used
+
+
+def test_the_queries_of_the_metrics_page_name_exported_metrics():
+    text = (REPO / "docs" / "metrics.md").read_text()
+    blocks = re.findall(r"```promql\n(.*?)```", text, re.S)
+    assert len(blocks) >= 3
+    exported = exported_names(AgentMetrics())
+    for block in blocks:
+        ours = {n for n in metric_names(block) if not DCGM.match(n)}
+        assert ours and ours <= exported, block
+
+
+def links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+DOCUMENTS = ["README.md", *sorted(str(p.relative_to(REPO)) for p in REPO.glob("docs/*.md"))]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_links_stay_inside_the_repository_and_resolve(document):
+    path = REPO / document
+    for target in links(path):
+        if re.match(r"^[a-z]+://", target) or target.startswith("#"):
+            continue
+        resolved = (path.parent / target.split("#", 1)[0]).resolve()
+        assert resolved.is_relative_to(REPO), f"{document}: {target} leaves the repository"
+        assert resolved.exists(), f"{document}: {target} does not exist"
