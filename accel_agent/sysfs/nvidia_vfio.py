@@ -64,7 +64,7 @@ MAX_TYPE_ID = 999_999
 MAX_VFS = 256
 # A fixed namespace: device UUIDs must be the same in every process and release.
 _DEVICE_NAMESPACE = uuid_mod.UUID("4d0a7f3e-7a52-5b1f-9a43-5f1c2d6e8a17")
-_LINE = re.compile(r"\s*([0-9]+)\s*:?\s+(\S.*?)\s*")
+_LINE = re.compile(r"\s*([0-9]+)\s*(?::\s*|\s+)(\S.*?)\s*")
 _SIZE = re.compile(r"-([0-9]+)[A-Za-z]+\s*$")
 
 
