@@ -548,7 +548,10 @@ SIMULATE_HELP = (
 
 def _register_optional(subparsers: argparse._SubParsersAction) -> None:
     """Subcommands owned by other packages (each module keeps its imports lazy)."""
+    from accel_agent.cmd import nova_pci_config
     from accel_agent.libvirt_xml import cli as xml_cli
+
+    nova_pci_config.register(subparsers)
 
     simulate = subparsers.add_parser(
         "simulate",
