@@ -69,10 +69,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel_agent.sysfs import nvidia_vfio
+
 REPO = Path(__file__).resolve().parents[2]
 TYPE = "nvidia-15"  # GRID M60-1Q: 8 per GPU
 GPUS = 3
-CONF = f"[devices]\nenabled_mdev_types = {TYPE}\n[libvirt]\nuri =\n"
 INSTANCES = tuple(f"vm-{n}" for n in range(4))
 CLAIMS = tuple(f"mig-{n}" for n in range(2))
 MAX_FOREIGN = 2
@@ -130,14 +131,95 @@ def read_ledger(state_dir: str) -> tuple[list[Row], int]:
 
 
 def read_sysfs(root: str) -> dict[str, tuple[str, str]]:
-    """uuid -> (parent, type) of every mdev the (simulated) kernel lists."""
+    """uuid -> (parent, type) of every device the (simulated) kernel has:
+    each mdev, and each typed vendor-VFIO VF (named by the UUID the agent
+    gives a VF, uuid5 of its address)."""
     devices = os.path.join(root, "bus", "mdev", "devices")
     found = {}
-    for uuid in os.listdir(devices):
+    for uuid in os.listdir(devices) if os.path.isdir(devices) else ():
         link = os.path.join(devices, uuid)
         parent = os.path.basename(os.path.dirname(os.path.realpath(link)))
         found[uuid] = (parent, os.path.basename(os.readlink(os.path.join(link, "mdev_type"))))
+    for vf, type_id in _typed_vfs(root).items():
+        if type_id:
+            found[nvidia_vfio.device_uuid(vf)] = (vf, f"nvidia-{type_id}")
     return found
+
+
+def _vgpu_file(root: str, vf: str, name: str) -> str:
+    return os.path.join(root, "bus", "pci", "devices", vf, "nvidia", name)
+
+
+def _typed_vfs(root: str) -> dict[str, int]:
+    """VF -> ``current_vgpu_type`` (0: untyped) of every vendor-VFIO VF."""
+    devices = os.path.join(root, "bus", "pci", "devices")
+    found = {}
+    for vf in sorted(os.listdir(devices)) if os.path.isdir(devices) else ():
+        path = _vgpu_file(root, vf, "current_vgpu_type")
+        if os.path.exists(path):
+            with open(path) as handle:
+                found[vf] = int(handle.read())
+    return found
+
+
+def _write(path: str, value: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """What the harness needs to know of a device model: the simulated
+    host, the type, and how another tool (or the kernel) makes and unmakes
+    a device behind the agent's back."""
+
+    name: str
+    profiles: tuple[str, ...]
+    host_options: dict[str, int]
+    mdev_type: str
+
+    @property
+    def conf(self) -> str:
+        return f"[devices]\nenabled_mdev_types = {self.mdev_type}\n[libvirt]\nuri =\n"
+
+    def create_foreign(self, host: Any, rng: random.Random) -> str:
+        """Another tool's device on a random parent with room; its UUID."""
+        if self.name == "mdev":
+            uuid = str(uuid_mod.uuid4())
+            parents = sorted(os.listdir(os.path.join(host.root, "class", "mdev_bus")))
+            for parent in rng.sample(parents, len(parents)):
+                try:
+                    host.create_foreign(parent, self.mdev_type, uuid)
+                except OSError:
+                    continue  # full
+                return uuid
+        else:
+            type_id = self.mdev_type.removeprefix("nvidia-")
+            free = [vf for vf, typed in _typed_vfs(host.root).items() if not typed]
+            for vf in rng.sample(free, len(free)):
+                try:
+                    _write(_vgpu_file(host.root, vf, "current_vgpu_type"), type_id.encode())
+                except OSError:
+                    continue  # not creatable on this VF now
+                return nvidia_vfio.device_uuid(vf)
+        raise RuntimeError(f"no {self.name} parent has room for a foreign device")
+
+    def vanish(self, host: Any, uuid: str) -> None:
+        """The device goes behind the agent's back (``remove``; a VF untyped)."""
+        if self.name == "mdev":
+            _write(os.path.join(host.root, "bus", "mdev", "devices", uuid, "remove"), b"1")
+            return
+        (vf,) = [v for v in _typed_vfs(host.root) if nvidia_vfio.device_uuid(v) == uuid]
+        _write(_vgpu_file(host.root, vf, "current_vgpu_type"), b"0")
+
+
+MDEV = DeviceModel("mdev", ("nvidia-pf",), {"gpus": GPUS}, TYPE)
+# Two L40S GPUs of 8 VFs (L40S-4Q: 12 per GPU, so the VFs are the limit).
+VFIO = DeviceModel("nvidia_vfio", ("nvidia-vfio",), {"gpus": 2, "vfs": 8}, "nvidia-1150")
+MODELS = {m.name: m for m in (MDEV, VFIO)}
 
 
 # --- what the clients were told -----------------------------------------------------------
@@ -303,12 +385,19 @@ class Stats:
 class KillHarness:
     """Runs iterations against one simulated host (``host``: tests.functional.simhost.SimHost)."""
 
-    def __init__(self, host: Any, seed: int, log: Callable[[str], None] = lambda line: None):
+    def __init__(
+        self,
+        host: Any,
+        seed: int,
+        log: Callable[[str], None] = lambda line: None,
+        model: DeviceModel = MDEV,
+    ):
         self.host = host
         self.rng = random.Random(seed)
         self.seed = seed
         self.log = log
-        self.config = host.config(CONF, name="killharness.conf")
+        self.device_model = model
+        self.config = host.config(model.conf, name="killharness.conf")
         self.model = Model()
         self.stats = Stats()
         self.durations: dict[str, list[float]] = collections.defaultdict(list)
@@ -318,7 +407,7 @@ class KillHarness:
     @contextlib.contextmanager
     def _manager(self) -> Iterator[Any]:
         """An in-process manager for setting the scene (not under test)."""
-        manager = self.host.manager(CONF)
+        manager = self.host.manager(self.device_model.conf)
         try:
             yield manager
         finally:
@@ -362,7 +451,10 @@ class KillHarness:
         owner = self._free_name(CLAIMS)
         if owner is None:
             return None
-        sources = {str(uuid_mod.uuid4()): TYPE for _ in range(1 + self.rng.randrange(2))}
+        sources = {
+            str(uuid_mod.uuid4()): self.device_model.mdev_type
+            for _ in range(1 + self.rng.randrange(2))
+        }
         with self._manager() as manager:
             mapping = manager.claim(owner, sources, time.time() + 24 * 3600)
         self.model.holdings[owner] = Holding(
@@ -397,16 +489,9 @@ class KillHarness:
                 manager.release("drain", remove=True)
 
     def _create_foreign(self) -> str:
-        uuid = str(uuid_mod.uuid4())
-        parents = sorted(p for p in os.listdir(os.path.join(self.host.root, "class", "mdev_bus")))
-        for parent in self.rng.sample(parents, len(parents)):
-            try:
-                self.host.create_foreign(parent, TYPE, uuid)
-            except OSError:
-                continue  # full
-            self.model.foreign.add(uuid)
-            return uuid
-        raise RuntimeError("no GPU has room for a foreign mdev")
+        uuid = self.device_model.create_foreign(self.host, self.rng)
+        self.model.foreign.add(uuid)
+        return uuid
 
     def prepare(self, operation: str) -> dict[str, Any]:
         """Arguments for ``operation``, after making it possible."""
@@ -426,7 +511,10 @@ class KillHarness:
                 self._release_some(CLAIMS)
                 owner = self._free_name(CLAIMS)
             assert owner is not None
-            sources = {str(uuid_mod.uuid4()): TYPE for _ in range(1 + self.rng.randrange(2))}
+            sources = {
+                str(uuid_mod.uuid4()): self.device_model.mdev_type
+                for _ in range(1 + self.rng.randrange(2))
+            }
             return {"owner": owner, "sources": sources}
         if operation in ("commit", "abort"):
             held = self._held("claim")
@@ -449,13 +537,7 @@ class KillHarness:
             else:
                 owned = sorted(u for h in self.model.holdings.values() for u in h.uuids)
                 if owned:  # one vanishes behind the agent's back
-                    uuid = self.rng.choice(owned)
-                    path = os.path.join(self.host.root, "bus", "mdev", "devices", uuid, "remove")
-                    fd = os.open(path, os.O_WRONLY)
-                    try:
-                        os.write(fd, b"1")
-                    finally:
-                        os.close(fd)
+                    self.device_model.vanish(self.host, self.rng.choice(owned))
             return {}
         raise ValueError(operation)
 
@@ -679,7 +761,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: random, printed")
     parser.add_argument("--log", help="write one line per iteration here")
     parser.add_argument("--json", help="write the summary as JSON here")
+    parser.add_argument(
+        "--model", choices=sorted(MODELS), default="mdev",
+        help="the device model under test (default mdev; nvidia_vfio: vGPU 17+ VFs)",
+    )
     args = parser.parse_args(argv)
+    model = MODELS[args.model]
     from tests.functional.simhost import simulated_host
 
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
@@ -695,10 +782,15 @@ def main(argv: list[str] | None = None) -> int:
 
     with (
         tempfile.TemporaryDirectory(prefix="accel-soak-") as tmp,
-        simulated_host(Path(tmp), ["nvidia-pf"], gpus=GPUS) as host,
+        simulated_host(Path(tmp), list(model.profiles), **model.host_options) as host,
     ):
-        stats = KillHarness(host, seed, log).run(args.kills)
-    summary = {"seed": seed, "seconds": round(time.monotonic() - started), **stats.to_dict()}
+        stats = KillHarness(host, seed, log, model).run(args.kills)
+    summary = {
+        "model": model.name,
+        "seed": seed,
+        "seconds": round(time.monotonic() - started),
+        **stats.to_dict(),
+    }
     print(json.dumps(summary, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
