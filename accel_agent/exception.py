@@ -313,6 +313,24 @@ class InvalidMdevUUID(AccelAgentException):
     msg_fmt = "Invalid mdev UUID %(uuid)r%(where)s: %(reason)s"
 
 
+class InvalidPciDeviceAddress(InvalidPciAddress):
+    # A VF or mapping address that is not the canonical DDDD:BB:SS.F; a subclass so
+    # that whoever handles InvalidPciAddress (the API's 400) handles it too.
+    msg_fmt = "Invalid PCI device address %(address)r%(where)s: %(reason)s"
+
+
+class InvalidMacAddress(AccelAgentException):
+    msg_fmt = "Invalid MAC address %(mac)r%(where)s: %(reason)s"
+
+
+class InvalidVlanId(AccelAgentException):
+    msg_fmt = "Invalid VLAN id %(vlan)r%(where)s: %(reason)s"
+
+
+class NonInjectivePciMapping(NonInjectiveMapping):
+    msg_fmt = "PCI address mapping is not injective: %(target)s is the target of %(sources)s"
+
+
 # --- simulator (appended) -----------------------------------------------------------------
 
 
