@@ -29,6 +29,9 @@ PCI VFs (vGPU 17+ VFs, SR-IOV network VFs)::
     instance_devices_xml(devices, qemu_globals=()) -> str   (instance_domain_xml for any mix)
     list_pci_sources(domain_xml) -> list[str]    (host PCI addresses of PCI hostdevs and
                                                   hostdev interfaces, document order)
+    rewrite_pci_addresses(domain_xml, mapping) -> RewriteResult
+    rewrite_domain_xml(domain_xml, mdev_uuids, pci_addresses)
+        -> DomainRewriteResult(xml, replaced_uuids, unused_uuids, replaced_pci, unused_pci)
 
 The names are resolved on first use (PEP 562) so that importing
 ``accel_agent.libvirt_xml.cli`` for ``accelctl`` does not pull in lxml.
@@ -68,7 +71,13 @@ if TYPE_CHECKING:
         pci_hostdev_xml,
     )
     from accel_agent.libvirt_xml.pcisources import list_pci_sources
-    from accel_agent.libvirt_xml.rewrite import RewriteResult, rewrite_mdev_uuids
+    from accel_agent.libvirt_xml.rewrite import (
+        DomainRewriteResult,
+        RewriteResult,
+        rewrite_domain_xml,
+        rewrite_mdev_uuids,
+        rewrite_pci_addresses,
+    )
 
 _EXPORTS = {
     "QEMU_NAMESPACE": "hostdev",
@@ -96,11 +105,15 @@ _EXPORTS = {
     "hostdev_interface_xml": "pcihostdev",
     "pci_hostdev_xml": "pcihostdev",
     "list_pci_sources": "pcisources",
+    "DomainRewriteResult": "rewrite",
+    "rewrite_domain_xml": "rewrite",
+    "rewrite_pci_addresses": "rewrite",
 }
 
 __all__ = [
     "QEMU_NAMESPACE",
     "DeviceDescription",
+    "DomainRewriteResult",
     "MdevDevice",
     "NetworkVf",
     "ParsedDomain",
@@ -123,7 +136,9 @@ __all__ = [
     "parse_domain",
     "pci_hostdev_xml",
     "qemu_commandline_xml",
+    "rewrite_domain_xml",
     "rewrite_mdev_uuids",
+    "rewrite_pci_addresses",
 ]
 
 
