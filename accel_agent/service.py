@@ -55,6 +55,7 @@ from accel_agent.reporting import placement_opts, views
 from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 
 if TYPE_CHECKING:
+    from accel_agent.libvirt_xml.devices import DeviceDescription
     from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport
     from accel_agent.reporting.placement import PlacementReporter
     from accel_agent.sysfs.model import HostSnapshot, Parent
@@ -302,6 +303,10 @@ class AgentCore:
 
     def allocation(self, instance: str) -> Allocation:
         return self.manager.allocation(instance)
+
+    def guest_devices(self, records: Iterable[MdevRecord]) -> list[DeviceDescription]:
+        """What a guest is given for each device (``domain-xml``)."""
+        return self.manager.guest_devices(records)
 
     # --- mutations: all through the manager (its lock serialises them) -----------------
 

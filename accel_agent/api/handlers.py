@@ -62,13 +62,16 @@ def delete_allocation(req: Request) -> Response:
 
 
 def domain_xml(req: Request) -> Response:
-    from accel_agent.libvirt_xml import instance_domain_xml
+    from accel_agent.libvirt_xml import instance_devices_xml
 
     instance = req.params["instance"]
     allocation = req.backend.allocation(instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {instance})")
-    xml = instance_domain_xml(allocation.uuids, req.backend.qemu_globals)
+    # Each device as its backend gives it to a guest: <hostdev type='mdev'> by
+    # UUID, a vGPU VF as <hostdev type='pci' managed='no'> by address.
+    devices = req.backend.guest_devices(allocation.mdevs)
+    xml = instance_devices_xml(devices, req.backend.qemu_globals)
     return Response.text(xml + "\n", "application/xml")
 
 

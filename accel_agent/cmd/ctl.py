@@ -372,7 +372,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_domain_xml(args: argparse.Namespace) -> int:
-    from accel_agent.libvirt_xml import instance_domain_xml
+    from accel_agent.libvirt_xml import instance_devices_xml
 
     conf = _load(args)
     xml = (
@@ -387,7 +387,8 @@ def cmd_domain_xml(args: argparse.Namespace) -> int:
     allocation = manager.allocation(args.instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
-    print(instance_domain_xml(allocation.uuids, conf.libvirt.qemu_globals))
+    devices = manager.guest_devices(allocation.mdevs)
+    print(instance_devices_xml(devices, conf.libvirt.qemu_globals))
     return EXIT_OK
 
 
