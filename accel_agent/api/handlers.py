@@ -115,14 +115,18 @@ def migration_abort(req: Request) -> Response:
 
 
 def rewrite_domain_xml(req: Request) -> Response:
-    from accel_agent.libvirt_xml import rewrite_mdev_uuids
-
-    result = rewrite_mdev_uuids(req.body["xml"], req.body["mapping"])
+    # Through the agent, not the XML alone: its ledger says which of the domain's
+    # PCI devices are its VFs, each of which needs a destination address.
+    body = req.body
+    result = req.backend.migration_rewrite(
+        body["xml"], body["mapping"], body.get("pci_addresses") or {}
+    )
     return Response.json(
         {
             "xml": result.xml,
-            "replaced": [list(pair) for pair in result.replaced],
-            "unused_keys": list(result.unused_keys),
+            "replaced": [list(pair) for pair in result.replaced_uuids],
+            "unused_keys": list(result.unused_uuids),
+            "replaced_pci": [list(pair) for pair in result.replaced_pci],
         }
     )
 

@@ -256,10 +256,21 @@ def cmd_migration_claim(args: argparse.Namespace) -> int:
         args, conf.api.socket_path, lambda api: api.migration_claim(args.instance, mdevs, versions)
     )
     if answer is _OFFLINE:
-        mapping = _destination(conf).claim(args.instance, mdevs, versions)
-        answer = {"instance": args.instance, "mapping": mapping}
+        destination = _destination(conf)
+        mapping = destination.claim(args.instance, mdevs, versions)
+        answer = {
+            "instance": args.instance,
+            "mapping": mapping,
+            "pci_addresses": destination.pci_addresses(args.instance),
+        }
     if args.json:
         output.emit_json(answer)
+        return EXIT_OK
+    addresses = answer.get("pci_addresses") or {}
+    if addresses:
+        # A VF-backed device is moved by its PCI address: say which VF it lands on.
+        rows = [(s, d, addresses.get(s, "")) for s, d in sorted(answer["mapping"].items())]
+        output.table(("source uuid", "destination uuid", "destination address"), rows)
     else:
         output.table(("source uuid", "destination uuid"), sorted(answer["mapping"].items()))
     return EXIT_OK
