@@ -154,8 +154,11 @@ def rewrite_for_destination(
     (``{source uuid: destination PCI address}``) are the claim's answer as it
     came; ``vfs`` is :func:`domain_vfs` of ``xml``.  Each mdev UUID becomes its
     destination's; each of the agent's VFs moves to its destination VF's
-    address, the way Nova moves a PCI device (``_update_pci_dev_xml``: the
-    ``<source><address>`` only, found by the source address) but byte-exactly.
+    address.  Nova does the same for its live-migratable PCI devices (the
+    destination claims, ``LiveMigrateData.pci_dev_map_src_dst`` maps source to
+    destination address, ``get_updated_guest_xml`` applies it on an lxml tree);
+    here the claim is keyed by the source's device UUID, because the destination
+    never learns the source's addresses, and the change is spliced byte-exactly.
     Raises UnmappedVf naming an agent VF without a destination address, and
     whatever ``rewrite_domain_xml`` raises; nothing is returned half done.
     """
