@@ -20,7 +20,7 @@ from accel_agent import exception
 from accel_agent.libvirt_xml import instance_devices_xml, list_mdev_uuids, list_pci_sources
 from accel_agent.migration import versions
 from accel_agent.migration.destination import MigrationDestination
-from accel_agent.migration.source import MigrationSource
+from accel_agent.migration.source import AgentApi, AgentVf, MigrationSource, domain_vfs
 from accel_agent.sysfs import nvidia_vfio
 from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir
 from tests.functional.privsep_fixture import skip_unless_root
@@ -266,6 +266,12 @@ def test_claim_of_a_vf_and_the_one_pass_rewrite_between_two_agents(hosts):
                 src_api.rewrite_domain_xml(with_foreign, mapping, addresses)
             assert info.value.kwargs == {"status": 409, "code": "ForeignVf"}
             assert foreign in str(info.value)
+            # MigrationSource beside the running daemon sees the same through its API.
+            seen = AgentApi(src_api).vfs()
+            assert seen[src_vf] == AgentVf(src_uuid, VF_TYPE, owned=True)
+            assert seen[foreign] == AgentVf(nvidia_vfio.device_uuid(foreign), VF_TYPE, owned=False)
+            with pytest.raises(exception.ForeignVf):
+                domain_vfs(with_foreign, AgentApi(src_api))
         finally:
             conn.close()
 
