@@ -317,7 +317,8 @@ def _register_migration(subparsers: argparse._SubParsersAction) -> None:
     claim = sub.add_parser(
         "claim",
         help="hold destination mdevs for an incoming instance",
-        description="Prints {source uuid: destination uuid}; asking again returns the same.",
+        description="Prints {source uuid: destination uuid}, and for a vGPU VF the destination "
+        "VF's PCI address the source moves its VF to; asking again returns the same.",
     )
     claim.add_argument("instance", metavar="INSTANCE")
     claim.add_argument(
@@ -325,7 +326,8 @@ def _register_migration(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         metavar="SRC_UUID=TYPE",
-        help="a source mdev and its type (repeatable), from the source host",
+        help="a source device (mdev or vGPU VF, by its UUID) and its type (repeatable), "
+        "from the source host",
     )
     claim.add_argument(
         "--source-version",
