@@ -339,6 +339,7 @@ def test_migration_source_prepares_and_sends_the_destination_vf(pair):
         addresses = dest.pci_addresses(instance)
         (dst_vf,) = addresses.values()
         assert dst_vf != src_vf
+        assert dest.claims(instance)["pci_addresses"] == addresses == {src_uuid: dst_vf}
 
         # Refused before libvirt is asked: no destination for the VF; post-copy.
         with pytest.raises(exception.UnmappedVf):
