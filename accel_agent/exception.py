@@ -333,6 +333,42 @@ class InvalidMdevUUID(AccelAgentException):
     msg_fmt = "Invalid mdev UUID %(uuid)r%(where)s: %(reason)s"
 
 
+class InvalidPciDeviceAddress(InvalidPciAddress):
+    # A VF or mapping address that is not the canonical DDDD:BB:SS.F; a subclass so
+    # that whoever handles InvalidPciAddress (the API's 400) handles it too.
+    msg_fmt = "Invalid PCI device address %(address)r%(where)s: %(reason)s"
+
+
+class InvalidMacAddress(AccelAgentException):
+    msg_fmt = "Invalid MAC address %(mac)r%(where)s: %(reason)s"
+
+
+class InvalidVlanId(AccelAgentException):
+    msg_fmt = "Invalid VLAN id %(vlan)r%(where)s: %(reason)s"
+
+
+class NonInjectivePciMapping(NonInjectiveMapping):
+    msg_fmt = "PCI address mapping is not injective: %(target)s is the target of %(sources)s"
+
+
+class UnmappedVf(AccelAgentException):
+    # The PCI twin of UnmappedMdevUUID: the guest would arrive without its vGPU,
+    # or, worse, on the VF of the same address that is someone else's there.
+    msg_fmt = (
+        "the domain's VF %(address)s (the agent's vGPU %(uuid)s) has no destination "
+        "address in the claim's pci_addresses"
+    )
+
+
+class ForeignVf(AccelAgentException):
+    # A typed vGPU VF the ledger does not own: the destination could not be told
+    # its type from the agent's records, and releasing it is not the agent's to do.
+    msg_fmt = (
+        "the domain's VF %(address)s holds a vGPU (%(uuid)s) the agent did not make; "
+        "adopt it first (accelctl adopt %(uuid)s) to migrate it"
+    )
+
+
 # --- simulator (appended) -----------------------------------------------------------------
 
 

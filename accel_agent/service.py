@@ -54,6 +54,8 @@ from accel_agent.reporting import placement_opts, views
 from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 
 if TYPE_CHECKING:
+    from accel_agent.libvirt_xml.devices import DeviceDescription
+    from accel_agent.libvirt_xml.rewrite import DomainRewriteResult
     from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport
     from accel_agent.reporting.placement import PlacementReporter
     from accel_agent.sysfs.model import HostSnapshot, Parent
@@ -302,6 +304,10 @@ class AgentCore:
     def allocation(self, instance: str) -> Allocation:
         return self.manager.allocation(instance)
 
+    def guest_devices(self, records: Iterable[MdevRecord]) -> list[DeviceDescription]:
+        """What a guest is given for each device (``domain-xml``)."""
+        return self.manager.guest_devices(records)
+
     # --- mutations: all through the manager (its lock serialises them) -----------------
 
     def allocate(
@@ -350,11 +356,27 @@ class AgentCore:
     def migration_claim(
         self, instance: str, mdevs: dict[str, str], source_versions: dict[str, Any] | None
     ) -> dict[str, Any]:
+        destination = self._destination()
         try:
-            mapping = self._destination().claim(instance, mdevs, source_versions)
+            mapping = destination.claim(instance, mdevs, source_versions)
         finally:
             self.request_rescan("api")
-        return {"instance": instance, "mapping": mapping}
+        return {
+            "instance": instance,
+            "mapping": mapping,
+            "pci_addresses": destination.pci_addresses(instance),
+        }
+
+    def migration_rewrite(
+        self, xml: str, mapping: dict[str, str], pci_addresses: dict[str, str]
+    ) -> DomainRewriteResult:
+        """The source side's rewrite of ``xml`` for the destination's claim
+        (``mapping``, ``pci_addresses``), this host's ledger saying which of the
+        domain's PCI devices are the agent's VFs."""
+        from accel_agent.migration.source import ManagerAgent, domain_vfs, rewrite_for_destination
+
+        vfs = domain_vfs(xml, ManagerAgent(self.manager))
+        return rewrite_for_destination(xml, mapping, pci_addresses, vfs)
 
     def migration_commit(self, instance: str) -> Allocation:
         try:

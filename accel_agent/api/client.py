@@ -229,5 +229,10 @@ class ApiClient:
         query = "?remove=true" if remove else ""
         return self.call("DELETE", f"/v1/migrations/{quote(instance)}{query}")
 
-    def rewrite_domain_xml(self, xml: str, mapping: dict[str, str]) -> dict[str, Any]:
-        return self.call("POST", "/v1/domain-xml/rewrite", {"xml": xml, "mapping": mapping})
+    def rewrite_domain_xml(
+        self, xml: str, mapping: dict[str, str], pci_addresses: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"xml": xml, "mapping": mapping}
+        if pci_addresses is not None:
+            body["pci_addresses"] = pci_addresses
+        return self.call("POST", "/v1/domain-xml/rewrite", body)

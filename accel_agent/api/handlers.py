@@ -62,13 +62,16 @@ def delete_allocation(req: Request) -> Response:
 
 
 def domain_xml(req: Request) -> Response:
-    from accel_agent.libvirt_xml import instance_domain_xml
+    from accel_agent.libvirt_xml import instance_devices_xml
 
     instance = req.params["instance"]
     allocation = req.backend.allocation(instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {instance})")
-    xml = instance_domain_xml(allocation.uuids, req.backend.qemu_globals)
+    # Each device as its backend gives it to a guest: <hostdev type='mdev'> by
+    # UUID, a vGPU VF as <hostdev type='pci' managed='no'> by address.
+    devices = req.backend.guest_devices(allocation.mdevs)
+    xml = instance_devices_xml(devices, req.backend.qemu_globals)
     return Response.text(xml + "\n", "application/xml")
 
 
@@ -112,14 +115,18 @@ def migration_abort(req: Request) -> Response:
 
 
 def rewrite_domain_xml(req: Request) -> Response:
-    from accel_agent.libvirt_xml import rewrite_mdev_uuids
-
-    result = rewrite_mdev_uuids(req.body["xml"], req.body["mapping"])
+    # Through the agent, not the XML alone: its ledger says which of the domain's
+    # PCI devices are its VFs, each of which needs a destination address.
+    body = req.body
+    result = req.backend.migration_rewrite(
+        body["xml"], body["mapping"], body.get("pci_addresses") or {}
+    )
     return Response.json(
         {
             "xml": result.xml,
-            "replaced": [list(pair) for pair in result.replaced],
-            "unused_keys": list(result.unused_keys),
+            "replaced": [list(pair) for pair in result.replaced_uuids],
+            "unused_keys": list(result.unused_uuids),
+            "replaced_pci": [list(pair) for pair in result.replaced_pci],
         }
     )
 

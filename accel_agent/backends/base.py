@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from accel_agent.sysfs.model import HostSnapshot, Parent
+
+if TYPE_CHECKING:
+    from accel_agent.libvirt_xml.devices import DeviceDescription
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,18 @@ class DeviceBackend(abc.ABC):
         """The PCI address a guest is given for ``device``, or None when the
         guest is given a mediated device by its UUID."""
         return None
+
+    @abc.abstractmethod
+    def guest_device(self, device: DeviceRef) -> DeviceDescription:
+        """What a guest is given for ``device``, as a validated description
+        (``accel_agent.libvirt_xml.devices``) that ``instance_devices_xml``
+        lays out beside the instance's other devices, whatever their backend."""
+
+    def guest_xml(self, device: DeviceRef) -> str:
+        """The guest XML of ``device`` alone: one element for ``<devices>``."""
+        from accel_agent.libvirt_xml.devices import device_xml
+
+        return device_xml(self.guest_device(device))
 
     def host_notes(self, snapshot: HostSnapshot) -> list[str]:
         """Host preparation this backend needs and does not own (check-config)."""

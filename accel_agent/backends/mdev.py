@@ -9,9 +9,13 @@ and removed by writing ``1`` to its ``remove``; a guest is given
 from __future__ import annotations
 
 import uuid as uuid_mod
+from typing import TYPE_CHECKING
 
 from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
 from accel_agent.sysfs.model import Parent
+
+if TYPE_CHECKING:
+    from accel_agent.libvirt_xml.devices import MdevDevice
 
 
 class MdevBackend(DeviceBackend):
@@ -25,3 +29,9 @@ class MdevBackend(DeviceBackend):
 
     def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
         writer.remove(device.uuid, timeout)
+
+    def guest_device(self, device: DeviceRef) -> MdevDevice:
+        # Imported here: accelctl's listings load the backends and never build XML.
+        from accel_agent.libvirt_xml.devices import MdevDevice
+
+        return MdevDevice(device.uuid)

@@ -13,10 +13,15 @@ libvirt rebind the VF away from ``nvidia`` and break the vGPU.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter, Discoverer
 from accel_agent.sysfs import nvidia_vfio
 from accel_agent.sysfs.model import HostSnapshot, Parent
+
+if TYPE_CHECKING:
+    from accel_agent.libvirt_xml.devices import PciHostdev
 
 
 class NvidiaVfioBackend(DeviceBackend):
@@ -48,6 +53,16 @@ class NvidiaVfioBackend(DeviceBackend):
 
     def pci_address(self, device: DeviceRef) -> str | None:
         return device.parent
+
+    def guest_device(self, device: DeviceRef) -> PciHostdev:
+        # managed='no': with 'yes' libvirt would unbind the VF from nvidia and bind
+        # it to vfio-pci when the guest starts (and back when it stops), which
+        # destroys the vGPU and breaks the VF's VFIO registration until SR-IOV is
+        # cycled (research note §4-5).  nvidia's own VFIO driver already offers the
+        # VF to QEMU as it is.
+        from accel_agent.libvirt_xml.devices import PciHostdev
+
+        return PciHostdev(device.parent, managed=False)
 
     def host_notes(self, snapshot: HostSnapshot) -> list[str]:
         return []

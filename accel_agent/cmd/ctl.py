@@ -256,10 +256,21 @@ def cmd_migration_claim(args: argparse.Namespace) -> int:
         args, conf.api.socket_path, lambda api: api.migration_claim(args.instance, mdevs, versions)
     )
     if answer is _OFFLINE:
-        mapping = _destination(conf).claim(args.instance, mdevs, versions)
-        answer = {"instance": args.instance, "mapping": mapping}
+        destination = _destination(conf)
+        mapping = destination.claim(args.instance, mdevs, versions)
+        answer = {
+            "instance": args.instance,
+            "mapping": mapping,
+            "pci_addresses": destination.pci_addresses(args.instance),
+        }
     if args.json:
         output.emit_json(answer)
+        return EXIT_OK
+    addresses = answer.get("pci_addresses") or {}
+    if addresses:
+        # A VF-backed device is moved by its PCI address: say which VF it lands on.
+        rows = [(s, d, addresses.get(s, "")) for s, d in sorted(answer["mapping"].items())]
+        output.table(("source uuid", "destination uuid", "destination address"), rows)
     else:
         output.table(("source uuid", "destination uuid"), sorted(answer["mapping"].items()))
     return EXIT_OK
@@ -306,7 +317,8 @@ def _register_migration(subparsers: argparse._SubParsersAction) -> None:
     claim = sub.add_parser(
         "claim",
         help="hold destination mdevs for an incoming instance",
-        description="Prints {source uuid: destination uuid}; asking again returns the same.",
+        description="Prints {source uuid: destination uuid}, and for a vGPU VF the destination "
+        "VF's PCI address the source moves its VF to; asking again returns the same.",
     )
     claim.add_argument("instance", metavar="INSTANCE")
     claim.add_argument(
@@ -314,7 +326,8 @@ def _register_migration(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         metavar="SRC_UUID=TYPE",
-        help="a source mdev and its type (repeatable), from the source host",
+        help="a source device (mdev or vGPU VF, by its UUID) and its type (repeatable), "
+        "from the source host",
     )
     claim.add_argument(
         "--source-version",
@@ -372,7 +385,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_domain_xml(args: argparse.Namespace) -> int:
-    from accel_agent.libvirt_xml import instance_domain_xml
+    from accel_agent.libvirt_xml import instance_devices_xml
 
     conf = _load(args)
     xml = (
@@ -387,7 +400,8 @@ def cmd_domain_xml(args: argparse.Namespace) -> int:
     allocation = manager.allocation(args.instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
-    print(instance_domain_xml(allocation.uuids, conf.libvirt.qemu_globals))
+    devices = manager.guest_devices(allocation.mdevs)
+    print(instance_devices_xml(devices, conf.libvirt.qemu_globals))
     return EXIT_OK
 
 

@@ -172,9 +172,10 @@ def qemu_commandline_xml(qemu_globals: Iterable[str]) -> str:
 def instance_domain_xml(uuids: Iterable[str], qemu_globals: Iterable[str] = ()) -> str:
     """What ``accelctl domain-xml`` prints: the ``<hostdev>`` elements (for
     ``<devices>``) and, when ``[libvirt] qemu_globals`` names any, one
-    ``<qemu:commandline>`` after them (for ``<domain>`` itself)."""
-    settings = list(qemu_globals)
-    parts = [domain_hostdevs_xml(uuids)]
-    if settings:
-        parts.append(qemu_commandline_xml(settings))
-    return "\n".join(parts)
+    ``<qemu:commandline>`` after them (for ``<domain>`` itself).
+
+    The mdev-only case of ``devices.instance_devices_xml``, which lays out
+    PCI VFs and network VFs the same way; the output is unchanged by that."""
+    from accel_agent.libvirt_xml.devices import MdevDevice, instance_devices_xml
+
+    return instance_devices_xml([MdevDevice(uuid) for uuid in uuids], qemu_globals)

@@ -1,4 +1,4 @@
-"""Rewrite a domain's mdev UUIDs for live migration, changing nothing else.
+"""Rewrite a domain's mdev UUIDs and PCI source addresses for live migration, changing nothing else.
 
 The source host sends the destination a domain XML in which each source mdev
 UUID is replaced by the UUID the destination claimed for it
@@ -15,6 +15,11 @@ with what Nova's tree mutation would have produced before it is returned.
 Compared with Nova, the rewrite also refuses a mapping that sends two source
 mdevs to one destination mdev, matches UUIDs case-insensitively, and reports
 mapping entries that matched nothing.
+
+VF-backed devices (``<hostdev type='pci'>``, ``<interface type='hostdev'>``)
+move the same way, by their source PCI address (``pcirewrite.py`` says how);
+:func:`rewrite_domain_xml` does both kinds in one parse, one splice and one
+verification (``splice.py``), which is what a domain holding mdevs and VFs needs.
 """
 
 from __future__ import annotations
@@ -25,24 +30,30 @@ from typing import NamedTuple
 from accel_agent import exception
 from accel_agent.libvirt_xml.hostdev import canonical_uuid
 from accel_agent.libvirt_xml.mdevs import iter_mdev_addresses
-from accel_agent.libvirt_xml.parser import (
-    ParsedDomain,
-    decode_attr_value,
-    make_parser,
-    parse_domain,
-)
+from accel_agent.libvirt_xml.parser import ParsedDomain, parse_domain
+from accel_agent.libvirt_xml.pcirewrite import normalise_pci_mapping, plan_pci_rewrite
+from accel_agent.libvirt_xml.splice import Edit, Mutation, locate_attr
+from accel_agent.libvirt_xml.splice import splice as _splice
+from accel_agent.libvirt_xml.splice import verify as _verify
 
-__all__ = ["RewriteResult", "normalise_mapping", "rewrite_mdev_uuids"]
+__all__ = [
+    "DomainRewriteResult",
+    "RewriteResult",
+    "normalise_mapping",
+    "rewrite_domain_xml",
+    "rewrite_mdev_uuids",
+    "rewrite_pci_addresses",
+]
 
 
 class RewriteResult(NamedTuple):
-    """What ``rewrite_mdev_uuids`` did.
+    """What ``rewrite_mdev_uuids`` (or ``rewrite_pci_addresses``) did.
 
     ``xml`` has the input's type (str or bytes, same encoding).  ``replaced`` is
-    one ``(source, destination)`` pair per rewritten attribute, in document order,
-    both lowercase.  ``unused_keys`` are the (lowercase) mapping keys that matched
-    no mdev, in mapping order; a caller may treat them as a sign the mapping was
-    built for another domain.
+    one ``(source, destination)`` pair per rewritten attribute (per rewritten
+    source address for PCI), in document order, both lowercase.  ``unused_keys``
+    are the (lowercase) mapping keys that matched no device, in mapping order; a
+    caller may treat them as a sign the mapping was built for another domain.
     """
 
     xml: str | bytes
@@ -50,10 +61,14 @@ class RewriteResult(NamedTuple):
     unused_keys: tuple[str, ...]
 
 
-class _Edit(NamedTuple):
-    start: int  # offsets into ParsedDomain.text of the raw attribute value
-    end: int
-    new: str
+class DomainRewriteResult(NamedTuple):
+    """What ``rewrite_domain_xml`` did: ``RewriteResult``'s fields for each kind."""
+
+    xml: str | bytes
+    replaced_uuids: tuple[tuple[str, str], ...]
+    unused_uuids: tuple[str, ...]
+    replaced_pci: tuple[tuple[str, str], ...]
+    unused_pci: tuple[str, ...]
 
 
 def normalise_mapping(mapping: Mapping[str, str]) -> dict[str, str]:
@@ -98,104 +113,102 @@ def rewrite_mdev_uuids(domain_xml: str | bytes, mapping: Mapping[str, str]) -> R
     UnmappedMdevUUID (Nova's message, naming the first unmapped UUID; all of them
     are in ``exc.kwargs['uuids']``) when an mdev has no destination.
     """
-    canonical = normalise_mapping(mapping)
-    parsed = parse_domain(domain_xml)
+    result = _rewrite(domain_xml, normalise_mapping(mapping), None)
+    return RewriteResult(result.xml, result.replaced_uuids, result.unused_uuids)
 
-    edits: list[_Edit] = []
-    targets: list[str] = []
+
+def rewrite_pci_addresses(domain_xml: str | bytes, mapping: Mapping[str, str]) -> RewriteResult:
+    """Move each mapped PCI source of ``domain_xml`` to ``mapping[address]``.
+
+    ``mapping`` is ``{source: destination}``, canonical ``DDDD:BB:SS.F`` (either
+    case).  Only the ``domain``/``bus``/``slot``/``function`` attributes of
+    ``devices/hostdev[@type='pci']/source/address`` and
+    ``devices/interface[@type='hostdev']/source/address[@type='pci']`` whose
+    address (read as libvirt reads it) is a key change; PCI devices not in the
+    mapping and mdevs are left alone.  See ``pcirewrite.py`` for the spelling
+    of the new values.
+
+    Raises InvalidPciDeviceAddress / NonInjectivePciMapping for a bad mapping
+    (or one that would put two devices on one function) and InvalidDomainXML for
+    input that is not a safe, well-formed ``<domain>`` or holds a PCI source
+    address libvirt would read differently or refuse.
+    """
+    result = _rewrite(domain_xml, None, normalise_pci_mapping(mapping))
+    return RewriteResult(result.xml, result.replaced_pci, result.unused_pci)
+
+
+def rewrite_domain_xml(
+    domain_xml: str | bytes,
+    mdev_uuids: Mapping[str, str],
+    pci_addresses: Mapping[str, str],
+) -> DomainRewriteResult:
+    """Both rewrites in one pass: what the migration source sends the destination.
+
+    Every mdev must be in ``mdev_uuids`` (as for ``rewrite_mdev_uuids``);
+    PCI sources not in ``pci_addresses`` stay (as for ``rewrite_pci_addresses``).
+    Raises whatever either raises; nothing is written unless both succeed.
+    """
+    return _rewrite(domain_xml, normalise_mapping(mdev_uuids), normalise_pci_mapping(pci_addresses))
+
+
+def _rewrite(
+    domain_xml: str | bytes,
+    uuid_mapping: dict[str, str] | None,
+    pci_mapping: dict[str, str] | None,
+) -> DomainRewriteResult:
+    """Parse once, plan each kind (None: leave that kind alone, unchecked),
+    splice once, verify once."""
+    parsed = parse_domain(domain_xml)
+    edits: list[Edit] = []
+    mutations: list[Mutation] = []
+    replaced_uuids: list[tuple[str, str]] = []
+    replaced_pci: list[tuple[str, str]] = []
+    if uuid_mapping is not None:
+        replaced_uuids = _plan_mdev_rewrite(parsed, uuid_mapping, edits, mutations)
+    if pci_mapping is not None:
+        plan = plan_pci_rewrite(parsed, pci_mapping)
+        edits.extend(plan.edits)
+        mutations.extend(plan.mutations)
+        replaced_pci = plan.replaced
+    edits.sort(key=lambda edit: (edit.start, edit.end))
+
+    output = _splice(parsed, edits)
+    _verify(parsed, output, mutations)
+    return DomainRewriteResult(
+        output,
+        tuple(replaced_uuids),
+        _unused(uuid_mapping, replaced_uuids),
+        tuple(replaced_pci),
+        _unused(pci_mapping, replaced_pci),
+    )
+
+
+def _plan_mdev_rewrite(
+    parsed: ParsedDomain,
+    mapping: dict[str, str],
+    edits: list[Edit],
+    mutations: list[Mutation],
+) -> list[tuple[str, str]]:
+    """Append the edits that replace each mdev UUID; refuse an unmapped one."""
     replaced: list[tuple[str, str]] = []
     unmapped: list[str] = []
     for index, element in iter_mdev_addresses(parsed):
         value = str(element.get("uuid"))
-        target = canonical.get(value.lower())
+        target = mapping.get(value.lower())
         if target is None:
             unmapped.append(value)
             continue
-        attr = parsed.start_tags[index].attr("uuid")
-        if attr is None:
-            raise exception.InvalidDomainXML(reason=f"cannot locate uuid attribute of {value}")
-        raw = parsed.text[attr.value_start : attr.value_end]
-        # The tokeniser and libxml2 must agree on the value, or the offsets are wrong.
-        if decode_attr_value(raw) != value:
-            raise exception.InvalidDomainXML(
-                reason=f"uuid attribute at offset {attr.value_start} reads {raw!r}, "
-                f"libxml2 says {value!r}"
-            )
-        edits.append(_Edit(attr.value_start, attr.value_end, target))
-        targets.append(target)
+        attr = locate_attr(parsed, index, "uuid", value)
+        edits.append(Edit(attr.value_start, attr.value_end, target))
+        mutations.append(Mutation(element, "uuid", target))
         replaced.append((value.lower(), target))
     if unmapped:
         raise exception.UnmappedMdevUUID(uuid=unmapped[0], uuids=unmapped)
+    return replaced
 
-    output = _splice(parsed, edits)
-    _verify(parsed, output, targets)
+
+def _unused(mapping: dict[str, str] | None, replaced: list[tuple[str, str]]) -> tuple[str, ...]:
+    if mapping is None:
+        return ()
     used = {source for source, _ in replaced}
-    unused = tuple(key for key in canonical if key not in used)
-    return RewriteResult(output, tuple(replaced), unused)
-
-
-def _splice(parsed: ParsedDomain, edits: list[_Edit]) -> str | bytes:
-    """Apply ``edits`` to the original input, copying everything else verbatim."""
-    text = parsed.text
-    if isinstance(parsed.source, str):
-        pieces: list[str] = []
-        position = 0
-        for edit in edits:  # document order, so already sorted and disjoint
-            pieces.append(text[position : edit.start])
-            pieces.append(edit.new)
-            position = edit.end
-        pieces.append(text[position:])
-        return "".join(pieces)
-
-    # Bytes: map character offsets to byte offsets by encoding the text between
-    # edits, then copy the *original* bytes around each edit.  Untouched bytes are
-    # never re-encoded, so the encoding, BOM and any odd byte sequences survive.
-    data = parsed.source
-    codec = parsed.codec
-    if codec is None:  # parse_domain sets a codec for every bytes input
-        raise TypeError("bytes input parsed without a codec")
-    out = bytearray()
-    char_pos = 0
-    byte_pos = len(parsed.bom)
-    copied_up_to = 0
-    for edit in edits:
-        start = byte_pos + len(text[char_pos : edit.start].encode(codec))
-        end = start + len(text[edit.start : edit.end].encode(codec))
-        if data[start:end].decode(codec, errors="replace") != text[edit.start : edit.end]:
-            raise exception.InvalidDomainXML(
-                reason=f"cannot map the uuid at character {edit.start} back to bytes "
-                f"in encoding {codec}"
-            )
-        out += data[copied_up_to:start]
-        out += edit.new.encode(codec)
-        copied_up_to = byte_pos = end
-        char_pos = edit.end
-    out += data[copied_up_to:]
-    return bytes(out)
-
-
-def _verify(parsed: ParsedDomain, output: str | bytes, targets: list[str]) -> None:
-    """Check the spliced output means exactly what Nova's tree mutation would.
-
-    Cheap insurance for a migration: a second parse of a few kilobytes.  Mutates
-    ``parsed.root``, which is private to this call.
-    """
-    from lxml import etree
-
-    # libxml2 alone is enough here: the input already passed the tokeniser's
-    # DOCTYPE refusal and only UUID characters changed, so a second tokenise
-    # (most of a rewrite's cost) would find nothing new.
-    try:
-        if isinstance(output, str):
-            result = etree.fromstring(output.encode("utf-8"), make_parser(encoding="utf-8"))
-        else:
-            result = etree.fromstring(output, make_parser())
-    except etree.XMLSyntaxError as exc:
-        raise exception.InvalidDomainXML(reason=f"internal error: rewritten XML: {exc}") from None
-    expected = parsed.root
-    for (_, element), target in zip(iter_mdev_addresses(parsed), targets, strict=True):
-        element.set("uuid", target)
-    if etree.tostring(expected.getroottree()) != etree.tostring(result.getroottree()):
-        raise exception.InvalidDomainXML(
-            reason="internal error: the rewritten XML does not parse to the expected document"
-        )
+    return tuple(key for key in mapping if key not in used)

@@ -25,9 +25,9 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel_agent import backends as backends_mod
 from accel_agent import exception
@@ -46,6 +46,9 @@ from accel_agent.mdev.ledger import (
 from accel_agent.mdev.policy import MdevPolicy
 from accel_agent.sysfs import address, scanner
 from accel_agent.sysfs.model import HostSnapshot, Parent
+
+if TYPE_CHECKING:
+    from accel_agent.libvirt_xml.devices import DeviceDescription
 
 LOG = logging.getLogger(__name__)
 
@@ -192,6 +195,10 @@ def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
     )
 
 
+def _device_ref(record: MdevRecord) -> DeviceRef:
+    return DeviceRef(record.uuid, record.parent, record.mdev_type, record.backend)
+
+
 @dataclass(frozen=True, slots=True)
 class _Slot:
     parent: str
@@ -296,6 +303,17 @@ class MdevManager:
     def allocation(self, instance: str) -> Allocation:
         validate_instance_id(instance)
         return Allocation(instance, tuple(self.ledger.by_owner(instance, OwnerKind.INSTANCE)))
+
+    def guest_devices(self, records: Iterable[MdevRecord]) -> list[DeviceDescription]:
+        """What a guest is given for each recorded device (``<hostdev type='mdev'>``
+        by UUID, a VF by PCI address, ...), each said by the backend that made it,
+        in the records' order."""
+        return [self._backend(r.backend).guest_device(_device_ref(r)) for r in records]
+
+    def pci_address(self, record: MdevRecord) -> str | None:
+        """The PCI address a guest is given for a recorded device, None when the
+        guest is given it by UUID (an mdev)."""
+        return self._backend(record.backend).pci_address(_device_ref(record))
 
     def allocate(
         self,
@@ -594,8 +612,7 @@ class MdevManager:
         record = self.ledger.get(uuid)
         if record is None:
             raise exception.MdevNotFound(uuid=uuid)
-        device = DeviceRef(record.uuid, record.parent, record.mdev_type, record.backend)
-        self._backend(record.backend).destroy(self.writer, device, self.remove_timeout)
+        self._backend(record.backend).destroy(self.writer, _device_ref(record), self.remove_timeout)
 
     def _remove_owned(self, uuid: str) -> bool:
         """Remove one owned, unassigned mdev (rollback and recovery paths).

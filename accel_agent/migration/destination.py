@@ -1,11 +1,15 @@
-"""Destination side of a live migration with mdevs (DESIGN.md §7).
+"""Destination side of a live migration with mdevs and vGPU VFs (DESIGN.md §7, §10).
 
 ``claim`` checks this host's versions (and the source's, when the source
 sends them), checks that every source type is offered here, then holds one
-mdev per source mdev of the same type as an expiring, persisted claim and
-answers ``{source uuid: destination uuid}``.  ``commit`` turns the claim
-into the instance's allocation once the migration landed; ``abort`` frees
-it (or removes its mdevs); claims nobody commits or aborts expire (the periodic task frees them).
+device per source device of the same type as an expiring, persisted claim and
+answers ``{source uuid: destination uuid}``; whichever backend serves the type
+makes the device (an mdev, or a VF typed with the same vGPU type id).
+:meth:`MigrationDestination.pci_addresses` adds, for the devices a guest is
+given by PCI address, the destination VF the source must rewrite its own to.
+``commit`` turns the claim into the instance's allocation once the migration
+landed; ``abort`` frees it (or removes its devices); claims nobody commits or
+aborts expire (the periodic task frees them).
 Unlike Nova, whose claims live in memory, a destination restart keeps them.
 """
 
@@ -111,6 +115,18 @@ class MigrationDestination:
     def abort(self, instance: str, remove: bool = False) -> list[str]:
         return self.manager.abort_claim(instance, remove=remove)
 
+    def pci_addresses(self, instance: str) -> dict[str, str]:
+        """``{source uuid: destination PCI address}`` of the devices claimed for
+        ``instance`` that a guest is given by address (vGPU VFs): the source
+        rewrites its VF's ``<source><address>`` to it.  Empty for mdevs only."""
+        records = self.manager.ledger.by_owner(instance, OwnerKind.CLAIM)
+        addresses = {}
+        for record in records:
+            address = self.manager.pci_address(record)
+            if address is not None and record.source_uuid is not None:
+                addresses[record.source_uuid] = address
+        return addresses
+
     def claims(self, instance: str) -> dict[str, Any]:
         records = self.manager.ledger.by_owner(instance, OwnerKind.CLAIM)
         if not records:
@@ -118,5 +134,6 @@ class MigrationDestination:
         return {
             "instance": instance,
             "mapping": {r.source_uuid: r.uuid for r in records},
+            "pci_addresses": self.pci_addresses(instance),
             "expires_at": min(r.claim_expires_at or 0 for r in records),
         }

@@ -1,8 +1,12 @@
-"""Source side of a live migration with mdevs (DESIGN.md §7, nova.md §8).
+"""Source side of a live migration with mdevs and vGPU VFs (DESIGN.md §7, §10, nova.md §8).
 
-``prepare`` lists the domain's mdevs with their types (what the destination
-must claim) after checking this host's versions.  ``migrate`` rewrites the
-migratable XML with the destination's UUIDs and hands it to libvirt as
+``prepare`` lists the domain's devices with their types (what the destination
+must claim) after checking this host's versions: its mdevs, and those of its
+PCI hostdevs that are the agent's vGPU VFs (other PCI devices, a NIC the
+operator passes through, are not the agent's business and stay as they are).
+``migrate`` rewrites the migratable XML in one pass, each mdev UUID to the
+destination's and each of the agent's VFs to the destination VF's PCI address
+(the claim's ``pci_addresses``), and hands it to libvirt as
 ``VIR_MIGRATE_PARAM_DEST_XML``, and, for ``VIR_MIGRATE_PERSIST_DEST``, the
 rewritten persistent XML as ``VIR_MIGRATE_PARAM_PERSIST_XML`` (without it
 libvirt defines the domain on the destination with the *source's* mdev UUIDs:
@@ -26,15 +30,17 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from accel_agent import exception
-from accel_agent.libvirt_xml import list_mdev_uuids, rewrite_mdev_uuids
+from accel_agent.libvirt_xml import list_mdev_uuids, list_pci_sources, rewrite_domain_xml
 from accel_agent.mdev.manager import MdevManager
 from accel_agent.migration import versions as versions_mod
 
 if TYPE_CHECKING:
     from accel_agent.api.client import ApiClient
+    from accel_agent.libvirt_xml.rewrite import DomainRewriteResult
 
 LOG = logging.getLogger(__name__)
 
@@ -50,11 +56,25 @@ def _libvirt() -> Any:
     return libvirt
 
 
+@dataclass(frozen=True, slots=True)
+class AgentVf:
+    """A device on this host that a guest is given by PCI address (a typed vGPU
+    VF), as the source sees it."""
+
+    uuid: str
+    mdev_type: str | None
+    owned: bool  # in the agent's ledger (created or adopted), not foreign
+
+
 class SourceAgent(Protocol):
     """What the source side needs of its host's agent."""
 
     def mdev_types(self) -> Mapping[str, str | None]:
         """``{uuid: mdev type}`` of every mdev on this host (sysfs)."""
+
+    def vfs(self) -> Mapping[str, AgentVf]:
+        """``{PCI address: device}`` of every device on this host that a guest
+        is given by PCI address."""
 
     def release(self, instance: str, remove: bool = False) -> list[str]:
         """Release (free, or remove) the instance's mdevs; their UUIDs."""
@@ -69,6 +89,14 @@ class ManagerAgent:
     def mdev_types(self) -> dict[str, str | None]:
         return {uuid: mdev.mdev_type for uuid, mdev in self.manager.scan().mdevs.items()}
 
+    def vfs(self) -> dict[str, AgentVf]:
+        owned = {record.uuid for record in self.manager.ledger.all()}
+        return {
+            mdev.address: AgentVf(mdev.uuid, mdev.mdev_type, mdev.uuid in owned)
+            for mdev in self.manager.scan().mdevs.values()
+            if mdev.address is not None
+        }
+
     def release(self, instance: str, remove: bool = False) -> list[str]:
         return self.manager.release(instance, remove=remove)
 
@@ -82,8 +110,70 @@ class AgentApi:
     def mdev_types(self) -> dict[str, str | None]:
         return {m["uuid"]: m["mdev_type"] for m in self.client.mdevs()["mdevs"]}
 
+    def vfs(self) -> dict[str, AgentVf]:
+        # The listing's "address" is set for exactly the devices given by address.
+        return {
+            m["address"]: AgentVf(m["uuid"], m["mdev_type"], bool(m["owned"]))
+            for m in self.client.mdevs()["mdevs"]
+            if m.get("address")
+        }
+
     def release(self, instance: str, remove: bool = False) -> list[str]:
         return list(self.client.release(instance, remove=remove)["released"])
+
+
+def domain_vfs(xml: str | bytes, agent: SourceAgent) -> dict[str, AgentVf]:
+    """``{address: device}`` of the domain's PCI sources that are devices the
+    agent sees (its vGPU VFs).  Any other PCI device is left alone; a typed VF
+    the ledger does not own is refused by name (ForeignVf) before anything
+    changes."""
+    addresses = list_pci_sources(xml)
+    if not addresses:
+        return {}  # no PCI device at all: no need to ask the agent
+    known = agent.vfs()
+    found: dict[str, AgentVf] = {}
+    for address in addresses:
+        vf = known.get(address)
+        if vf is None:
+            continue
+        if not vf.owned:
+            raise exception.ForeignVf(address=address, uuid=vf.uuid)
+        found[address] = vf
+    return found
+
+
+def rewrite_for_destination(
+    xml: str | bytes,
+    mapping: Mapping[str, str],
+    pci_addresses: Mapping[str, str],
+    vfs: Mapping[str, AgentVf],
+) -> DomainRewriteResult:
+    """The domain XML the destination is given, in one rewrite pass.
+
+    ``mapping`` (``{source uuid: destination uuid}``) and ``pci_addresses``
+    (``{source uuid: destination PCI address}``) are the claim's answer as it
+    came; ``vfs`` is :func:`domain_vfs` of ``xml``.  Each mdev UUID becomes its
+    destination's; each of the agent's VFs moves to its destination VF's
+    address.  Nova does the same for its live-migratable PCI devices (the
+    destination claims, ``LiveMigrateData.pci_dev_map_src_dst`` maps source to
+    destination address, ``get_updated_guest_xml`` applies it on an lxml tree);
+    here the claim is keyed by the source's device UUID, because the destination
+    never learns the source's addresses, and the change is spliced byte-exactly.
+    Raises UnmappedVf naming an agent VF without a destination address, and
+    whatever ``rewrite_domain_xml`` raises; nothing is returned half done.
+    """
+    by_uuid = {uuid.lower(): address for uuid, address in pci_addresses.items()}
+    pci_mapping: dict[str, str] = {}
+    for address, vf in vfs.items():
+        target = by_uuid.get(vf.uuid)
+        if target is None:
+            raise exception.UnmappedVf(address=address, uuid=vf.uuid)
+        pci_mapping[address] = target
+    # A VF's UUID is the agent's name for it and never in the XML: its claim entry
+    # is used through pci_addresses, not reported as an unused mdev key.
+    vf_uuids = {vf.uuid for vf in vfs.values()}
+    mdev_mapping = {s: d for s, d in mapping.items() if s.lower() not in vf_uuids}
+    return rewrite_domain_xml(xml, mdev_mapping, pci_mapping)
 
 
 # libvirt (peer to peer) reports both hosts' job errors in one message.
@@ -140,15 +230,20 @@ class MigrationSource:
         return domain.XMLDesc(flags)
 
     def prepare(self, domain: Any) -> dict[str, str]:
-        """``{uuid: mdev type}`` of the domain's mdevs, for the destination's claim."""
+        """``{uuid: type}`` of the domain's mdevs and of the agent's VFs among its
+        PCI hostdevs, for the destination's claim."""
         versions_mod.check(self.host_versions(domain.connect()), "source", self.minimums)
-        uuids = list_mdev_uuids(self._migratable_xml(domain))
+        xml = self._migratable_xml(domain)
+        uuids = list_mdev_uuids(xml)
         types = self.agent.mdev_types()
         missing = [u for u in uuids if u not in types]
         if missing:
             # Nova silently drops these; a migration without them would lose a device.
             raise exception.MdevNotFound(uuid=", ".join(missing))
-        return {u: types[u] or "" for u in uuids}
+        devices = {u: types[u] or "" for u in uuids}
+        for vf in domain_vfs(xml, self.agent).values():
+            devices[vf.uuid] = vf.mdev_type or ""
+        return devices
 
     def migrate(
         self,
@@ -160,9 +255,15 @@ class MigrationSource:
         instance: str | None = None,
         remove: bool = False,
         before_release: Callable[[], object] | None = None,
+        pci_addresses: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """Migrate with the destination's mdev UUIDs; returns the released source
-        UUIDs (removed from the host with ``remove``, else kept free for reuse).
+        """Migrate with the destination's mdev UUIDs and VF addresses; returns the
+        released source UUIDs (removed from the host with ``remove``, else kept
+        free for reuse).
+
+        ``mapping`` and ``pci_addresses`` are the destination claim's answer as
+        it came: ``{source uuid: destination uuid}`` for every device and
+        ``{source uuid: destination PCI address}`` for the VF-backed ones.
 
         ``before_release`` runs once libvirt reported success and the source
         domain stopped, before the source releases anything: the destination's
@@ -172,29 +273,30 @@ class MigrationSource:
         libvirt = _libvirt()
         xml = self._migratable_xml(domain)
         uuids = list_mdev_uuids(xml)
+        vfs = domain_vfs(xml, self.agent)
         post_copy = libvirt.VIR_MIGRATE_POSTCOPY | getattr(
             libvirt, "VIR_MIGRATE_POSTCOPY_RESUME", 0
         )
-        if uuids and flags & post_copy:
-            raise exception.MigrationPostCopyRefused(uuids=", ".join(uuids))
-        result = rewrite_mdev_uuids(xml, dict(mapping))
-        if result.unused_keys:
-            LOG.warning("mapping keys not in the domain: %s", ", ".join(result.unused_keys))
+        if (uuids or vfs) and flags & post_copy:
+            raise exception.MigrationPostCopyRefused(uuids=", ".join([*uuids, *vfs]))
+        result = rewrite_for_destination(xml, mapping, pci_addresses or {}, vfs)
+        if result.unused_uuids:
+            LOG.warning("mapping keys not in the domain: %s", ", ".join(result.unused_uuids))
         migrate_params = dict(params or {})
         migrate_params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = result.xml
         if flags & libvirt.VIR_MIGRATE_PERSIST_DEST:
             persistent = migrate_params.get(libvirt.VIR_MIGRATE_PARAM_PERSIST_XML)
             if persistent is None:
                 persistent = self._migratable_xml(domain, inactive=True)
-            migrate_params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = rewrite_mdev_uuids(
-                persistent, dict(mapping)
+            migrate_params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = rewrite_for_destination(
+                persistent, mapping, pci_addresses or {}, domain_vfs(persistent, self.agent)
             ).xml
         owner = instance or domain.UUIDString()
         LOG.info(
             "migrating %s to %s with mdevs %s",
             domain.name(),
             dest_uri,
-            ", ".join(f"{s}->{d}" for s, d in result.replaced),
+            ", ".join(f"{s}->{d}" for s, d in (*result.replaced_uuids, *result.replaced_pci)),
         )
         try:
             domain.migrateToURI3(dest_uri, migrate_params, flags)

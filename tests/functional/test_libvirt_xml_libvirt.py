@@ -14,9 +14,17 @@ import pytest
 from lxml import etree
 
 from accel_agent.libvirt_xml import (
+    MdevDevice,
+    NetworkVf,
+    PciHostdev,
     domain_hostdevs_xml,
+    hostdev_interface_xml,
+    instance_devices_xml,
     instance_domain_xml,
     list_mdev_uuids,
+    list_pci_sources,
+    pci_hostdev_xml,
+    rewrite_domain_xml,
     rewrite_mdev_uuids,
 )
 
@@ -210,3 +218,102 @@ def test_libvirt_rejects_what_our_builder_refuses(conn: Any) -> None:
     )
     with pytest.raises(libvirt.libvirtError, match="ramfb"):
         define(conn, minimal_domain(two))
+
+
+# --- PCI VFs: <hostdev type='pci'> (vGPU 17+ VF) and <interface type='hostdev'> ----------
+
+VF = "0000:c1:00.4"
+VF2 = "0000:c1:00.5"
+DVF = "0000:82:01.2"
+DVF2 = "0001:83:1f.7"
+
+
+def test_schema_rejects_a_pci_hostdev_with_a_bus_out_of_range(rng: etree.RelaxNG) -> None:
+    # Teeth for the PCI checks below: the RNG really reads PCI hostdev source addresses.
+    good = pci_hostdev_xml(VF)
+    assert_valid(rng, minimal_domain(good))
+    bad = good.replace('bus="0xc1"', 'bus="0x1c1"')
+    assert bad != good
+    assert not rng.validate(etree.fromstring(minimal_domain(bad).encode()))
+
+
+@pytest.mark.parametrize("vlan", [None, 100, 4095], ids=["untagged", "tagged", "max"])
+def test_generated_pci_devices_validate_against_rng(rng: etree.RelaxNG, vlan: int | None) -> None:
+    devices = instance_devices_xml(
+        [MdevDevice(SRC), PciHostdev(VF), NetworkVf(VF2, "52:54:00:ab:cd:ef", vlan=vlan)]
+    )
+    assert_valid(rng, minimal_domain(devices))
+
+
+def _attrs(element: etree._Element | None) -> list[tuple[str, str]]:
+    assert element is not None
+    return list(element.attrib.items())
+
+
+def test_generated_pci_devices_are_accepted_by_libvirt_as_written(conn: Any) -> None:
+    # libvirt writes back what the builders wrote (attributes, their order and spelling),
+    # so the agent's XML and a defined domain's XML agree.
+    hostdev = etree.fromstring(pci_hostdev_xml(VF))
+    interface = etree.fromstring(hostdev_interface_xml(VF2, "52:54:00:AB:CD:EF", vlan=100))
+    dom = define(
+        conn,
+        minimal_domain(
+            instance_devices_xml([PciHostdev(VF)])
+            + "\n"
+            + etree.tostring(interface, encoding="unicode")
+        ),
+    )
+    try:
+        described = etree.fromstring(dom.XMLDesc(0).encode())
+        got = described.find("devices/hostdev")
+        assert _attrs(got) == _attrs(hostdev) == [
+            ("mode", "subsystem"),
+            ("type", "pci"),
+            ("managed", "no"),
+        ]
+        assert _attrs(got.find("source/address")) == _attrs(hostdev.find("source/address"))
+        # The interface: mac, source, vlan as built (managed='no' is libvirt's default,
+        # which it does not write back).
+        iface = described.find("devices/interface")
+        assert _attrs(iface) == [("type", "hostdev")]
+        assert [child.tag for child in iface][:3] == ["mac", "source", "vlan"]
+        assert _attrs(iface.find("mac")) == [("address", "52:54:00:ab:cd:ef")]
+        assert _attrs(iface.find("source/address")) == _attrs(interface.find("source/address"))
+        assert _attrs(iface.find("vlan/tag")) == [("id", "100")]
+        # libvirt lists interfaces before hostdevs.
+        assert sorted(list_pci_sources(dom.XMLDesc(0))) == [VF, VF2]
+    finally:
+        dom.undefine()
+
+
+def test_rewritten_pci_and_mdev_xml_of_libvirt_is_valid_and_accepted(
+    rng: etree.RelaxNG, conn: Any
+) -> None:
+    import libvirt
+
+    name = f"accel-xml-{uuidlib.uuid4().hex[:12]}"
+    devices = instance_devices_xml(
+        [MdevDevice(SRC), PciHostdev(VF), NetworkVf(VF2, "52:54:00:ab:cd:ef", vlan=7)]
+    )
+    dom = define(conn, minimal_domain(devices, name=name, extra=RICH_EXTRA))
+    try:
+        source_xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)
+        assert sorted(list_pci_sources(source_xml)) == [VF, VF2]
+        result = rewrite_domain_xml(source_xml, {SRC: DST}, {VF: DVF, VF2: DVF2})
+        expected = source_xml.replace(f"<address uuid='{SRC}'/>", f"<address uuid='{DST}'/>")
+        expected = expected.replace(
+            "<address domain='0x0000' bus='0xc1' slot='0x00' function='0x4'/>",
+            "<address domain='0x0000' bus='0x82' slot='0x01' function='0x2'/>",
+        ).replace(
+            "<address type='pci' domain='0x0000' bus='0xc1' slot='0x00' function='0x5'/>",
+            "<address type='pci' domain='0x0001' bus='0x83' slot='0x1f' function='0x7'/>",
+        )
+        assert expected != source_xml
+        assert result.xml == expected
+        assert_valid(rng, result.xml)
+        redefined = define(conn, result.xml)
+        described = redefined.XMLDesc(0)
+        assert sorted(list_pci_sources(described)) == [DVF, DVF2]
+        assert list_mdev_uuids(described) == [DST]
+    finally:
+        dom.undefine()

@@ -12,6 +12,7 @@ from accel_agent import exception
 from accel_agent.api import errors
 from accel_agent.api.app import ApiApplication, load_openapi
 from accel_agent.api.handlers import ROUTES
+from accel_agent.libvirt_xml.devices import MdevDevice
 from accel_agent.mdev.ledger import MdevRecord, MdevState
 from accel_agent.mdev.manager import Allocation, RecoveryReport
 from accel_agent.reporting.metrics import AgentMetrics
@@ -65,6 +66,10 @@ class FakeBackend:
 
     def allocation(self, instance: str) -> Allocation:
         return Allocation(instance, tuple(record(u, instance) for u in self.held.get(instance, [])))
+
+    def guest_devices(self, records) -> list:
+        # The agent's answer for mdev-backend records (AgentCore.guest_devices).
+        return [MdevDevice(r.uuid) for r in records]
 
     def allocate(self, instance, count, parent, mdev_type) -> Allocation:
         self._maybe_fail()

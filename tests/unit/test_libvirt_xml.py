@@ -8,18 +8,32 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lxml import etree
 from oslo_config import cfg
 
 from accel_agent import exception
 from accel_agent.libvirt_xml import (
+    MdevDevice,
+    NetworkVf,
+    PciHostdev,
     build_hostdev,
+    build_hostdev_interface,
+    build_pci_hostdev,
+    canonical_mac,
+    canonical_pci_address,
     canonical_uuid,
+    device_xml,
     domain_hostdevs_xml,
+    hostdev_interface_xml,
     hostdev_xml,
+    instance_devices_xml,
     instance_domain_xml,
     list_mdev_uuids,
+    list_pci_sources,
     parse_domain,
+    pci_hostdev_xml,
     qemu_commandline_xml,
 )
 from accel_agent.libvirt_xml import cli as xml_cli
@@ -463,3 +477,384 @@ def test_qemu_globals_option_refuses_what_is_not_driver_property_value() -> None
     for bad in ("enable-migration=on", "vfio-pci.enable-migration", "-device vfio-pci.x=1"):
         with pytest.raises(cfg.ConfigFileValueError):
             _ = make_conf(f"[libvirt]\nqemu_globals = {bad}\n").libvirt.qemu_globals
+
+
+def test_instance_domain_xml_output_is_pinned_byte_for_byte() -> None:
+    # Written out by hand from the output before instance_devices_xml existed: the
+    # contract of `accelctl domain-xml` and the API, unchanged by the generalisation.
+    hostdev = (
+        '<hostdev mode="subsystem" type="mdev" model="vfio-pci" managed="no">'
+        '<source><address uuid="{}"/></source></hostdev>'
+    )
+    commandline = (
+        '<qemu:commandline xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0">'
+        '<qemu:arg value="-global"/><qemu:arg value="vfio-pci.enable-migration=on"/>'
+        "</qemu:commandline>"
+    )
+    two = hostdev.format(SRC) + "\n" + hostdev.format(SRC2)
+    assert instance_domain_xml([SRC.upper(), SRC2]) == two
+    assert instance_domain_xml([SRC, SRC2], ["vfio-pci.enable-migration=on"]) == (
+        two + "\n" + commandline
+    )
+    assert instance_domain_xml([]) == ""
+    assert instance_domain_xml([], ["vfio-pci.enable-migration=on"]) == "\n" + commandline
+    with pytest.raises(exception.InvalidMdevUUID, match="twice"):
+        instance_domain_xml([SRC, SRC.upper()])
+    with pytest.raises(exception.InvalidMdevUUID):
+        instance_domain_xml(["nope"])
+
+
+# --- PCI VFs: addresses, <hostdev type='pci'>, <interface type='hostdev'> ---------------
+
+VF = "0000:c1:00.4"
+VF2 = "0000:c1:00.5"
+MAC = "52:54:00:ab:cd:ef"
+
+
+def test_canonical_pci_address_lowercases_the_full_form() -> None:
+    assert canonical_pci_address("0000:C1:1F.7") == "0000:c1:1f.7"
+    assert canonical_pci_address(VF) == VF
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "c1:00.4",  # short form: sysfs.address accepts it for config, a VF name must not
+        "0000:c1:00.8",
+        "0000:c1:20.0",  # slot > 0x1f
+        "0000:c1:00.4\n",
+        " 0000:c1:00.4",
+        "0x0000:c1:00.4",
+        "00000:c1:00.4",
+        "0000:c1:0.4",
+        "0000:g1:00.4",
+        "0000-c1-00.4",
+        "0000:c1:00.4.0",
+        None,
+        42,
+    ],
+)
+def test_canonical_pci_address_rejects_with_a_named_error(bad: object) -> None:
+    with pytest.raises(exception.InvalidPciDeviceAddress) as info:
+        canonical_pci_address(bad, where=" (somewhere)")
+    # Whoever handles InvalidPciAddress (the API's 400) handles this too.
+    assert isinstance(info.value, exception.InvalidPciAddress)
+    assert "(somewhere)" in str(info.value) and info.value.kwargs["address"] == bad
+
+
+def test_pci_hostdev_xml_exact_shape_is_libvirts() -> None:
+    # What libvirt 9.0 writes back for this device (functional test checks it live).
+    assert pci_hostdev_xml("0000:C1:00.4") == (
+        '<hostdev mode="subsystem" type="pci" managed="no"><source>'
+        '<address domain="0x0000" bus="0xc1" slot="0x00" function="0x4"/>'
+        "</source></hostdev>"
+    )
+    assert 'managed="yes"' in pci_hostdev_xml(VF, managed=True)
+    assert pci_hostdev_xml("ffff:ff:1f.7").endswith(
+        '<address domain="0xffff" bus="0xff" slot="0x1f" function="0x7"/></source></hostdev>'
+    )
+
+
+def test_build_pci_hostdev_element_tree() -> None:
+    element = build_pci_hostdev("0001:02:03.1")
+    assert element.tag == "hostdev"
+    assert list(element.attrib.items()) == [
+        ("mode", "subsystem"),
+        ("type", "pci"),
+        ("managed", "no"),
+    ]
+    assert [child.tag for child in element] == ["source"]
+    assert list(element.find("source/address").attrib.items()) == [
+        ("domain", "0x0001"),
+        ("bus", "0x02"),
+        ("slot", "0x03"),
+        ("function", "0x1"),
+    ]
+
+
+@pytest.mark.parametrize("managed", ["no", "yes", 0, None])
+def test_pci_builders_want_a_real_bool_for_managed(managed: object) -> None:
+    with pytest.raises(TypeError):
+        build_pci_hostdev(VF, managed=managed)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        build_hostdev_interface(VF, MAC, managed=managed)  # type: ignore[arg-type]
+
+
+def test_build_pci_hostdev_refuses_a_non_canonical_address() -> None:
+    with pytest.raises(exception.InvalidPciDeviceAddress):
+        build_pci_hostdev("c1:00.4")
+
+
+def test_hostdev_interface_xml_exact_shape_in_libvirts_element_order() -> None:
+    assert hostdev_interface_xml("0000:C1:00.4", MAC.upper(), vlan=100) == (
+        '<interface type="hostdev" managed="no">'
+        f'<mac address="{MAC}"/>'
+        '<source><address type="pci" domain="0x0000" bus="0xc1" slot="0x00" function="0x4"/>'
+        "</source>"
+        '<vlan><tag id="100"/></vlan>'
+        "</interface>"
+    )
+
+
+@pytest.mark.parametrize("vlan", [None, 0])
+def test_untagged_interface_has_no_vlan_element(vlan: int | None) -> None:
+    element = build_hostdev_interface(VF, MAC, vlan=vlan)
+    assert [child.tag for child in element] == ["mac", "source"]
+
+
+@pytest.mark.parametrize("vlan", [1, 100, 4095])
+def test_vlan_ids_in_range_are_tagged(vlan: int) -> None:
+    element = build_hostdev_interface(VF, MAC, vlan=vlan)
+    assert [child.tag for child in element] == ["mac", "source", "vlan"]
+    assert [tag.get("id") for tag in element.findall("vlan/tag")] == [str(vlan)]
+
+
+@pytest.mark.parametrize("vlan", [-1, 4096, 65536, True, False, "100", 100.0])
+def test_bad_vlan_is_refused_by_name(vlan: object) -> None:
+    with pytest.raises(exception.InvalidVlanId) as info:
+        build_hostdev_interface(VF, MAC, vlan=vlan)  # type: ignore[arg-type]
+    assert info.value.kwargs["vlan"] == vlan and repr(vlan) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "mac",
+    ["02:00:00:00:00:01", "52:54:00:AB:CD:EF", "fe:ff:ff:ff:ff:ff", "00:00:00:00:00:01"],
+    ids=["locally-administered", "upper", "high-even", "low"],
+)
+def test_unicast_macs_are_accepted_and_lowercased(mac: str) -> None:
+    assert canonical_mac(mac) == mac.lower()
+
+
+@pytest.mark.parametrize(
+    ("mac", "reason"),
+    [
+        ("01:00:5e:00:00:01", "multicast"),
+        ("33:33:00:00:00:01", "multicast"),
+        ("ff:ff:ff:ff:ff:ff", "multicast"),
+        ("53:54:00:12:34:56", "multicast"),
+        ("00:00:00:00:00:00", "all-zero"),
+        ("52:54:0:1:2:3", "hexadecimal pairs"),
+        ("52-54-00-12-34-56", "hexadecimal pairs"),
+        ("5254.0012.3456", "hexadecimal pairs"),
+        ("52:54:00:12:34:56 ", "hexadecimal pairs"),
+        ("52:54:00:12:34", "hexadecimal pairs"),
+        ("52:54:00:12:34:5g", "hexadecimal pairs"),
+        (None, "hexadecimal pairs"),
+    ],
+)
+def test_bad_mac_is_refused_with_the_reason(mac: object, reason: str) -> None:
+    with pytest.raises(exception.InvalidMacAddress, match=reason) as info:
+        build_hostdev_interface(VF, mac, vlan=None)  # type: ignore[arg-type]
+    assert info.value.kwargs["mac"] == mac
+
+
+# --- device descriptions and instance_devices_xml ---------------------------------------
+
+
+def test_descriptions_canonicalise_so_equal_devices_compare_equal() -> None:
+    assert MdevDevice(SRC.upper()) == MdevDevice(SRC)
+    assert PciHostdev("0000:C1:00.4") == PciHostdev(VF)
+    assert NetworkVf("0000:C1:00.4", MAC.upper(), 0) == NetworkVf(VF, MAC, None)
+    assert NetworkVf(VF, MAC, 0).vlan is None
+    assert NetworkVf(VF, MAC, 7) != NetworkVf(VF, MAC, 8)
+    assert len({PciHostdev(VF), PciHostdev("0000:C1:00.4")}) == 1
+
+
+def test_descriptions_are_frozen() -> None:
+    import dataclasses
+
+    device = NetworkVf(VF, MAC, 10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        device.vlan = 11  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: MdevDevice("nope"), exception.InvalidMdevUUID),
+        (lambda: PciHostdev("c1:00.4"), exception.InvalidPciDeviceAddress),
+        (lambda: PciHostdev(VF, managed="no"), TypeError),
+        (lambda: NetworkVf("0000:c1:00.9", MAC), exception.InvalidPciDeviceAddress),
+        (lambda: NetworkVf(VF, "01:00:00:00:00:01"), exception.InvalidMacAddress),
+        (lambda: NetworkVf(VF, MAC, 4096), exception.InvalidVlanId),
+        (lambda: NetworkVf(VF, MAC, managed=1), TypeError),
+    ],
+)
+def test_descriptions_refuse_bad_values_when_made(make: object, error: type) -> None:
+    with pytest.raises(error):
+        make()  # type: ignore[operator]
+
+
+def test_device_xml_per_kind() -> None:
+    assert device_xml(MdevDevice(SRC)) == hostdev_xml(SRC)
+    assert device_xml(PciHostdev(VF, managed=True)) == pci_hostdev_xml(VF, managed=True)
+    assert device_xml(NetworkVf(VF, MAC, 5)) == hostdev_interface_xml(VF, MAC, 5)
+    with pytest.raises(TypeError):
+        device_xml(SRC)  # type: ignore[arg-type]
+
+
+def test_instance_devices_xml_keeps_order_one_a_line_then_the_commandline() -> None:
+    devices = [PciHostdev(VF2), MdevDevice(SRC), NetworkVf(VF, MAC, 100), MdevDevice(SRC2)]
+    lines = instance_devices_xml(devices, MIGRATION_GLOBALS).split("\n")
+    assert lines == [
+        pci_hostdev_xml(VF2),
+        hostdev_xml(SRC),
+        hostdev_interface_xml(VF, MAC, 100),
+        hostdev_xml(SRC2),
+        qemu_commandline_xml(MIGRATION_GLOBALS),
+    ]
+    assert instance_devices_xml(devices) == "\n".join(lines[:4])
+
+
+@pytest.mark.parametrize(
+    ("devices", "error", "named"),
+    [
+        ([MdevDevice(SRC), MdevDevice(SRC.upper())], exception.InvalidMdevUUID, SRC),
+        ([PciHostdev(VF), PciHostdev("0000:C1:00.4")], exception.InvalidPciDeviceAddress, VF),
+        ([PciHostdev(VF), NetworkVf(VF, MAC)], exception.InvalidPciDeviceAddress, VF),
+        (
+            [NetworkVf(VF, MAC), NetworkVf(VF, "52:54:00:00:00:02")],
+            exception.InvalidPciDeviceAddress,
+            VF,
+        ),
+    ],
+    ids=["mdev", "hostdev", "hostdev-and-interface", "interface"],
+)
+def test_instance_devices_xml_refuses_a_device_given_twice(
+    devices: list, error: type, named: str
+) -> None:
+    with pytest.raises(error, match="twice") as info:
+        instance_devices_xml(devices)
+    assert named in str(info.value)
+
+
+def test_instance_devices_xml_refuses_what_is_not_a_description() -> None:
+    with pytest.raises(TypeError):
+        instance_devices_xml([MdevDevice(SRC), SRC])  # type: ignore[list-item]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    uuids=st.lists(st.uuids().map(str), max_size=5, unique=True),
+    globals_=st.lists(st.sampled_from(MIGRATION_GLOBALS), max_size=2),
+    upper=st.booleans(),
+)
+def test_property_instance_domain_xml_is_instance_devices_xml_of_mdevs(
+    uuids: list[str], globals_: list[str], upper: bool
+) -> None:
+    given_uuids = [u.upper() for u in uuids] if upper else uuids
+    # The old composition, spelled out: hostdevs one a line, then the commandline.
+    old = domain_hostdevs_xml(given_uuids)
+    if globals_:
+        old += "\n" + qemu_commandline_xml(globals_)
+    assert instance_domain_xml(given_uuids, globals_) == old
+    assert instance_devices_xml([MdevDevice(u) for u in given_uuids], globals_) == old
+
+
+# --- list_pci_sources: which addresses, read as libvirt reads them -----------------------
+
+
+def pci_hostdev(address_attrs: str, extra: str = "") -> str:
+    return (
+        f"<hostdev mode='subsystem' type='pci' managed='no'><source>"
+        f"<address {address_attrs}/></source>{extra}</hostdev>"
+    )
+
+
+def test_list_pci_sources_selection_and_document_order() -> None:
+    guest = "<address type='pci' domain='0x0000' bus='0x00' slot='0x05' function='0x0'/>"
+    xml = (
+        "<domain type='kvm'><metadata><m:x xmlns:m='urn:m'>"
+        + pci_hostdev("domain='0' bus='0x01' slot='0' function='0'")
+        + "</m:x></metadata><devices>"
+        + pci_hostdev("domain='0x0000' bus='0xc1' slot='0x00' function='0x5'", extra=guest)
+        + "<!-- "
+        + pci_hostdev("domain='0' bus='0x02' slot='0' function='0'")
+        + " -->"
+        + "<interface type='hostdev' managed='no'><source>"
+        "<address type='pci' domain='0x0000' bus='0xc1' slot='0x00' function='0x4'/>"
+        f"</source>{guest}</interface>"
+        "<interface type='hostdev'><source><address type='usb' bus='1' device='2'/></source>"
+        "</interface>"
+        "<interface type='network'><source network='default'/>"
+        "<address type='pci' domain='0' bus='3' slot='0' function='0'/></interface>"
+        f"<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{SRC}'/>"
+        "</source></hostdev>"
+        + "<hub>"
+        + pci_hostdev("bus='4'")
+        + "</hub>"
+        + "<x:hostdev xmlns:x='urn:x' type='pci'><x:source><x:address bus='5'/></x:source>"
+        "</x:hostdev>"
+        + pci_hostdev("bus='0x06' slot='0x1f' function='0x7'")
+        + "</devices></domain>"
+    )
+    assert list_pci_sources(xml) == [VF2, VF, "0000:06:1f.7"]
+    assert list_pci_sources(xml.encode("utf-16")) == [VF2, VF, "0000:06:1f.7"]
+
+
+@pytest.mark.parametrize(
+    ("attrs", "address"),
+    [
+        ("domain='0x0000' bus='0xc1' slot='0x00' function='0x4'", VF),
+        ("domain='0X0' bus='0XC1' slot='0x0' function='0x04'", VF),
+        ("domain='0' bus='193' slot='0' function='4'", VF),
+        ("domain='00' bus='0301' slot='00' function='04'", VF),  # strtoul base 0: octal
+        ("domain=' 0' bus='\t0xc1' slot='+0' function='+4'", VF),
+        ("bus='0xc1' function='4'", VF),  # absent attributes are 0
+        ("", "0000:00:00.0"),
+        ("domain='0x10000' bus='0xc1' slot='0x00' function='0x4'", "10000:c1:00.4"),
+        ("domain='&#x30;x0000' bus='0x&#99;1' slot='0x00' function='0x4'", VF),
+        ("domain='4294967295' bus='255' slot='31' function='7'", "ffffffff:ff:1f.7"),
+    ],
+    ids=[
+        "libvirt", "upper", "decimal", "octal", "space-and-plus", "absent", "empty",
+        "wide-domain", "char-refs", "maxima",
+    ],
+)
+def test_list_pci_sources_reads_numbers_as_libvirt_does(attrs: str, address: str) -> None:
+    assert list_pci_sources(domain(pci_hostdev(attrs))) == [address]
+
+
+@pytest.mark.parametrize(
+    ("attrs", "named"),
+    [
+        ("bus='c1'", "bus='c1'"),
+        ("bus='0xc1 '", "bus='0xc1 '"),
+        ("bus='-1'", "bus='-1'"),
+        ("bus='256'", "bus='256'"),
+        ("slot='32'", "slot='32'"),
+        ("function='8'", "function='8'"),
+        ("function='0x'", "function='0x'"),
+        ("domain=''", "domain=''"),
+        ("domain='4294967296'", "domain='4294967296'"),
+        ("bus='08'", "bus='08'"),
+        ("bus='\uff11'", "bus='\uff11'"),  # FULLWIDTH DIGIT ONE: strtoul does not read it
+    ],
+)
+def test_list_pci_sources_refuses_values_libvirt_refuses(attrs: str, named: str) -> None:
+    with pytest.raises(exception.InvalidDomainXML, match="libvirt refuses") as info:
+        list_pci_sources(domain(pci_hostdev(attrs)))
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["hostdev", "interface"])
+def test_namespaced_pci_attribute_on_a_source_address_is_refused(kind: str) -> None:
+    # libvirt's xmlGetProp ignores namespaces: it would read n:bus as the bus
+    # (checked on the test driver in the functional tests).
+    attrs = "xmlns:n='urn:n' n:bus='0xc2' domain='0' slot='0' function='0'"
+    device = (
+        pci_hostdev(attrs)
+        if kind == "hostdev"
+        else f"<interface type='hostdev'><source><address type='pci' {attrs}/></source></interface>"
+    )
+    with pytest.raises(exception.InvalidDomainXML, match=r"n:bus|urn:n"):
+        list_pci_sources(domain(device))
+
+
+def test_list_pci_sources_empty_and_refusals() -> None:
+    assert list_pci_sources("<domain type='kvm'/>") == []
+    assert list_pci_sources(domain(mdev(SRC))) == []
+    for bad in ("<network/>", "<!DOCTYPE domain><domain/>", "<domain>"):
+        with pytest.raises(exception.InvalidDomainXML):
+            list_pci_sources(bad)

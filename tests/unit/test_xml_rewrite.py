@@ -8,13 +8,22 @@ under test.
 from __future__ import annotations
 
 import codecs
+import re
+import uuid as uuidlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accel_agent import exception
-from accel_agent.libvirt_xml import list_mdev_uuids, rewrite_mdev_uuids
+from accel_agent.libvirt_xml import (
+    DomainRewriteResult,
+    list_mdev_uuids,
+    list_pci_sources,
+    rewrite_domain_xml,
+    rewrite_mdev_uuids,
+    rewrite_pci_addresses,
+)
 from accel_agent.libvirt_xml import parser as parser_mod
 from accel_agent.libvirt_xml import rewrite as rewrite_mod
 
@@ -23,6 +32,7 @@ DST = "0b2ff7c4-4fd4-4a6b-8bf5-d0e1f2a3b4c5"
 SRC2 = "6f1c7e0a-58a1-4b3e-9c39-2a4f1f0c1d2e"
 DST2 = "9d8e7f60-1a2b-4c3d-8e4f-5a6b7c8d9e0f"
 OTHER = "11111111-2222-4333-8444-555555555555"
+OTHER_DST = "aaaaaaaa-2222-4333-8444-555555555555"
 
 
 def mdev(uuid: str, quote: str = "'", extra: str = "") -> str:
@@ -703,3 +713,588 @@ def test_property_bijective_rewrite_and_inverse(
     assert back.xml == (restored.encode() if as_bytes else restored)
     if original == restored:
         assert back.xml == source
+
+
+# === PCI source addresses (VF-backed devices) ===========================================
+
+VF = "0000:c1:00.4"
+VF2 = "0000:c1:00.5"
+DVF = "0000:82:01.2"
+DVF2 = "0001:83:00.7"
+OTHER_VF = "0000:06:00.1"
+
+
+def pci_attrs(address: str, quote: str = "'") -> str:
+    """The source address attributes as libvirt writes them."""
+    q = quote
+    domain_, bus, rest = address.split(":")
+    slot, function = rest.split(".")
+    return (
+        f"domain={q}0x{domain_}{q} bus={q}0x{bus}{q} slot={q}0x{slot}{q} "
+        f"function={q}0x{int(function, 16):x}{q}"
+    )
+
+
+def vf_hostdev(attrs: str, guest: str = "") -> str:
+    return (
+        "<hostdev mode='subsystem' type='pci' managed='no'>"
+        f"<source><address {attrs}/></source>{guest}</hostdev>"
+    )
+
+
+def vf_interface(attrs: str, guest: str = "") -> str:
+    return (
+        "<interface type='hostdev' managed='no'><mac address='52:54:00:12:34:56'/>"
+        f"<source><address type='pci' {attrs}/></source><vlan><tag id='100'/></vlan>"
+        f"{guest}</interface>"
+    )
+
+
+def guest_address(address: str) -> str:
+    return f"<address type='pci' {pci_attrs(address)}/>"
+
+
+def test_pci_hostdev_and_interface_sources_rewritten_guest_addresses_kept() -> None:
+    # The guest <address type='pci'> carries the very same numbers and must not move.
+    xml = domain(
+        vf_hostdev(pci_attrs(VF), guest=guest_address(VF))
+        + vf_interface(pci_attrs(VF2), guest=guest_address(VF2))
+    )
+    result = rewrite_pci_addresses(xml, {VF: DVF, VF2: DVF2})
+    expected = xml.replace(
+        f"<source><address {pci_attrs(VF)}/>", f"<source><address {pci_attrs(DVF)}/>"
+    ).replace(
+        f"<address type='pci' {pci_attrs(VF2)}/></source>",
+        f"<address type='pci' {pci_attrs(DVF2)}/></source>",
+    )
+    assert expected.count(guest_address(VF)) == 1 and expected.count(guest_address(VF2)) == 1
+    assert result.xml == expected
+    assert result.replaced == ((VF, DVF), (VF2, DVF2))
+    assert result.unused_keys == ()
+    assert list_pci_sources(result.xml) == [DVF, DVF2]
+
+
+def test_only_changed_attributes_are_touched() -> None:
+    # 0000:c1:00.4 -> 0000:c1:00.6: only function differs; domain/bus/slot keep their bytes
+    # even when written oddly (libvirt tolerates them, a rewrite has no reason to "fix" them).
+    xml = domain(vf_hostdev("domain='+0' bus='0301' slot=' 0' function='0x4'"))
+    result = rewrite_pci_addresses(xml, {VF: "0000:c1:00.6"})
+    assert result.xml == splice(xml, ("function='0x4'", "function='0x6'"))
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        # hex: prefix, width and letter case kept
+        ("domain='0x0000' bus='0xc1' slot='0x00' function='0x4'",
+         "domain='0x0001' bus='0xab' slot='0x1f' function='0x7'"),
+        ("domain='0x0000' bus='0xC1' slot='0x00' function='0x4'",
+         "domain='0x0001' bus='0xAB' slot='0x1f' function='0x7'"),
+        ("domain='0X0000' bus='0XC1' slot='0X0' function='0X04'",
+         "domain='0X0001' bus='0XAB' slot='0X1f' function='0X07'"),
+        ("domain='0x0' bus='0x00c1' slot='0x000' function='0x4'",
+         "domain='0x1' bus='0x00ab' slot='0x01f' function='0x7'"),
+        # decimal stays decimal
+        ("domain='0' bus='193' slot='0' function='4'",
+         "domain='1' bus='171' slot='31' function='7'"),
+        # octal, mixed case, white space, '+': libvirt's own spelling
+        ("domain='00' bus='0301' slot='00' function='04'",
+         "domain='0x0001' bus='0xab' slot='0x1f' function='0x7'"),
+        ("domain='0x0000' bus=' 0xc1' slot='+0' function=' 4'",
+         "domain='0x0001' bus='0xab' slot='0x1f' function='0x7'"),
+        # character references: the value is what counts, replaced whole
+        ("domain='&#x30;x0000' bus='0x&#99;1' slot='0x00' function='&#52;'",
+         "domain='0x0001' bus='0xab' slot='0x1f' function='7'"),
+    ],
+    ids=["libvirt", "upper", "upper-prefix", "widths", "decimal", "octal", "odd", "char-refs"],
+)
+def test_new_values_keep_the_spelling_of_the_old_ones(written: str, expected: str) -> None:
+    xml = domain(vf_hostdev(written, guest=guest_address(VF)))
+    result = rewrite_pci_addresses(xml, {VF: "0001:ab:1f.7"})
+    # The guest <address> may carry the same text: only the one under <source> moves.
+    assert result.xml == splice(
+        xml, (f"<source><address {written}/>", f"<source><address {expected}/>")
+    )
+
+
+def test_mixed_case_hex_is_written_in_libvirts_spelling() -> None:
+    # 0xaB says no letter case to keep, so the new value takes libvirt's lowercase.
+    xml = domain(vf_hostdev("domain='0x0000' bus='0xaB' slot='0x00' function='0x4'"))
+    result = rewrite_pci_addresses(xml, {"0000:ab:00.4": "0000:cd:00.4"})
+    assert result.xml == splice(xml, ("bus='0xaB'", "bus='0xcd'"))
+
+
+@pytest.mark.parametrize(
+    ("written", "target", "expected"),
+    [
+        # absent attributes are 0 for libvirt: left absent when the target keeps 0 ...
+        (
+            "bus='0xc1' slot='0x00' function='0x4'",
+            "0000:82:00.4",
+            "bus='0x82' slot='0x00' function='0x4'",
+        ),
+        # ... added after the last attribute, in libvirt's spelling and that quote, if not
+        (
+            "bus='0xc1' function=\"0x4\"",
+            "0001:c1:02.4",
+            "bus='0xc1' function=\"0x4\" domain=\"0x0001\" slot=\"0x02\"",
+        ),
+        # ... or right after the name; the input's space before '/>' stays where it was
+        ("", "0002:c1:00.4", "domain='0x0002' bus='0xc1' function='0x4' "),
+    ],
+    ids=["stays-absent", "added", "all-absent"],
+)
+def test_absent_attributes(written: str, target: str, expected: str) -> None:
+    source = list_pci_sources(domain(vf_hostdev(written)))[0]
+    xml = domain(vf_hostdev(written))
+    result = rewrite_pci_addresses(xml, {source: target})
+    assert result.xml == splice(xml, (f"<address {written}/>", f"<address {expected}/>"))
+    assert list_pci_sources(result.xml) == [target]
+
+
+def test_absent_attributes_added_to_an_empty_tag_and_an_open_close_tag() -> None:
+    xml = domain(
+        "<hostdev type='pci'><source><address/></source></hostdev>"
+        "<hostdev type='pci'><source><address bus='1'\n></address></source></hostdev>"
+    )
+    result = rewrite_pci_addresses(xml, {"0000:00:00.0": DVF, "0000:01:00.0": DVF2})
+    assert result.xml == domain(
+        "<hostdev type='pci'><source><address bus='0x82' slot='0x01' function='0x2'/>"
+        "</source></hostdev>"
+        "<hostdev type='pci'><source><address bus='131' domain='0x0001' function='0x7'\n>"
+        "</address></source></hostdev>"
+    )
+
+
+@pytest.mark.parametrize("quote", ["'", '"'])
+def test_pci_quoting_white_space_and_attribute_order_preserved(quote: str) -> None:
+    q = quote
+    tag = (
+        f"<address\n  function = {q}0x4{q}\tslot={q}0x00{q} note={q}bus=0xc1 &gt; x{q}"
+        f"\r\n bus={q}0xc1{q} domain={q}0x0000{q} />"
+    )
+    xml = domain(f"<hostdev type='pci' managed='no'><source>{tag}</source></hostdev>")
+    result = rewrite_pci_addresses(xml, {VF: "0000:c2:03.5"})
+    assert result.xml == xml.replace(
+        tag,
+        tag.replace(f"function = {q}0x4", f"function = {q}0x5")
+        .replace(f"slot={q}0x00", f"slot={q}0x03")
+        .replace(f"bus={q}0xc1{q} domain", f"bus={q}0xc2{q} domain"),
+    )
+    assert f"note={q}bus=0xc1 &gt; x{q}" in result.xml
+
+
+def test_pci_crlf_comments_metadata_and_look_alikes_untouched() -> None:
+    decoy = f"<hostdev type='pci'><source><address {pci_attrs(VF)}/></source></hostdev>"
+    xml = (
+        "<?xml version='1.0' encoding='UTF-8'?>\r\n<domain type='kvm'>\r\n"
+        f"  <metadata><m:x xmlns:m='urn:m'>{decoy}</m:x></metadata>\r\n"
+        f"  <!-- {decoy} -->\r\n"
+        "  <devices>\r\n"
+        f"    <hub>{decoy}</hub>\r\n"
+        f"    <x:hostdev xmlns:x='urn:x' type='pci'><x:source><x:address {pci_attrs(VF)}/>"
+        "</x:source></x:hostdev>\r\n"
+        f"    <hostdev type='pci'><!-- {decoy} --><source><!-- <address {pci_attrs(VF)}/> -->\r\n"
+        f"      <address {pci_attrs(VF)}/><!-- x --></source>\r\n"
+        f"      <address type='pci' {pci_attrs(VF)}/>\r\n    </hostdev>\r\n"
+        f"    <hostdev type='mdev'><source><address uuid='{SRC}'/></source>"
+        f"<address type='pci' {pci_attrs(VF)}/></hostdev>\r\n"
+        f"    <interface type='network'><source network='n'/>"
+        f"<address type='pci' {pci_attrs(VF)}/></interface>\r\n"
+        "  </devices>\r\n</domain>\r\n"
+    )
+    result = rewrite_pci_addresses(xml, {VF: DVF})
+    assert result.xml == splice(
+        xml,
+        (
+            f"-->\r\n      <address {pci_attrs(VF)}/>",
+            f"-->\r\n      <address {pci_attrs(DVF)}/>",
+        ),
+    )
+    # mdevs are not rewrite_pci_addresses' business, mapped or not.
+    assert result.replaced == ((VF, DVF),)
+
+
+def test_pci_rewrite_of_bytes_keeps_encoding_bom_and_declaration() -> None:
+    def render(address: str, encoding: str, bom: bytes) -> bytes:
+        text = (
+            f"<?xml version='1.0' encoding='{'UTF-16' if '16' in encoding else 'UTF-8'}'?>\n"
+            "<domain type='kvm'><description>Grüße € 中文 0xc1</description><devices>"
+            + vf_hostdev(pci_attrs(address), guest=guest_address(VF))
+            + "</devices></domain>\n"
+        )
+        return bom + text.encode(encoding)
+
+    for encoding, bom in (
+        ("utf-8", b""),
+        ("utf-8", codecs.BOM_UTF8),
+        ("utf-16-le", codecs.BOM_UTF16_LE),
+        ("utf-16-be", codecs.BOM_UTF16_BE),
+    ):
+        result = rewrite_pci_addresses(render(VF, encoding, bom), {VF: DVF})
+        assert isinstance(result.xml, bytes)
+        assert result.xml == render(DVF, encoding, bom), encoding
+
+
+def test_pci_identity_mapping_is_byte_identical_and_swap_and_inverse_work() -> None:
+    xml = domain(
+        vf_hostdev("domain='0' bus='0301' slot='+0' function=' 4'")
+        + vf_interface(pci_attrs(VF2).replace("0xc1", "0xC1"))
+    )
+    identity = rewrite_pci_addresses(xml, {VF: VF, VF2: VF2})
+    assert identity.xml == xml and identity.replaced == ((VF, VF), (VF2, VF2))
+
+    swapped = rewrite_pci_addresses(xml, {VF: VF2, VF2: VF})
+    assert list_pci_sources(swapped.xml) == [VF2, VF]
+    assert swapped.xml == splice(
+        xml,
+        ("function=' 4'", "function='0x5'"),
+        ("function='0x5'/></source><vlan", "function='0x4'/></source><vlan"),
+    )
+
+    forward = rewrite_pci_addresses(xml, {VF: DVF, VF2: DVF2})
+    back = rewrite_pci_addresses(forward.xml, {DVF: VF, DVF2: VF2})
+    assert list_pci_sources(back.xml) == [VF, VF2]
+    # Changed attributes took a spelling on the way (0301 -> 0x82 -> 0xc1); the one that
+    # never changed (domain '0') kept its bytes; 0xC1 -> 0x83 has no letter to say the
+    # case, so it came back lowercase.
+    assert back.xml == splice(
+        xml,
+        ("bus='0301' slot='+0' function=' 4'", "bus='0xc1' slot='0x00' function='0x4'"),
+        ("bus='0xC1'", "bus='0xc1'"),
+    )
+
+
+def test_pci_devices_not_in_the_mapping_are_left_alone_and_unused_keys_reported() -> None:
+    unrelated = vf_hostdev(pci_attrs(OTHER_VF))
+    xml = domain(unrelated + vf_hostdev(pci_attrs(VF)))
+    result = rewrite_pci_addresses(xml, {"0000:C1:00.4": DVF, "0000:99:00.0": DVF2})
+    assert result.xml == splice(
+        xml, (f"<address {pci_attrs(VF)}/>", f"<address {pci_attrs(DVF)}/>")
+    )
+    assert unrelated in result.xml
+    assert result.replaced == ((VF, DVF),)
+    assert result.unused_keys == ("0000:99:00.0",)
+
+
+def test_pci_address_used_twice_in_the_domain_is_rewritten_everywhere() -> None:
+    xml = domain(vf_hostdev(pci_attrs(VF)) + vf_hostdev("bus='193' function='4'"))
+    result = rewrite_pci_addresses(xml, {VF: DVF})
+    assert list_pci_sources(result.xml) == [DVF, DVF]
+    assert result.replaced == ((VF, DVF), (VF, DVF))
+
+
+def test_pci_non_injective_mapping_refused_naming_both() -> None:
+    with pytest.raises(exception.NonInjectivePciMapping) as info:
+        rewrite_pci_addresses(domain(vf_hostdev(pci_attrs(VF))), {VF: DVF, VF2: DVF.upper()})
+    assert isinstance(info.value, exception.NonInjectiveMapping)
+    assert all(a in str(info.value) for a in (VF, VF2, DVF))
+
+
+def test_pci_destination_on_a_device_that_stays_is_refused() -> None:
+    # libvirt refuses two hostdevs on one function ("Hostdev already exists").
+    xml = domain(vf_hostdev(pci_attrs(OTHER_VF)) + vf_interface(pci_attrs(VF)))
+    with pytest.raises(exception.NonInjectivePciMapping) as info:
+        rewrite_pci_addresses(xml, {VF: OTHER_VF})
+    assert OTHER_VF in str(info.value) and VF in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "match"),
+    [
+        ({"c1:00.4": DVF}, "mapping source"),
+        ({VF: "82:01.2"}, "mapping destination"),
+        ({VF: "0000:82:01.8"}, "mapping destination"),
+        ({VF: None}, "mapping destination"),
+        ({VF: DVF, "0000:C1:00.4": DVF2}, "mapped twice"),
+        ({VF: SRC}, "mapping destination"),
+    ],
+    ids=["short-key", "short-value", "function-8", "none", "twice", "uuid-value"],
+)
+def test_pci_malformed_mapping_refused(mapping: dict, match: str) -> None:
+    with pytest.raises(exception.InvalidPciDeviceAddress, match=match):
+        rewrite_pci_addresses(domain(vf_hostdev(pci_attrs(VF))), mapping)
+
+
+def test_pci_key_twice_in_two_cases_with_one_target_accepted() -> None:
+    result = rewrite_pci_addresses(
+        domain(vf_hostdev(pci_attrs(VF))), {VF: DVF, "0000:C1:00.4": DVF.upper()}
+    )
+    assert list_pci_sources(result.xml) == [DVF]
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    ["bus='c1' function='4'", "xmlns:n='urn:n' n:bus='0xc1' function='4'"],
+    ids=["unreadable", "namespaced"],
+)
+def test_pci_rewrite_refuses_an_address_libvirt_would_read_otherwise(attrs: str) -> None:
+    with pytest.raises(exception.InvalidDomainXML):
+        rewrite_pci_addresses(domain(vf_hostdev(attrs) + vf_hostdev(pci_attrs(VF))), {VF: DVF})
+
+
+def test_pci_self_check_catches_a_wrong_splice(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = rewrite_mod._splice
+
+    def shifted(parsed: parser_mod.ParsedDomain, edits: list) -> str | bytes:
+        return real(parsed, [e._replace(start=e.start + 1, end=e.end + 1) for e in edits])
+
+    monkeypatch.setattr(rewrite_mod, "_splice", shifted)
+    with pytest.raises(exception.InvalidDomainXML, match="internal error"):
+        rewrite_pci_addresses(domain(vf_hostdev("bus='0x0c1' function='4'")), {VF: DVF})
+
+
+def test_pci_self_check_catches_an_insertion_in_the_wrong_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accel_agent.libvirt_xml import pcirewrite
+
+    real = pcirewrite._insertion
+    monkeypatch.setattr(
+        pcirewrite, "_insertion", lambda parsed, index, added: real(parsed, index, added[::-1])
+    )
+    with pytest.raises(exception.InvalidDomainXML, match="internal error"):
+        rewrite_pci_addresses(domain(vf_hostdev("bus='0xc1'")), {"0000:c1:00.0": DVF})
+
+
+# --- both kinds at once ---------------------------------------------------------------
+
+
+def test_rewrite_domain_xml_does_mdevs_and_pci_in_one_pass() -> None:
+    xml = domain(
+        mdev(SRC)
+        + vf_hostdev(pci_attrs(VF), guest=guest_address(VF))
+        + vf_interface(pci_attrs(VF2))
+        + mdev(SRC2.upper())
+        + vf_hostdev(pci_attrs(OTHER_VF))
+    )
+    result = rewrite_domain_xml(xml, {SRC: DST, SRC2: DST2, OTHER: OTHER_DST}, {VF: DVF, VF2: DVF2})
+    assert isinstance(result, DomainRewriteResult)
+    assert result.xml == splice(
+        xml,
+        (SRC, DST),
+        (SRC2.upper(), DST2),
+        (f"<source><address {pci_attrs(VF)}/>", f"<source><address {pci_attrs(DVF)}/>"),
+        (f"<address type='pci' {pci_attrs(VF2)}/></source>",
+         f"<address type='pci' {pci_attrs(DVF2)}/></source>"),
+    )
+    assert result.replaced_uuids == ((SRC, DST), (SRC2, DST2))
+    assert result.unused_uuids == (OTHER,)
+    assert result.replaced_pci == ((VF, DVF), (VF2, DVF2))
+    assert result.unused_pci == ()
+
+
+def test_rewrite_domain_xml_refuses_an_unmapped_mdev_even_with_pci_work_to_do() -> None:
+    xml = domain(mdev(SRC) + vf_hostdev(pci_attrs(VF)))
+    with pytest.raises(exception.UnmappedMdevUUID, match=SRC):
+        rewrite_domain_xml(xml, {}, {VF: DVF})
+    with pytest.raises(exception.NonInjectivePciMapping):
+        rewrite_domain_xml(xml, {SRC: DST}, {VF: DVF, VF2: DVF})
+
+
+def test_rewrite_domain_xml_with_empty_mappings_is_identity_on_a_vf_domain() -> None:
+    xml = domain(vf_hostdev(pci_attrs(VF)))
+    result = rewrite_domain_xml(xml.encode(), {}, {})
+    assert result.xml == xml.encode()
+    assert result[1:] == ((), (), (), ())
+
+
+def test_mdev_rewrite_does_not_read_pci_sources_and_pci_rewrite_does_not_read_mdevs() -> None:
+    # Each single-kind entry point keeps to its kind: rewrite_mdev_uuids behaves as it did
+    # before PCI existed, even on a PCI address it could not read.
+    xml = domain(mdev(SRC) + vf_hostdev("bus='zz'"))
+    assert rewrite_mdev_uuids(xml, {SRC: DST}).xml == splice(xml, (SRC, DST))
+    with pytest.raises(exception.InvalidDomainXML):
+        rewrite_domain_xml(xml, {SRC: DST}, {})
+    xml = domain(mdev("not-a-uuid") + vf_hostdev(pci_attrs(VF)))
+    assert list_pci_sources(rewrite_pci_addresses(xml, {VF: DVF}).xml) == [DVF]
+
+
+# --- property: arbitrary documents with VFs and mdevs -----------------------------------
+
+_FIELDS = ("domain", "bus", "slot", "function")
+_FIELD_MAX = {"domain": 0x3, "bus": 0xFF, "slot": 0x1F, "function": 0x7}
+_LIBVIRT_WIDTH = {"domain": 4, "bus": 2, "slot": 2, "function": 1}
+
+
+def _spell(style: str, width: int, value: int) -> str:
+    if style == "decimal":
+        return str(value)
+    digits = format(value, f"0{width}{'X' if style == 'upper' else 'x'}")
+    return "0x" + digits
+
+
+def _respell(old: str, value: int) -> str:
+    """The test's oracle for the spelling of a changed value, for the spellings the
+    generator makes: 0x + lowercase hex, 0x + uppercase hex, decimal."""
+    if not old.startswith("0x"):
+        return str(value)
+    digits = old[2:]
+    upper = any(c.isalpha() for c in digits) and digits == digits.upper()
+    return "0x" + format(value, f"0{len(digits)}{'X' if upper else 'x'}")
+
+
+_pci_numbers = st.tuples(
+    st.integers(0, _FIELD_MAX["domain"]),
+    st.integers(0, 0xFF),
+    st.integers(0, 0x1F),
+    st.integers(0, 7),
+)
+
+
+def _canonical(numbers: tuple[int, int, int, int]) -> str:
+    return f"{numbers[0]:04x}:{numbers[1]:02x}:{numbers[2]:02x}.{numbers[3]:x}"
+
+
+@st.composite
+def vf_documents(draw: st.DrawFn) -> tuple[list[tuple[str, object]], list[str], list[str]]:
+    """A domain as pieces ``(text, marker)``: marker ``("pci", field, source address)``
+    for a qualifying PCI attribute value, ``"uuid"`` for an mdev UUID, None otherwise;
+    plus the pools of PCI addresses and mdev UUIDs it uses."""
+    pool = [
+        _canonical(n)
+        for n in draw(st.lists(_pci_numbers, min_size=1, max_size=5, unique=True))
+    ]
+    uuids = [str(u) for u in draw(st.lists(st.uuids(), min_size=1, max_size=3, unique=True))]
+    pieces: list[tuple[str, object]] = []
+
+    def put(text: str, marker: object = None) -> None:
+        pieces.append((text, marker))
+
+    def q() -> str:
+        return draw(_QUOTE)
+
+    def attrs(address: str, kind: str) -> None:
+        numbers = dict(zip(_FIELDS, (int(x, 16) for x in re.split("[:.]", address)), strict=True))
+        order = draw(st.permutations(_FIELDS))
+        if kind == "interface":
+            quote = q()
+            put(f" type={quote}pci{quote}")
+        for field in order:
+            style = draw(st.sampled_from(["lower", "upper", "decimal"]))
+            width = draw(st.integers(1, 4)) if draw(st.booleans()) else _LIBVIRT_WIDTH[field]
+            quote = q()
+            put(f"{draw(st.sampled_from([' ', chr(10), '  ', chr(13) + chr(10)]))}{field}"
+                f"{draw(_EQ)}{quote}")
+            put(_spell(style, width, numbers[field]), ("pci", field, address))
+            put(quote)
+
+    def guest(address: str) -> str:
+        # The device's guest address, with the same numbers as the host one: a decoy.
+        d, b, rest = address.split(":")
+        s_, f = rest.split(".")
+        return (
+            f"<address type='pci' domain='0x{d}' bus='0x{b}' slot='0x{s_}' function='0x{f}'/>"
+        )
+
+    put(f"<domain type='kvm'>{draw(_WS)}")
+    if draw(st.booleans()):
+        address = draw(st.sampled_from(pool))
+        put(f"<metadata><m:x xmlns:m='urn:m'><hostdev type='pci'><source>{guest(address)}"
+            f"</source></hostdev></m:x></metadata>{draw(_WS)}")
+    put(f"<devices>{draw(_WS)}")
+    kinds = ["hostdev", "interface", "mdev", "unrelated", "comment", "empty"]
+    for kind in draw(st.lists(st.sampled_from(kinds), max_size=8)):
+        if kind in ("hostdev", "interface"):
+            address = draw(st.sampled_from(pool))
+            if kind == "hostdev":
+                put(f"<hostdev mode='subsystem' type='pci' managed='no'>{draw(_WS)}<source>"
+                    f"{draw(_WS)}<address")
+            else:
+                put(f"<interface type='hostdev' managed='no'><mac address='52:54:00:00:00:01'/>"
+                    f"<source>{draw(_WS)}<address")
+            attrs(address, kind)
+            put(f"{draw(st.sampled_from(['/>', ' />', '></address>']))}{draw(_WS)}</source>")
+            if draw(st.booleans()):
+                put(f"<alias name='hostdev0'/>{guest(address)}")
+            put(f"<!-- {address} {guest(address)} --></{kind}>{draw(_WS)}")
+        elif kind == "mdev":
+            put("<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='")
+            put(draw(st.sampled_from(uuids)), "uuid")
+            put(f"'/></source>{guest(draw(st.sampled_from(pool)))}</hostdev>{draw(_WS)}")
+        elif kind == "unrelated":
+            # Domain 0x00ff: never a pool address nor a destination, so it stays.
+            bus = draw(st.integers(0, 255))
+            put(f"<hostdev type='pci'><source><address domain='0x00ff' bus='0x{bus:02x}'/>"
+                f"</source></hostdev>{draw(_WS)}")
+        elif kind == "comment":
+            put(f"<!-- <hostdev type='pci'><source>{guest(draw(st.sampled_from(pool)))}"
+                f"</source></hostdev> -->{draw(_WS)}")
+        else:
+            put(f"<hostdev type='pci'><source/></hostdev>{draw(_WS)}")
+    put(f"</devices>{draw(_WS)}</domain>{draw(_WS)}")
+    return pieces, pool, uuids
+
+
+def _render_pci(
+    pieces: list[tuple[str, object]],
+    pci: dict[str, str] | None = None,
+    uuid_map: dict[str, str] | None = None,
+) -> str:
+    out = []
+    for text, marker in pieces:
+        if marker == "uuid" and uuid_map is not None:
+            out.append(uuid_map[text])
+        elif isinstance(marker, tuple) and pci is not None:
+            _, field, source = marker
+            index = _FIELDS.index(field)
+            old = int(re.split("[:.]", source)[index], 16)
+            new = int(re.split("[:.]", pci[source])[index], 16)
+            out.append(text if old == new else _respell(text, new))
+        else:
+            out.append(text)
+    return "".join(out)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=vf_documents(), data=st.data())
+def test_property_pci_and_mdev_rewrite_in_one_pass(
+    doc: tuple[list[tuple[str, object]], list[str], list[str]], data: st.DataObject
+) -> None:
+    pieces, pool, uuids = doc
+    original = _render_pci(pieces)
+    if data.draw(st.booleans(), label="permute"):
+        targets = data.draw(st.permutations(pool), label="perm")
+    else:
+        fresh = data.draw(
+            st.lists(
+                st.tuples(st.integers(4, 7), st.integers(0, 255), st.integers(0, 31),
+                          st.integers(0, 7)),
+                min_size=len(pool), max_size=len(pool), unique=True,
+            ),
+            label="fresh",
+        )
+        targets = [_canonical(t) for t in fresh]
+    forward = dict(zip(pool, targets, strict=True))
+    upper_keys = data.draw(st.booleans(), label="upper keys")
+    given_pci = {(k.upper() if upper_keys else k): v for k, v in forward.items()}
+    uuid_map = {u: str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, u)) for u in uuids}
+    as_bytes = data.draw(st.sampled_from([None, "utf-8", "utf-16"]), label="bytes")
+
+    def encode(text: str) -> str | bytes:
+        return text if as_bytes is None else text.encode(as_bytes)
+
+    result = rewrite_domain_xml(encode(original), uuid_map, given_pci)
+
+    expected = _render_pci(pieces, forward, uuid_map)
+    assert result.xml == encode(expected)
+    sources = [m[2] for _, m in pieces if isinstance(m, tuple) and m[1] == "domain"]
+    assert [s for s, _ in result.replaced_pci] == sources
+    assert set(result.unused_pci) == set(pool) - set(sources)
+    assert [s for s, _ in result.replaced_uuids] == [t for t, m in pieces if m == "uuid"]
+    assert [a for a in list_pci_sources(result.xml) if not a.startswith("00ff")] == [
+        forward[s] for s in sources
+    ]
+
+    # And back: the numbers return, each changed value in the oracle's spelling.
+    inverse = {v: k for k, v in forward.items()}
+    back = rewrite_pci_addresses(result.xml, inverse)
+    assert list_pci_sources(back.xml) == list_pci_sources(original)
+    forwarded: list[tuple[str, object]] = []
+    for text, marker in pieces:
+        if isinstance(marker, tuple):
+            moved = ("pci", marker[1], forward[marker[2]])
+            forwarded.append((_render_pci([(text, marker)], forward), moved))
+        else:
+            forwarded.append((uuid_map[text] if marker == "uuid" else text, None))
+    assert back.xml == encode(_render_pci(forwarded, inverse))
