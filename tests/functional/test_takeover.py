@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.daemon_fixture import AgentDaemon, short_dir
+from tests.functional.daemon_fixture import AgentDaemon, short_dir, wait_for
 from tests.functional.simhost import simulated_host
 
 pytestmark = [pytest.mark.fuse]
@@ -237,3 +237,124 @@ def test_takeover_through_the_daemon_api(host, tmp_path):
             body = json.loads(data)
             assert status == 409 and body["error"]["code"] == "TakeoverRefused", body
             assert client.allocation(vm3)["mdevs"] == []
+
+
+# --- Placement: Nova's providers and allocations survive the takeover ------------------
+
+
+def test_nova_placement_providers_and_allocations_stay_valid(host, tmp_path):
+    """A real Placement holding what Nova made: the compute node, one child provider
+    per pGPU named ``<host>_<libvirt node device>`` with Nova's VGPU inventory, and
+    the two instances' allocations against them.  After the takeover and the agent's
+    syncs: the same providers (same UUIDs, nothing created), now the agent's, with
+    the same allocations and usages, and no capacity counted twice."""
+    from tests.functional.placement_fixture import PlacementServer, placement_available
+    from tests.functional.test_placement_sync import Admin
+
+    if not placement_available():
+        pytest.skip("openstack-placement is not installed")
+    # Nova would not have left an nvidia-36 mdev on a pGPU it reports nvidia-35 for
+    # (an M60 runs one type at a time: GPU2 would offer no nvidia-35 at all)
+    fd = os.open(os.path.join(host.root, "bus", "mdev", "devices", ODD, "remove"), os.O_WRONLY)
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+    nova_names = {
+        GPU: "testhost_pci_0000_84_00_0",
+        GPU2: "testhost_pci_0000_85_00_0",
+        "mtty": "testhost_mtty_mtty",
+    }
+    with PlacementServer(tmp_path / "placement") as server, short_dir() as sockdir:
+        admin = Admin(server.endpoint)
+        # Nova: the compute node, then its vGPU children (random UUIDs, no owner trait)
+        root = admin.call("POST", "/resource_providers", {"name": "testhost"})["uuid"]
+        admin.call("PUT", f"/resource_providers/{root}/inventories", {
+            "resource_provider_generation": 0,
+            "inventories": {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}},
+        })
+        totals = {GPU: 16, GPU2: 16, "mtty": 12}  # what Nova counted: the same pGPUs
+        nova = {}
+        for parent, name in nova_names.items():
+            rp = admin.call("POST", "/resource_providers",
+                            {"name": name, "parent_provider_uuid": root})["uuid"]
+            admin.call("PUT", f"/resource_providers/{rp}/inventories", {
+                "resource_provider_generation": 0,
+                "inventories": {"VGPU": {"total": totals[parent], "max_unit": totals[parent]}},
+            })
+            nova[name] = rp
+
+        def nova_allocation(consumer: str, rp: str, vgpus: int) -> dict:
+            body = {
+                "allocations": {root: {"resources": {"VCPU": 1, "MEMORY_MB": 1024}},
+                                rp: {"resources": {"VGPU": vgpus}}},
+                "consumer_generation": None, "project_id": "p" * 32, "user_id": "u" * 32,
+                "consumer_type": "INSTANCE",
+            }
+            admin.call("PUT", f"/allocations/{consumer}", body, ok=(204,))
+            return admin.call("GET", f"/allocations/{consumer}")["allocations"]
+
+        allocations = {
+            VM1: nova_allocation(VM1, nova[nova_names[GPU]], 2),
+            VM2: nova_allocation(VM2, nova[nova_names["mtty"]], 1),
+        }
+
+        def tree() -> dict[str, str]:
+            listed = admin.call("GET", f"/resource_providers?in_tree={root}")
+            return {rp["name"]: rp["uuid"] for rp in listed["resource_providers"]}
+
+        def usages(rp: str) -> dict:
+            return admin.call("GET", f"/resource_providers/{rp}/usages")["usages"]
+
+        def traits(rp: str) -> list[str]:
+            return admin.call("GET", f"/resource_providers/{rp}/traits")["traits"]
+
+        socket_path = str(sockdir / "api.sock")
+        conf = config(host, libvirt_node(tmp_path / "node.xml", NOVA), f"""
+[api]
+socket_path = {socket_path}
+[placement]
+enabled = true
+take_over_providers = true
+sync_interval = 1
+max_backoff = 2
+timeout = 5
+auth_type = admin_token
+endpoint = {server.endpoint}
+token = admin
+""")
+        with AgentDaemon(Path(conf), socket_path, tmp_path) as daemon:
+            daemon.start()
+            assert "took over 3 mdev(s)" in ctl(conf, "adopt", "--from-libvirt").stdout
+            daemon.client().call("POST", "/v1/recover")  # any write wakes the reporter too
+            # every Nova provider becomes the agent's: owner trait, same UUID
+            wait_for(
+                lambda: all("CUSTOM_OWNER_ACCEL_AGENT" in traits(rp) for rp in nova.values()),
+                what="the agent to take over Nova's providers",
+            )
+            wait_for(lambda: daemon.health()["reporting"]["state"] == "ok", what="sync ok")
+            # and a further sync changes nothing
+            daemon.client().call("POST", "/v1/recover")
+            wait_for(lambda: daemon.health()["reporting"]["state"] == "ok", what="sync ok")
+
+        assert tree() == {"testhost": root, **nova}  # no provider created, none recreated
+        for consumer, held in allocations.items():
+            assert admin.call("GET", f"/allocations/{consumer}")["allocations"] == {
+                rp: {**record, "generation": admin.call("GET", f"/resource_providers/{rp}")[
+                    "generation"]}
+                for rp, record in held.items()
+            }
+        assert usages(nova[nova_names[GPU]]) == {"VGPU": 2}
+        assert usages(nova[nova_names["mtty"]]) == {"VGPU": 1}
+        assert usages(nova[nova_names[GPU2]]) == {"VGPU": 0}
+        # capacity counted once: the tree's VGPU totals are the agent's own inventory
+        reported = json.loads(ctl(conf, "inventory", "--json").stdout)["providers"]
+        assert {p["name"]: p["inventory"]["total"] for p in reported} == {
+            name: admin.call("GET", f"/resource_providers/{rp}/inventories")["inventories"][
+                "VGPU"]["total"]
+            for name, rp in nova.items()
+        }
+        # and the VGPUs Placement holds allocated are the mdevs the agent holds assigned
+        assigned = sorted(u for u, (owner, _) in ledger(host).items() if owner)
+        assert assigned == sorted([M1, M2, M3])
+        assert sum(usages(rp).get("VGPU", 0) for rp in nova.values()) == len(assigned)
