@@ -27,7 +27,8 @@ def test_package_installs_with_apt_and_ships_the_unit_unchanged():
     deb = os.environ.get("LAB_DEB_FILE", "")
     assert deb.endswith(".deb") and os.path.isfile(deb), f"no package to install: {deb!r}"
     # offline: the rootfs holds the package's dependencies (lab.sh, LAB_DEB)
-    lab.run("apt-get", "install", "-y", "--no-download", deb, timeout=600)
+    # (--force-unsafe-io: no fsync per file; a TCG guest unpacks the venv 2x faster)
+    lab.run("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-unsafe-io", deb, timeout=600)
     status = lab.run("dpkg-query", "-W", "-f=${db:Status-Status}", "accel-agent").stdout
     assert status == "installed"
     shipped = (lab.REPO / "systemd" / "accel-agent.service").read_bytes()
@@ -104,8 +105,10 @@ def test_release_remove_removes_an_idle_mdev_and_keeps_a_held_one():
         status, answer = lab.api("DELETE", "/v1/instances/inst-held/allocation?remove=true")
         assert status == 409, answer
         assert answer["error"]["code"] == "MdevInUse"
-        assert "is open" in answer["error"]["message"], answer  # EBUSY, not a blind probe
         assert held in lab.mdevs()
+        # kept because the probe saw EBUSY, not because it could not look
+        kept = [m for m in lab.messages(lab.journal()) if f"mdev {held} kept" in m]
+        assert kept and "is open (a VM or another process holds it)" in kept[-1], kept
     finally:
         os.close(fd)
     answer = lab.ok("DELETE", "/v1/instances/inst-held/allocation?remove=true")
@@ -137,16 +140,22 @@ def test_reload_refuses_a_config_that_would_orphan_an_assigned_mdev():
 def test_stop_exits_cleanly():
     mdevs_before = lab.mdevs()
     lab.run("systemctl", "stop", lab.UNIT, timeout=120)
-    props = lab.show("ActiveState", "Result", "ExecMainCode", "ExecMainStatus", "MainPID")
-    assert props["ActiveState"] == "inactive", props
-    assert props["Result"] == "success", props
-    # exited (CLD_EXITED = 1) with status 0: not killed by SIGKILL after TimeoutStopSec
-    assert (props["ExecMainCode"], props["ExecMainStatus"]) == ("1", "0"), props
-    assert props["MainPID"] == "0"
+    assert lab.show("ActiveState")["ActiveState"] == "inactive"
+    # (a stopped unit that is not enabled is unloaded at once: its Result= and
+    # ExecMain*= are reset, so the journal is the record)
     messages = lab.messages(lab.journal())
     assert any(m.endswith("accel-agent stopped") for m in messages), messages[-20:]
-    # nothing was left for systemd to kill (KillMode=mixed: SIGKILL to leftovers)
-    assert not [m for m in messages if "SIGKILL" in m], messages[-20:]
+    # systemd's own word: exit status 0, nothing left for it to kill (KillMode=mixed
+    # would SIGKILL leftovers), no timeout
+    assert "accel-agent.service: Deactivated successfully." in messages, messages[-20:]
+    bad = [
+        m
+        for m in messages
+        if "SIGKILL" in m
+        or "Failed with result" in m
+        or ("Main process exited" in m and "status=0/SUCCESS" not in m)
+    ]
+    assert not bad, bad
     # the privsep helper went with it; the mdevs stay (they are the instances')
     leftovers = lab.run("pgrep", "-f", "privsep-helper", check=False).stdout.split()
     assert leftovers == []
