@@ -111,8 +111,11 @@ def test_release_remove_removes_an_idle_mdev_and_keeps_a_held_one():
         assert kept and "is open (a VM or another process holds it)" in kept[-1], kept
     finally:
         os.close(fd)
-    answer = lab.ok("DELETE", "/v1/instances/inst-held/allocation?remove=true")
-    assert answer["removed"] is True
+    # kept means released and free: the next allocation reuses it; once nobody holds
+    # its group, release --remove removes it
+    assert [m["uuid"] for m in _allocate("inst-again")] == [held]
+    answer = lab.ok("DELETE", "/v1/instances/inst-again/allocation?remove=true")
+    assert answer["removed"] is True and answer["released"] == [held]
     assert held not in lab.mdevs()
 
 
