@@ -376,7 +376,7 @@ def _takeover(args: argparse.Namespace, conf: Any) -> int:
     )
     if plan is _OFFLINE:
         plan = (
-            common.build_manager(conf)
+            wiring.build_manager(conf)
             .takeover(adopt_unused=args.all, dry_run=args.dry_run)
             .to_dict()
         )
