@@ -461,3 +461,14 @@ class ApiMethodNotAllowed(AccelAgentException):
 
 class ReloadRefused(AccelAgentException):
     msg_fmt = "configuration reload refused, the running configuration is kept: %(reason)s"
+
+
+# --- takeover from Nova (appended) ----------------------------------------------------------
+
+
+class LibvirtUnavailable(AccelAgentException):
+    msg_fmt = "cannot list the libvirt domains at %(uri)s: %(reason)s"
+
+
+class TakeoverRefused(AccelAgentException):
+    msg_fmt = "takeover from libvirt refused, nothing changed: %(reason)s"

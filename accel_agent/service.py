@@ -56,7 +56,7 @@ from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import DeviceDescription
     from accel_agent.libvirt_xml.rewrite import DomainRewriteResult
-    from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport
+    from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.placement import PlacementReporter
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
@@ -337,6 +337,13 @@ class AgentCore:
             return self.manager.adopt(uuid)
         finally:
             self.request_rescan("api")
+
+    def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan:
+        try:
+            return self.manager.takeover(adopt_unused=adopt_unused, dry_run=dry_run)
+        finally:
+            if not dry_run:
+                self.request_rescan("api")
 
     def recover(self, check: bool = False) -> RecoveryReport:
         try:

@@ -33,7 +33,7 @@ from accel_agent.api import errors
 
 if TYPE_CHECKING:
     from accel_agent.mdev.ledger import MdevRecord
-    from accel_agent.mdev.manager import Allocation, RecoveryReport
+    from accel_agent.mdev.manager import Allocation, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
 
 LOG = logging.getLogger(__name__)
@@ -80,6 +80,8 @@ class Backend(Protocol):
     def release(self, instance: str, remove: bool) -> list[str]: ...
 
     def adopt(self, uuid: str) -> MdevRecord: ...
+
+    def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan: ...
 
     def recover(self, check: bool = False) -> RecoveryReport: ...
 

@@ -211,6 +211,12 @@ class ApiClient:
     def adopt(self, uuid: str) -> dict[str, Any]:
         return self.call("POST", f"/v1/mdevs/{quote(uuid)}/adopt")
 
+    def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> dict[str, Any]:
+        query = "&".join(
+            name for name, on in (("all=true", adopt_unused), ("dry_run=true", dry_run)) if on
+        )
+        return self.call("POST", "/v1/takeover/libvirt" + (f"?{query}" if query else ""))
+
     def recover(self, check: bool = False) -> dict[str, Any]:
         return self.call("POST", "/v1/recover" + ("?check=true" if check else ""))
 

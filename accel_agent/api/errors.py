@@ -54,9 +54,11 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.MigrationVersionTooOld: 409,
     exception.MigrationTypesUnsupported: 409,
     exception.MigrationNotPossible: 409,
+    exception.TakeoverRefused: 409,
     # 503: cannot answer now, retry later
     exception.LedgerError: 503,
     exception.SysfsRootNotFound: 503,
+    exception.LibvirtUnavailable: 503,
 }
 
 INTERNAL = 500

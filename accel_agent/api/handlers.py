@@ -88,6 +88,14 @@ def adopt(req: Request) -> Response:
     )
 
 
+def takeover(req: Request) -> Response:
+    plan = req.backend.takeover(
+        adopt_unused=bool(req.query.get("all", False)),
+        dry_run=bool(req.query.get("dry_run", False)),
+    )
+    return Response.json(plan.to_dict())
+
+
 def recover(req: Request) -> Response:
     if req.query.get("check"):
         return Response.json(req.backend.recover(check=True).to_dict())
@@ -153,6 +161,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{INSTANCE}/domain-xml", domain_xml),
     Route("POST", "/v1/mdevs/{uuid}/adopt", adopt),
     Route("POST", "/v1/recover", recover),
+    Route("POST", "/v1/takeover/libvirt", takeover),
     Route("POST", "/v1/migrations/{instance}/claim", migration_claim),
     Route("POST", "/v1/migrations/{instance}/commit", migration_commit),
     Route("DELETE", "/v1/migrations/{instance}", migration_abort),

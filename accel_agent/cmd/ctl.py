@@ -354,12 +354,76 @@ def _register_migration(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
+    if args.from_libvirt == bool(args.uuid):
+        sys.stderr.write("accelctl adopt: error: give either UUID or --from-libvirt\n")
+        return EXIT_USAGE
+    if not args.from_libvirt and (args.all or args.dry_run or args.json):
+        sys.stderr.write("accelctl adopt: error: --all, --dry-run and --json go with "
+                         "--from-libvirt\n")
+        return EXIT_USAGE
     conf = _load_for_writes(args)
+    if args.from_libvirt:
+        return _takeover(args, conf)
     record = _via_api(args, conf.api.socket_path, lambda api: api.adopt(args.uuid))
     if record is _OFFLINE:
         adopted = wiring.build_manager(conf).adopt(args.uuid)
         record = {"uuid": adopted.uuid, "parent": adopted.parent, "mdev_type": adopted.mdev_type}
     print(f"adopted {record['uuid']} ({record['mdev_type']} on {record['parent']})")
+    return EXIT_OK
+
+
+_TAKEOVER_WORDS = {
+    "adopt": "adopt  ",
+    "assign": "assign ",
+    "none": "already",
+    "foreign": "foreign",
+}
+
+
+def _takeover(args: argparse.Namespace, conf: Any) -> int:
+    """``adopt --from-libvirt``: every libvirt domain's mdevs become its instance's."""
+    plan = _via_api(
+        args,
+        conf.api.socket_path,
+        lambda api: api.takeover(adopt_unused=args.all, dry_run=args.dry_run),
+    )
+    if plan is _OFFLINE:
+        plan = (
+            wiring.build_manager(conf)
+            .takeover(adopt_unused=args.all, dry_run=args.dry_run)
+            .to_dict()
+        )
+    if args.json:
+        output.emit_json(plan)
+        return EXIT_ERROR if plan["problems"] else EXIT_OK
+
+    def line(mdev: dict[str, Any]) -> str:
+        text = f"  {_TAKEOVER_WORDS.get(mdev['action'], mdev['action'])} {mdev['uuid']}"
+        text += f"  {mdev['mdev_type']} on {mdev['parent']}"
+        return text + (f"  ({mdev['reason']})" if mdev.get("reason") else "")
+
+    for domain in plan["domains"]:
+        print(f"domain {domain['name']} -> instance {domain['uuid']}")
+        for mdev in domain["mdevs"]:
+            print(line(mdev))
+    if plan["unused"]:
+        print("used by no domain" + ("" if plan["all"] else " (--all adopts them, free)"))
+        for mdev in plan["unused"]:
+            print(line(mdev))
+    for problem in plan["problems"]:
+        print(f"problem: {problem}")
+    taken = sum(m["action"] in ("adopt", "assign") for d in plan["domains"] for m in d["mdevs"])
+    free = sum(m["action"] == "adopt" for m in plan["unused"])
+    if plan["applied"]:
+        print(f"took over {taken} mdev(s) of {len(plan['domains'])} domain(s), "
+              f"adopted {free} unused mdev(s)")
+        return EXIT_OK
+    if plan["problems"]:
+        print(f"dry run: nothing changed; the takeover would be refused "
+              f"({len(plan['problems'])} problem(s))")
+        return EXIT_ERROR
+    print(f"dry run: nothing changed; would take over {taken} mdev(s) of "
+          f"{len(plan['domains'])} domain(s) and adopt {free} unused mdev(s)")
     return EXIT_OK
 
 
@@ -498,11 +562,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     adopt = subparsers.add_parser(
         "adopt",
-        help="take ownership of a foreign mdev",
+        help="take ownership of a foreign mdev, or of a Nova host's (--from-libvirt)",
         description="Record an existing mdev the agent did not create as owned, so it can "
-        "be allocated and removed. Foreign mdevs are otherwise never touched.",
+        "be allocated and removed. Foreign mdevs are otherwise never touched. "
+        "--from-libvirt takes over a host Nova ran: every libvirt domain's ([libvirt] uri) "
+        "mdevs are adopted and assigned to the instance named by the domain's UUID; all or "
+        "nothing: an mdev missing, of a type the config does not give its parent, used by "
+        "two domains or assigned to another instance refuses the whole takeover.",
     )
-    adopt.add_argument("uuid", metavar="UUID")
+    adopt.add_argument("uuid", metavar="UUID", nargs="?")
+    adopt.add_argument(
+        "--from-libvirt", action="store_true", help="take over every libvirt domain's mdevs"
+    )
+    adopt.add_argument(
+        "--all", action="store_true", help="also adopt, free, the mdevs no domain uses"
+    )
+    adopt.add_argument(
+        "--dry-run", action="store_true", help="print the plan (and its problems); change nothing"
+    )
+    adopt.add_argument("--json", action="store_true", help="the plan as JSON")
     adopt.set_defaults(func=cmd_adopt)
 
     recover = subparsers.add_parser(

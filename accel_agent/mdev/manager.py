@@ -162,6 +162,36 @@ class RecoveryReport:
         return {k: sorted(v) for k, v in self.__dict__.items()}
 
 
+@dataclass
+class TakeoverPlan:
+    """What ``takeover`` does (or, dry run or refused, would do).
+
+    ``domains``: per libvirt domain with mdevs, each mdev with its action:
+    ``adopt`` (foreign: adopted and assigned to the domain's UUID), ``assign``
+    (owned and free: assigned) or ``none`` (already the instance's).
+    ``unused``: foreign mdevs no domain uses, ``adopt`` (``--all``, adopted
+    free) or ``foreign`` (left alone; ``reason`` says why when ``--all`` was
+    given).  ``problems``: why the takeover is refused; any one of them means
+    nothing changes."""
+
+    dry_run: bool
+    adopt_unused: bool
+    domains: list[dict[str, Any]] = field(default_factory=list)
+    unused: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    applied: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "applied": self.applied,
+            "dry_run": self.dry_run,
+            "all": self.adopt_unused,
+            "domains": self.domains,
+            "unused": self.unused,
+            "problems": self.problems,
+        }
+
+
 _TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -780,6 +810,139 @@ class MdevManager:
             record = self.ledger.adopt(text, mdev.parent, mdev.mdev_type, backend=mdev.backend)
             LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
             return record
+
+    # --- takeover from libvirt (Nova) ----------------------------------------------
+
+    def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan:
+        """Take over the mdevs of a host Nova ran: every libvirt domain's mdevs
+        are adopted and assigned to the instance named by the domain's UUID
+        (Nova's instance UUID); with ``adopt_unused`` the foreign mdevs no
+        domain uses are adopted free.  All or nothing: any problem (an mdev
+        missing, of a type the config does not give its parent, used by two
+        domains or owned by another instance) raises TakeoverRefused and
+        changes nothing.  ``dry_run`` returns the plan, problems included,
+        and changes nothing.  Idempotent: a second run finds nothing to do."""
+        domains = self.domains.mdev_domains()  # LibvirtUnavailable: nothing done
+        with self._locked():
+            snapshot = self.scan()
+            plan = self._plan_takeover(snapshot, domains, adopt_unused, dry_run)
+            if dry_run:
+                return plan
+            if plan.problems:
+                raise exception.TakeoverRefused(reason="; ".join(plan.problems))
+            with self.ledger.transaction():
+                for domain in plan.domains:
+                    for mdev in domain["mdevs"]:
+                        if mdev["action"] == "adopt":
+                            self.ledger.adopt(
+                                mdev["uuid"], mdev["parent"], mdev["mdev_type"],
+                                backend=snapshot.mdevs[mdev["uuid"]].backend,
+                            )
+                        if mdev["action"] in ("adopt", "assign"):
+                            self.ledger.assign(mdev["uuid"], domain["uuid"])
+                for mdev in plan.unused:
+                    if mdev["action"] == "adopt":
+                        self.ledger.adopt(
+                            mdev["uuid"], mdev["parent"], mdev["mdev_type"],
+                            backend=snapshot.mdevs[mdev["uuid"]].backend,
+                        )
+            plan.applied = True
+        for domain in plan.domains:
+            taken = [m["uuid"] for m in domain["mdevs"] if m["action"] != "none"]
+            if taken:
+                LOG.info(
+                    "took over mdev(s) %s of libvirt domain %s as instance %s",
+                    ", ".join(taken), domain["name"], domain["uuid"],
+                )
+        adopted = [m["uuid"] for m in plan.unused if m["action"] == "adopt"]
+        if adopted:
+            LOG.info("adopted %d unused mdev(s) as free: %s", len(adopted), ", ".join(adopted))
+        return plan
+
+    def _plan_takeover(
+        self,
+        snapshot: HostSnapshot,
+        domains: list[Any],
+        adopt_unused: bool,
+        dry_run: bool,
+    ) -> TakeoverPlan:
+        plan = TakeoverPlan(dry_run=dry_run, adopt_unused=adopt_unused)
+        users: dict[str, list[str]] = {}
+        for domain in domains:
+            for uuid in domain.mdevs:
+                users.setdefault(uuid, []).append(f"{domain.name} ({domain.uuid})")
+        for uuid, names in sorted(users.items()):
+            if len(names) > 1:
+                plan.problems.append(f"mdev {uuid} is used by {len(names)} domains: "
+                                     + ", ".join(names))
+        for domain in domains:
+            who = f"domain {domain.name} ({domain.uuid})"
+            try:
+                validate_instance_id(domain.uuid)
+            except exception.AccelAgentException as exc:
+                plan.problems.append(f"{who}: its UUID is no instance id: {exc.message}")
+            entries = []
+            for uuid in domain.mdevs:
+                entry = self._takeover_entry(snapshot, uuid, domain.uuid, who, plan.problems)
+                if entry is not None:
+                    entries.append(entry)
+            plan.domains.append({"uuid": domain.uuid, "name": domain.name, "mdevs": entries})
+        for uuid, mdev in sorted(snapshot.mdevs.items()):
+            if uuid in users or self.ledger.get(uuid) is not None:
+                continue
+            entry = {"uuid": uuid, "parent": mdev.parent, "mdev_type": mdev.mdev_type,
+                     "action": "foreign"}
+            if adopt_unused:
+                configured = self.policy.type_for_name(mdev.parent, snapshot.parents)
+                if mdev.mdev_type is not None and configured == mdev.mdev_type:
+                    entry["action"] = "adopt"
+                else:
+                    entry["reason"] = (
+                        f"its type {mdev.mdev_type} is not the one configured for "
+                        f"{mdev.parent} ({configured or 'none'})"
+                    )
+            plan.unused.append(entry)
+        return plan
+
+    def _takeover_entry(
+        self, snapshot: HostSnapshot, uuid: str, instance: str, who: str, problems: list[str]
+    ) -> dict[str, Any] | None:
+        mdev = snapshot.mdevs.get(uuid)
+        if mdev is None:
+            problems.append(
+                f"{who} uses mdev {uuid}, which does not exist on this host "
+                "(start the domain, or re-create the mdev, and run the takeover again)"
+            )
+            return None
+        entry = {"uuid": uuid, "parent": mdev.parent, "mdev_type": mdev.mdev_type}
+        configured = self.policy.type_for_name(mdev.parent, snapshot.parents)
+        if mdev.mdev_type is None:
+            problems.append(f"{who} uses mdev {uuid}, whose type cannot be read")
+        elif configured != mdev.mdev_type:
+            problems.append(
+                f"{who} uses mdev {uuid} of type {mdev.mdev_type} on parent {mdev.parent}, "
+                f"but the config gives {mdev.parent} "
+                + (f"type {configured}" if configured else "no type")
+                + f" (add it to [mdev_{mdev.mdev_type}] device_addresses, with "
+                f"{mdev.mdev_type} in [devices] enabled_mdev_types)"
+            )
+        record = self.ledger.get(uuid)
+        if record is None:
+            entry["action"] = "adopt"
+        elif record.owner == instance and record.owner_kind is OwnerKind.INSTANCE:
+            entry["action"] = "none"
+        elif record.owner is not None:
+            problems.append(
+                f"{who} uses mdev {uuid}, which the agent has assigned to "
+                f"{record.owner_kind} {record.owner}"
+            )
+            entry["action"] = "none"
+        elif record.state is not MdevState.PRESENT:
+            problems.append(f"{who} uses mdev {uuid}, which the agent is {record.state}")
+            entry["action"] = "none"
+        else:
+            entry["action"] = "assign"
+        return entry
 
     # --- recover ----------------------------------------------------------------------
 

@@ -244,18 +244,28 @@ def desired_inventories(desired: Provider, actual: ProviderState | None) -> dict
 
 
 def plan_provider(
-    name: str, desired: Provider | None, actual: ProviderState | None, root_uuid: str
+    name: str,
+    desired: Provider | None,
+    actual: ProviderState | None,
+    root_uuid: str,
+    take_over: bool = False,
 ) -> list[Action]:
     """The writes that make Placement's ``actual`` match ``desired``, in order.
 
     ``desired`` None: the provider should not exist (GPU gone or unconfigured).
     ``actual`` None: Placement has no provider of that name under the root.
+    ``take_over`` (``[placement] take_over_providers``): a provider of the name
+    the agent wants that someone else created (Nova, on a host taken over with
+    ``accelctl adopt --from-libvirt``) becomes the agent's: its UUID is kept, so
+    the allocations against it stay valid, and it gets the owner trait.
     """
     if desired is not None and desired.total <= 0:
         desired = None  # Placement rejects total 0: no capacity, no provider.
     if actual is not None and not actual.owned:
         if desired is None:
             return []  # someone else's provider (Nova's, an operator's)
+        if take_over:
+            return _plan_present(desired, actual, root_uuid)
         return [
             Refuse(
                 name,
@@ -324,13 +334,18 @@ def _plan_removal(actual: ProviderState) -> list[Action]:
 
 
 def plan(
-    desired: Iterable[Provider], actual: Mapping[str, ProviderState], root_uuid: str
+    desired: Iterable[Provider],
+    actual: Mapping[str, ProviderState],
+    root_uuid: str,
+    take_over: bool = False,
 ) -> list[Action]:
     """Every action for the whole subtree, provider by provider in name order."""
     wanted = {p.name: p for p in desired}
     actions: list[Action] = []
     for name in sorted(wanted.keys() | actual.keys()):
-        actions += plan_provider(name, wanted.get(name), actual.get(name), root_uuid)
+        actions += plan_provider(
+            name, wanted.get(name), actual.get(name), root_uuid, take_over=take_over
+        )
     return actions
 
 
@@ -527,6 +542,7 @@ class PlacementReporter:
         host: str,
         *,
         create_root: bool = False,
+        take_over: bool = False,
         max_retries: int = 4,
         sync_interval: float = 60,
         max_backoff: float = 600,
@@ -537,6 +553,7 @@ class PlacementReporter:
         self.sync_interval = sync_interval
         self._client = _Client(adapter) if adapter is not None else None
         self._create_root = create_root
+        self._take_over = take_over
         self._max_retries = max_retries
         self._max_backoff = max_backoff
         self._log = logger or LOG
@@ -564,6 +581,7 @@ class PlacementReporter:
             build_adapter(conf) if group.enabled else None,
             host or conf.host,
             create_root=group.create_root_provider,
+            take_over=group.take_over_providers,
             max_retries=group.max_conflict_retries,
             sync_interval=group.sync_interval,
             max_backoff=group.max_backoff,
@@ -762,7 +780,9 @@ class PlacementReporter:
             try:
                 if attempt > 1:
                     state = self._refetch(client, state.uuid if state else provider_uuid(name))
-                for action in plan_provider(name, desired, state, root_uuid):
+                for action in plan_provider(
+                    name, desired, state, root_uuid, take_over=self._take_over
+                ):
                     state = self._apply(client, action, state)
                     tally.note(action)
             except exception.PlacementGenerationConflict as exc:

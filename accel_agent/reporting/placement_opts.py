@@ -51,6 +51,17 @@ placement_opts = [
         "and the agent waits (and reports 'root provider <host> not found') until "
         "Nova has created it.",
     ),
+    cfg.BoolOpt(
+        "take_over_providers",
+        default=False,
+        help="Manage the per-GPU providers under the root that carry the names the agent "
+        "gives (Nova's: <host>_pci_0000_84_00_0) though the agent did not create them: "
+        "it adds its owner trait and keeps their UUIDs, so the allocations Nova made "
+        "against them stay valid. Set it when taking a host over from Nova (accelctl "
+        "adopt --from-libvirt), once Nova no longer reports vGPU inventory (its [devices] "
+        "enabled_mdev_types emptied). Left false, such a provider is reported as not the "
+        "agent's and never touched.",
+    ),
     cfg.IntOpt(
         "sync_interval",
         default=60,

@@ -72,6 +72,14 @@ cannot() {
 	cannot "no lab profile '$LAB' (tests/realkernel/labs/*.sh)"
 # shellcheck source=labs/host.sh
 . "$HERE/labs/$LAB.sh"
+# Optional profile variables (README.md, Profiles), off unless a profile sets them.
+LAB_INIT=${LAB_INIT:-chroot}
+LAB_DEB=${LAB_DEB:-0}
+LAB_DISK_MB=${LAB_DISK_MB:-0}
+LAB_GUEST_REBOOTS=${LAB_GUEST_REBOOTS:-0}
+LAB_GUEST_SCRIPT=${LAB_GUEST_SCRIPT:-}
+LAB_VENV=${LAB_VENV:-}
+[ -n "${LAB_DEBIAN_PYTHON+set}" ] || LAB_DEBIAN_PYTHON=()
 TIMEOUT=${ACCEL_REALKERNEL_TIMEOUT:-$LAB_TIMEOUT}
 
 # Host-side Python for labtool.py: the project's interpreter, else any python3.
@@ -507,6 +515,55 @@ install_agent() {
 		'import importlib.metadata as m; print(m.version("accel-agent"))') installed into $LAB_VENV"
 }
 
+# --- the Debian package (LAB_DEB=1) -----------------------------------------------------
+
+# ensure_deb: DEB = dist/accel-agent_*.deb of this checkout, built by `make deb` when it is
+# missing or older than anything it is built from.  Its Depends and Recommends join the
+# rootfs's packages: the guest installs it with apt, offline.
+ensure_deb() {
+	local found=() newer
+	shopt -s nullglob
+	found=("$REPO"/dist/accel-agent_*.deb)
+	shopt -u nullglob
+	newer=
+	if [ ${#found[@]} -eq 1 ]; then
+		newer=$(find "$REPO/accel_agent" "$REPO/systemd" "$REPO/packaging" "$REPO/etc" \
+			"$REPO/pyproject.toml" "$REPO/constraints.txt" "$REPO/tools/build-deb.sh" \
+			-newer "${found[0]}" -type f ! -name '*.pyc' -print -quit 2>/dev/null)
+	fi
+	if [ ${#found[@]} -ne 1 ] || [ -n "$newer" ]; then
+		stamp "building the Debian package (make deb${newer:+: $newer changed})"
+		make -C "$REPO" -s deb >"$RESULTS/make-deb.log" 2>&1 ||
+			{ tail -n 30 "$RESULTS/make-deb.log" >&2; die "make deb failed ($RESULTS/make-deb.log)"; }
+		shopt -s nullglob
+		found=("$REPO"/dist/accel-agent_*.deb)
+		shopt -u nullglob
+		[ ${#found[@]} -eq 1 ] || die "make deb left ${#found[@]} packages in dist/"
+	fi
+	DEB=${found[0]}
+	local relation name
+	while read -r relation; do
+		name=${relation%% *}
+		name=${name%%:*}
+		[ -z "$name" ] || LAB_ROOTFS_PACKAGES+=("$name")
+	done < <(dpkg-deb -f "$DEB" Depends Pre-Depends Recommends | sed 's/^[A-Za-z-]*: //' |
+		tr ',' '\n' | sed 's/|.*//; s/^ *//; s/ *$//')
+	stamp "package $(basename "$DEB"); its dependencies go into the rootfs"
+}
+
+# --- the guest's disk (LAB_DISK_MB) ------------------------------------------------------
+
+# make_disk: DISK = a new, empty ext4 image; the guest's overlay writes there, so what it
+# writes (the installed package, /etc, the agent's state) survives the guest's reboots
+# within this run.  Every run starts from a clean one, as a freshly installed host.
+make_disk() {
+	ensure_packages e2fsprogs
+	DISK=$CACHE/disk-$LAB.img
+	rm -f "$DISK"
+	truncate -s "${LAB_DISK_MB}M" "$DISK"
+	mkfs.ext4 -q -F -L lab-upper "$DISK" || die "mkfs.ext4 of $DISK failed"
+}
+
 # --- initramfs ----------------------------------------------------------------------
 
 # build_initrd KDIR OUT: busybox + the ordered modules + init.sh as /init.
@@ -533,7 +590,13 @@ build_initrd() {
 
 # boot: one run of the guest; QRC = QEMU's exit status (124/137: timeout).
 boot() {
-	local virtfs=()
+	local virtfs=() machine=()
+	if [ "$LAB_DISK_MB" -gt 0 ]; then
+		machine=(-drive "file=$DISK,if=virtio,format=raw,cache=unsafe")
+	fi
+	# A guest that reboots on purpose (LAB_GUEST_REBOOTS) boots the same kernel again;
+	# init.sh counts the boots on the disk and stops a reboot loop (a panic reboots too).
+	[ "$LAB_GUEST_REBOOTS" -gt 0 ] || machine+=(-no-reboot)
 	if [ "$LAB_ROOT" = rootfs ]; then
 		virtfs=(
 			-virtfs "local,path=$ROOTFS,mount_tag=rootfs,security_model=none,readonly=on,multidevs=remap"
@@ -550,7 +613,7 @@ boot() {
 	# QEMU does not exit on some errors (the VM just pauses): always under timeout.
 	timeout --kill-after=10 "$TIMEOUT" "${QEMU[@]}" \
 		-accel tcg -cpu max -smp 2 -m "$LAB_MEMORY_MB" \
-		-nodefaults -no-user-config -display none -no-reboot -monitor none \
+		-nodefaults -no-user-config -display none -monitor none "${machine[@]}" \
 		-serial stdio -pidfile "$QEMU_PID_FILE" \
 		-kernel "$KDIR/vmlinux" -initrd "$INITRD" -append "$APPEND" \
 		"${virtfs[@]}" \
@@ -624,10 +687,13 @@ fi
 mkdir -p "$RESULTS"
 # Nothing of an earlier run may pass for this one's (run.sh reads the junit file).
 rm -f "$RESULTS"/{realkernel.junit.xml,console.log,dmesg.log,guest-rc,guest-error}
+[ "$LAB_DEB" != 1 ] || ensure_deb
 if [ "$LAB_ROOT" = rootfs ]; then
 	ensure_rootfs
-	ensure_venv
-	install_agent
+	if [ -n "$LAB_VENV" ]; then
+		ensure_venv
+		install_agent
+	fi
 fi
 if [ "${LAB_OUTER_QEMU:-host}" = rootfs ]; then
 	[ "$LAB_ROOT" = rootfs ] || die "LAB_OUTER_QEMU=rootfs needs LAB_ROOT=rootfs"
@@ -640,6 +706,7 @@ if [ "${LAB_OUTER_QEMU:-host}" = rootfs ]; then
 	QEMU=(unshare -m --propagation private sh -c \
 		'mount --bind "$0/usr" /usr && exec /usr/bin/qemu-system-x86_64 "$@"' "$ROOTFS")
 fi
+[ "$LAB_DISK_MB" -gt 0 ] && make_disk
 
 # The guest's command script goes into the results share (the guest sees the same path).
 rm -f "$RESULTS/guest-cmd.sh"
@@ -647,16 +714,22 @@ if [ $# -gt 0 ] && [ "$1" = "--" ]; then shift; fi
 if [ $# -eq 0 ]; then
 	# shellcheck disable=SC2206 # word splitting of the extra arguments is intended
 	extra=(${ACCEL_REALKERNEL_PYTEST_ARGS:-})
-	set -- env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$LAB_VENV/bin/python" -m pytest "${LAB_TESTS[@]}" \
-		-p no:cacheprovider -q -rfEs --color=no \
-		--junitxml="$RESULTS/realkernel.junit.xml" "${extra[@]}"
+	if [ -n "$LAB_GUEST_SCRIPT" ]; then
+		# The script runs the lab's pytest itself (e.g. once per boot of the guest).
+		set -- bash "$LAB_GUEST_SCRIPT" "${extra[@]}"
+	else
+		set -- env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "${LAB_VENV:-/usr}/bin/python3" -m pytest \
+			"${LAB_TESTS[@]}" -p no:cacheprovider -q -rfEs --color=no \
+			--junitxml="$RESULTS/realkernel.junit.xml" "${extra[@]}"
+	fi
 fi
 {
 	echo '#!/bin/bash'
 	echo "# written by tests/realkernel/lab.sh; runs in the guest of lab $LAB, chrooted into its root"
 	printf 'cd %q || exit 97\n' "$REPO"
 	# shellcheck disable=SC2016 # $PATH is for the guest's shell
-	printf 'export PATH=%q:"$PATH"\n' "$LAB_VENV/bin"
+	[ -z "$LAB_VENV" ] || printf 'export PATH=%q:"$PATH"\n' "$LAB_VENV/bin"
+	[ "$LAB_DEB" != 1 ] || printf 'export LAB_DEB_FILE=%q\n' "$DEB"
 	printf 'exec'
 	printf ' %q' "$@"
 	echo
@@ -664,7 +737,8 @@ fi
 
 QEMU_PID_FILE=$RESULTS/qemu.pid
 APPEND="console=ttyS0 panic=-1 quiet lab_name=$LAB lab_root=$LAB_ROOT lab_out=$RESULTS"
-APPEND="$APPEND lab_cmd=$RESULTS/guest-cmd.sh lab_repo=$REPO $LAB_APPEND"
+APPEND="$APPEND lab_cmd=$RESULTS/guest-cmd.sh lab_repo=$REPO lab_init=$LAB_INIT"
+APPEND="$APPEND lab_disk=$((LAB_DISK_MB > 0)) lab_boots=$((LAB_GUEST_REBOOTS + 1)) $LAB_APPEND"
 attempt=1
 while :; do
 	boot
@@ -674,6 +748,8 @@ while :; do
 	[ "$attempt" -lt 2 ] || die "the lab's QEMU crashed twice ($crash); console: $RESULTS/console.log"
 	stamp "the lab's QEMU crashed before the guest finished ($crash): not a test failure;" \
 		"booting once more (console kept in console-crash-$attempt.log)"
+	# a guest that writes to its disk starts again from a fresh one
+	[ "$LAB_DISK_MB" -le 0 ] || make_disk
 	attempt=$((attempt + 1))
 done
 

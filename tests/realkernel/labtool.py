@@ -33,8 +33,8 @@ import tarfile
 import tomllib
 import xml.etree.ElementTree as ET
 
-# Module folders of the image package that hold everything the guest loads:
-# vfio + mdev (mtty's dependencies) and the virtio/9p chain of the host-root share.
+# Module folders (and single modules) of the image package that hold everything the
+# guest loads: vfio + mdev (mtty's dependencies) and the virtio/9p chain of the shares.
 MODULE_DIRS = (
     "drivers/vfio",
     "drivers/virtio",
@@ -51,6 +51,15 @@ MODULE_DIRS = (
     "drivers/dca",
     "drivers/i2c/algos",
     "virt/lib",
+    # a lab whose guest reboots keeps what it wrote on a virtio disk (ext4): the
+    # block driver, the filesystem, and the crc32c its metadata checksums need (ext4
+    # asks the crypto API for it at mount time; nothing in the initramfs can modprobe)
+    "drivers/block/virtio_blk.ko",
+    "fs/ext4",
+    "fs/jbd2",
+    "fs/mbcache.ko",
+    "lib/crc16.ko",
+    "crypto/crc32c_generic.ko",
 )
 
 _DEPENDS_RE = re.compile(rb"(?:^|\0)depends=([^\0]*)\0")
@@ -67,7 +76,10 @@ def untar_image(abi: str, dest: str) -> int:
         f"./boot/config-{abi}": "config",
         f"./lib/modules/{abi}/modules.builtin": "modules.builtin",
     }
-    prefixes = tuple(f"./lib/modules/{abi}/kernel/{d}/" for d in MODULE_DIRS)
+    # A folder takes every module under it; a name ending in .ko takes that one module.
+    prefixes = tuple(
+        f"./lib/modules/{abi}/kernel/{d}" + ("" if d.endswith(".ko") else "/") for d in MODULE_DIRS
+    )
     os.makedirs(os.path.join(dest, "ko"), exist_ok=True)
     found = set()
     with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:

@@ -227,6 +227,23 @@ def test_foreign_provider_is_never_touched() -> None:
     assert "not created by accel-agent" in refusal.describe()
 
 
+def test_take_over_makes_a_novas_provider_ours_in_place() -> None:
+    """[placement] take_over_providers: Nova's provider of our name keeps its UUID
+    (its allocations stay valid), gets the owner trait and our inventory."""
+    desired = gpu()
+    nova_uuid = str(uuid.uuid4())
+    nova = state_of(gpu(total=16), traits=(), rp_uuid=nova_uuid, inventories={"VGPU": record(14)})
+    assert not nova.owned
+    actions = plan_provider(desired.name, desired, nova, ROOT, take_over=True)
+    assert not any(isinstance(a, CreateProvider | DeleteProvider | Refuse) for a in actions)
+    traits, inventory = actions
+    assert isinstance(traits, SetTraits) and traits.uuid == nova_uuid
+    assert OWNER_TRAIT in traits.traits
+    assert isinstance(inventory, SetInventory) and inventory.uuid == nova_uuid
+    # a Nova provider the agent has nothing for is still left alone
+    assert plan_provider(desired.name, None, nova, ROOT, take_over=True) == []
+
+
 def test_own_uuid_without_owner_trait_is_adopted() -> None:
     # Crash between POST /resource_providers and the traits PUT.
     desired = gpu()

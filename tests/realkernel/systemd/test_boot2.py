@@ -1,0 +1,79 @@
+"""Lab "systemd", second boot (after test_boot1.py enabled the unit and rebooted the
+guest): the enabled unit re-created the ledger's mdevs before it told systemd READY=1,
+and `systemd-analyze security` of the shipped unit is recorded for docs/security.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.realkernel.systemd import unitlab as lab
+
+pytestmark = lab.skip_unless_lab()
+
+
+def _expected() -> dict[str, list[str]]:
+    assert lab.EXPECTED.exists(), "test_boot1.py did not leave its ledger for this boot"
+    return json.loads(lab.EXPECTED.read_text())
+
+
+def test_enabled_unit_is_active_after_the_reboot():
+    props = lab.show("ActiveState", "UnitFileState", "NRestarts", "StatusText")
+    assert props["UnitFileState"] == "enabled"
+    assert props["ActiveState"] == "active", props
+    assert props["NRestarts"] == "0"
+    assert props["StatusText"].startswith("serving the API on"), props
+
+
+def test_the_ledger_mdevs_are_re_created_in_the_new_kernel():
+    expected = _expected()
+    # mtty's mdevs do not survive a reboot: each one here was made by this boot's agent
+    assert lab.mdevs() == {uuid: "mtty-2" for uuids in expected.values() for uuid in uuids}
+    for instance, uuids in expected.items():
+        held = lab.ok("GET", f"/v1/instances/{instance}/allocation")["mdevs"]
+        assert sorted(m["uuid"] for m in held) == uuids
+
+
+def test_mdevs_were_re_created_before_ready():
+    """The agent logs its recovery before it sends READY=1; systemd marks the unit
+    active when READY=1 arrives (ActiveEnterTimestampMonotonic).  Both on the
+    monotonic clock of this boot."""
+    expected = {uuid for uuids in _expected().values() for uuid in uuids}
+    active_at = int(lab.show("ActiveEnterTimestampMonotonic")["ActiveEnterTimestampMonotonic"])
+    assert active_at > 0
+    entries = lab.journal()
+    recovery = [
+        (int(entry["__MONOTONIC_TIMESTAMP"]), message)
+        for entry, message in zip(entries, lab.messages(entries), strict=True)
+        if "recovery re-created" in message
+    ]
+    assert len(recovery) == 1, lab.messages(entries)
+    logged_at, message = recovery[0]
+    assert all(uuid in message for uuid in expected), message
+    assert f"re-created {len(expected)} mdev(s)" in message
+    assert logged_at < active_at, (logged_at, active_at, message)
+    ready = [
+        int(entry["__MONOTONIC_TIMESTAMP"])
+        for entry, message in zip(entries, lab.messages(entries), strict=True)
+        if " ready: API on " in message
+    ]
+    assert ready and logged_at < ready[0] <= active_at + 1_000_000
+
+
+def test_systemd_analyze_security_is_recorded():
+    proc = lab.run("systemd-analyze", "security", "--no-pager", f"{lab.UNIT}.service")
+    out = os.environ["LAB_OUT"]
+    os.makedirs(f"{out}/logs", exist_ok=True)
+    with open(f"{out}/systemd-analyze-security.txt", "w") as handle:
+        handle.write(proc.stdout)
+    assert "Overall exposure level for accel-agent.service" in proc.stdout
+    assert "PrivateDevices=" in proc.stdout
+
+
+def test_cleanup_release_and_stop():
+    for instance in _expected():
+        assert lab.ok("DELETE", f"/v1/instances/{instance}/allocation?remove=true")["removed"]
+    assert lab.mdevs() == {}
+    lab.run("systemctl", "stop", lab.UNIT, timeout=120)
+    assert lab.show("Result")["Result"] == "success"
