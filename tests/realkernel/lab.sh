@@ -222,14 +222,19 @@ build_kernel_dir() {
 	cp "$build/mtty/mtty.c" "$dest/" # for reference: what the module was built from
 	stamp "built mtty.ko"
 
-	# insmod order, dependencies first, from each .ko's .modinfo depends=
-	labtool modorder "$dest/ko" "$dest/modules.builtin" "${LAB_MODULES[@]}" >"$dest/mdev.order" ||
-		die "module order (mdev)"
+	# insmod order, dependencies first, from each .ko's .modinfo depends= (the lab's own
+	# LAB_MODULES: lab_module_order, per run, since labs share a kernel)
 	labtool modorder "$dest/ko" "$dest/modules.builtin" 9pnet_virtio 9p virtio_pci >"$dest/9p.order" ||
 		die "module order (9p)"
 	labtool modorder "$dest/ko" "$dest/modules.builtin" overlay >"$dest/overlay.order" ||
 		die "module order (overlay)"
 	printf 'abi=%s\nversion=%s\nselector=%s\n' "$ABI" "$VER" "$LAB_KERNEL" >"$dest/kernel"
+}
+
+# lab_module_order: the insmod order of this lab's LAB_MODULES in the kernel KDIR (fails
+# when one of them was not extracted: a kernel cached before MODULE_DIRS named its folder).
+lab_module_order() {
+	labtool modorder "$KDIR/ko" "$KDIR/modules.builtin" "${LAB_MODULES[@]}"
 }
 
 # ensure_kernel: KDIR = the cached kernel of this lab, built on first use.
@@ -240,8 +245,11 @@ ensure_kernel() {
 	fi
 	KDIR=$CACHE/${ABI}_$VER
 	if [ -f "$KDIR/kernel" ] && [ -f "$KDIR/overlay.order" ]; then
-		stamp "kernel $ABI ($VER): cached in $KDIR"
-		return
+		if lab_module_order >/dev/null 2>&1; then
+			stamp "kernel $ABI ($VER): cached in $KDIR"
+			return
+		fi
+		stamp "kernel $ABI ($VER): the cached one lacks modules of this lab; building it again"
 	fi
 	BUILD_DIR=$(mktemp -d "$CACHE/build.XXXXXX")
 	mkdir -p "$BUILD_DIR/debs"
@@ -508,9 +516,11 @@ build_initrd() {
 	tree=$(mktemp -d "$CACHE/initramfs.XXXXXX")
 	mkdir -p "$tree"/{bin,lib/modules,proc,sys,dev,mnt/host}
 	cp "$kdir/busybox" "$tree/bin/busybox"
-	cp "$kdir/mdev.order" "$kdir/9p.order" "$kdir/overlay.order" "$tree/lib/modules/"
+	cp "$kdir/9p.order" "$kdir/overlay.order" "$tree/lib/modules/"
+	# init.sh loads the lab's modules from mdev.order
+	cp "$kdir/$LAB.order" "$tree/lib/modules/mdev.order"
 	# shellcheck disable=SC2013 # the order files are one line of words
-	for m in $(cat "$kdir/mdev.order" "$kdir/9p.order" "$kdir/overlay.order"); do
+	for m in $(cat "$kdir/$LAB.order" "$kdir/9p.order" "$kdir/overlay.order"); do
 		cp "$kdir/ko/$m.ko" "$tree/lib/modules/"
 	done
 	install -m 0755 "$HERE/init.sh" "$tree/init"
@@ -538,7 +548,7 @@ boot() {
 	# TCG: /dev/kvm on this kind of machine cannot run an unmodified kernel (mtty-lab.md,
 	# Blockers), and the guest's work is small.  vmlinux boots through PVH (no firmware).
 	# QEMU does not exit on some errors (the VM just pauses): always under timeout.
-	timeout --kill-after=10 "$TIMEOUT" "$QEMU" \
+	timeout --kill-after=10 "$TIMEOUT" "${QEMU[@]}" \
 		-accel tcg -cpu max -smp 2 -m "$LAB_MEMORY_MB" \
 		-nodefaults -no-user-config -display none -no-reboot -monitor none \
 		-serial stdio -pidfile "$QEMU_PID_FILE" \
@@ -598,13 +608,15 @@ if ! command -v apt-cache >/dev/null || ! command -v dpkg-deb >/dev/null; then
 	cannot "not a Debian/APT host"
 fi
 ensure_packages qemu-system-x86
-QEMU=$(command -v qemu-system-x86_64) || cannot "qemu-system-x86_64 not found after installing it"
+QEMU=("$(command -v qemu-system-x86_64)") || cannot "qemu-system-x86_64 not found after installing it"
 ensure_kernel
 
-INITRD=$KDIR/initrd-$(cat "$HERE/init.sh" "$KDIR/mdev.order" "$KDIR/9p.order" "$KDIR/overlay.order" |
+lab_module_order >"$KDIR/$LAB.order.new" || die "module order ($LAB: ${LAB_MODULES[*]})"
+mv "$KDIR/$LAB.order.new" "$KDIR/$LAB.order"
+INITRD=$KDIR/initrd-$LAB-$(cat "$HERE/init.sh" "$KDIR/$LAB.order" "$KDIR/9p.order" "$KDIR/overlay.order" |
 	sha256sum | cut -c1-12).img
 if [ ! -f "$INITRD" ]; then
-	rm -f "$KDIR"/initrd-*.img
+	rm -f "$KDIR"/initrd-"$LAB"-*.img
 	build_initrd "$KDIR" "$INITRD"
 	stamp "initrd built ($(du -h "$INITRD" | cut -f1))"
 fi
@@ -616,6 +628,17 @@ if [ "$LAB_ROOT" = rootfs ]; then
 	ensure_rootfs
 	ensure_venv
 	install_agent
+fi
+if [ "${LAB_OUTER_QEMU:-host}" = rootfs ]; then
+	[ "$LAB_ROOT" = rootfs ] || die "LAB_OUTER_QEMU=rootfs needs LAB_ROOT=rootfs"
+	[ -x "$ROOTFS/usr/bin/qemu-system-x86_64" ] || die "no qemu-system-x86_64 in the lab rootfs"
+	# The rootfs's QEMU (a device the host's lacks: igb is new in QEMU 8.0) with the
+	# rootfs's /usr bind-mounted over /usr in a mount namespace of its own (host and
+	# rootfs are both merged-/usr): every host path stays valid, nothing is chrooted,
+	# and the exec chain keeps QEMU's pid and name for the clean-up.
+	# shellcheck disable=SC2016 # $0 and $@ are for the inner shell
+	QEMU=(unshare -m --propagation private sh -c \
+		'mount --bind "$0/usr" /usr && exec /usr/bin/qemu-system-x86_64 "$@"' "$ROOTFS")
 fi
 
 # The guest's command script goes into the results share (the guest sees the same path).

@@ -44,6 +44,13 @@ MODULE_DIRS = (
     "fs/fscache",
     # the overlay that makes a lab rootfs shared read-only over 9p writable in the guest
     "fs/overlayfs",
+    # lab igb: QEMU's 82576 SR-IOV NIC (igb, igbvf), what igb depends on (dca,
+    # i2c-algo-bit; ptp, pps and hwmon are built in), and vfio-pci's irqbypass
+    "drivers/net/ethernet/intel/igb",
+    "drivers/net/ethernet/intel/igbvf",
+    "drivers/dca",
+    "drivers/i2c/algos",
+    "virt/lib",
 )
 
 _DEPENDS_RE = re.compile(rb"(?:^|\0)depends=([^\0]*)\0")
