@@ -200,6 +200,26 @@ class MdevInUse(AccelAgentException):
     msg_fmt = "mediated device %(uuid)s is in use: %(reason)s"
 
 
+class VfInUse(MdevInUse):
+    # A subclass: whoever keeps an mdev that is in use keeps a vGPU VF too.
+    msg_fmt = "the vGPU on VF %(vf)s is in use: %(reason)s"
+
+
+class VfAlreadyTyped(AccelAgentException):
+    msg_fmt = "VF %(vf)s already holds a vGPU of type %(found)s; not typed again"
+
+
+class VgpuTypeWriteFailed(AccelAgentException):
+    msg_fmt = "typing VF %(vf)s as %(mdev_type)s failed: %(answer)s"
+
+
+class VgpuTypeMismatch(AccelAgentException):
+    msg_fmt = (
+        "VF %(vf)s does not read back as %(mdev_type)s after the write (%(found)s); "
+        "set back to 0"
+    )
+
+
 class ForeignMdev(AccelAgentException):
     msg_fmt = (
         "mediated device %(uuid)s was not created by the agent; adopt it first "

@@ -62,12 +62,14 @@ below rebuild the original class with its message and kwargs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
 import os
 import re
 import shlex
+import stat
 import sys
 import threading
 import warnings
@@ -348,38 +350,45 @@ def _map_remove_error(err: OSError, path: str, uuid: str) -> exception.AccelAgen
 
 
 class _RemoveWriter:
-    """One blocking ``remove`` write, run in its own thread.
+    """One blocking write that unmakes a device, run in its own thread.
 
     A write to ``remove`` of an mdev that a VM holds blocks in the kernel
     (vfio_unregister_group_dev) until QEMU lets go, uninterruptibly after the
-    first signal.  The thread cannot be cancelled, so the caller waits with a
+    first signal (a vendor driver's ``current_vgpu_type`` ``0`` may do the
+    same).  The thread cannot be cancelled, so the caller waits with a
     timeout and the thread is left to finish whenever the kernel allows; at
-    most one such thread exists per UUID (a retry waits on the same writer
+    most one such thread exists per device (a retry waits on the same writer
     rather than piling up threads and writes).
     """
 
-    def __init__(self, uuid: str, path: str) -> None:
-        self.uuid = uuid
+    def __init__(
+        self,
+        key: str,
+        path: str,
+        data: bytes = b"1",
+        map_error: Callable[[OSError], exception.AccelAgentException] | None = None,
+    ) -> None:
+        self.key = key
         self.path = path
+        self.data = data
+        self._map_error = map_error or (lambda err: _map_remove_error(err, path, key))
         self.done = threading.Event()
         self.error: exception.AccelAgentException | None = None
-        self.thread = threading.Thread(
-            target=self._run, name=f"mdev-remove-{uuid}", daemon=True
-        )
+        self.thread = threading.Thread(target=self._run, name=f"remove-{key}", daemon=True)
 
     def _run(self) -> None:
         try:
-            _write_once(self.path, b"1")
+            _write_once(self.path, self.data)
         except OSError as err:
-            self.error = _map_remove_error(err, self.path, self.uuid)
+            self.error = self._map_error(err)
         except exception.AccelAgentException as err:  # refused (_refuse_hard_link)
             self.error = err
         except Exception as err:  # a bug must still release the waiters
             self.error = exception.SysfsWriteFailed(path=self.path, error=repr(err), errno="")
         finally:
             with _pending_lock:
-                if _pending_removes.get(self.uuid) is self:
-                    del _pending_removes[self.uuid]
+                if _pending_removes.get(self.key) is self:
+                    del _pending_removes[self.key]
             self.done.set()
 
 
@@ -398,18 +407,51 @@ def vfio_dev_dir(sysfs_root: str, configured: str = "") -> str:
     return os.path.join(sysfs_root, "vfio")
 
 
-def _iommu_group(root: str, uuid: str) -> str | None:
-    """The mdev's IOMMU group number, or None when it has none (no VFIO
-    driver bound: nothing can hold it through VFIO)."""
-    link = os.path.join(root, "bus", "mdev", "devices", uuid, "iommu_group")
+def _iommu_group(root: str, device: Sequence[str], what: str) -> str | None:
+    """The IOMMU group number of the device at ``root/device``, or None when
+    it has none (no VFIO driver bound: nothing can hold it through VFIO)."""
+    link = os.path.join(root, *device, "iommu_group")
     try:
         target = os.path.realpath(link, strict=True)
     except OSError:
         return None
     group = os.path.basename(target)
     if os.path.commonpath([root, target]) != root or not group.isdigit():
-        raise _reject(f"the iommu_group of mdev {uuid} resolves to {target}, not a group")
+        raise _reject(f"the iommu_group of {what} resolves to {target}, not a group")
     return group
+
+
+def _probe_group(
+    sysfs_root: str,
+    device: Sequence[str],
+    what: str,
+    vfio_dir: str,
+    in_use: Callable[[str], exception.AccelAgentException],
+) -> None:
+    """Raise ``in_use(reason)`` unless the VFIO group of the device at
+    ``device`` (relative to the root) can be opened now (check_not_in_use)."""
+    root = _real_root(sysfs_root)
+    group = _iommu_group(root, device, what)
+    if group is None:
+        return
+    directory = vfio_dev_dir(sysfs_root, vfio_dir)
+    node = os.path.join(directory, group)
+    try:
+        fd = os.open(node, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.EBUSY:
+            raise in_use(
+                f"its VFIO group {node} is open (a VM or another process holds it); "
+                "kept, not removed"
+            ) from None
+        if err.errno == errno.ENOENT and os.path.isdir(directory):
+            return  # no group node: VFIO does not offer the device to anyone
+        _, text = _errno_text(err)
+        raise in_use(
+            f"cannot check whether it is in use: opening {node} failed with {text}; "
+            "kept, not removed"
+        ) from None
+    os.close(fd)
 
 
 def check_not_in_use(sysfs_root: str, uuid: str, vfio_dir: str = "") -> None:
@@ -425,28 +467,13 @@ def check_not_in_use(sysfs_root: str, uuid: str, vfio_dir: str = "") -> None:
     A holder that arrives after the probe is caught by the remove timeout.
     """
     validate_uuid(uuid)
-    root = _real_root(sysfs_root)
-    group = _iommu_group(root, uuid)
-    if group is None:
-        return
-    directory = vfio_dev_dir(sysfs_root, vfio_dir)
-    node = os.path.join(directory, group)
-    try:
-        fd = os.open(node, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as err:
-        if err.errno == errno.EBUSY:
-            raise exception.MdevInUse(
-                uuid=uuid, reason=f"its VFIO group {node} is open (a VM or another process "
-                "holds it); kept, not removed"
-            ) from None
-        if err.errno == errno.ENOENT and os.path.isdir(directory):
-            return  # no group node: VFIO does not offer the device to anyone
-        _, text = _errno_text(err)
-        raise exception.MdevInUse(
-            uuid=uuid, reason=f"cannot check whether it is in use: opening {node} failed "
-            f"with {text}; kept, not removed"
-        ) from None
-    os.close(fd)
+    _probe_group(
+        sysfs_root,
+        ("bus", "mdev", "devices", uuid),
+        f"mdev {uuid}",
+        vfio_dir,
+        lambda reason: exception.MdevInUse(uuid=uuid, reason=reason),
+    )
 
 
 def write_remove(sysfs_root: str, uuid: str, timeout: float, vfio_dir: str = "") -> None:
@@ -476,6 +503,173 @@ def write_remove(sysfs_root: str, uuid: str, timeout: float, vfio_dir: str = "")
     if writer.error is not None:
         raise writer.error
     LOG.info("Removed mediated device %s", uuid)
+
+
+# --- NVIDIA vGPU 17+: typing an SR-IOV VF (vendor-specific VFIO) ------------------
+#
+# research vendor-vfio-and-sriov.md §3-5: writing a type id to a VF's
+# ``nvidia/current_vgpu_type`` creates its vGPU, writing ``0`` destroys it.
+# The id is written without a newline and read back; a VF is typed only when
+# it is free and lists the id in ``creatable_vgpu_types`` right now (both
+# re-read here, just before the write), and untyped only when its VFIO group
+# is not held.
+
+MAX_VGPU_TYPE_ID = 999_999
+_VGPU_READ_MAX = 65536  # creatable_vgpu_types of a card with many types
+
+
+def validate_vf(value: Any) -> str:
+    """A VF is named by its canonical PCI address only (``0000:c1:00.4``)."""
+    if (
+        not isinstance(value, str)
+        or not address.is_pci_address(value)
+        or address.parse_pci_address(value) != value
+    ):
+        raise _reject(f"VF {value!r} is not a canonical PCI address (DDDD:BB:SS.F)")
+    return value
+
+
+def validate_vgpu_type_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        0 < value <= MAX_VGPU_TYPE_ID
+    ):
+        raise _reject(f"vGPU type id {value!r} must be an integer in 1..{MAX_VGPU_TYPE_ID}")
+    return value
+
+
+def resolve_vgpu_type_path(sysfs_root: str, vf: str) -> str:
+    """Validate, then return the resolved ``current_vgpu_type`` of VF ``vf``:
+    inside the root, in the ``nvidia`` directory of the device named ``vf``."""
+    validate_vf(vf)
+    root = _real_root(sysfs_root)
+    rel = ("bus", "pci", "devices", vf, "nvidia", "current_vgpu_type")
+    path = _confine(root, rel, "current_vgpu_type", "nvidia")
+    if os.path.basename(os.path.dirname(os.path.dirname(path))) != vf:
+        raise _reject(f"{os.path.join(*rel)} resolves to {path}, not the device {vf}")
+    return path
+
+
+def _read_small(path: str) -> str:
+    """Read an attribute of the vendor's directory (a regular file, never
+    followed, never blocking); OSError as the kernel answers."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _reject(f"{path} is not a regular file; not read")
+        return os.pread(fd, _VGPU_READ_MAX, 0).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
+def _current_type(path: str, vf: str) -> int:
+    text = _read_small(path).strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
+        raise exception.VgpuTypeWriteFailed(
+            vf=vf, mdev_type="", answer=f"current_vgpu_type reads {text!r}, not a type id"
+        )
+    return int(text)
+
+
+def _creatable_ids(path: str) -> set[int]:
+    ids = set()
+    for line in _read_small(path).splitlines():
+        head = line.split(":", 1)[0].strip() if ":" in line else line.strip().split(" ")[0]
+        if head.isascii() and head.isdigit() and len(head) <= 6:
+            ids.add(int(head))
+    return ids
+
+
+def write_vgpu_type(sysfs_root: str, vf: str, type_id: int) -> None:
+    """Type VF ``vf`` with vGPU type ``type_id`` (undecorated).
+
+    Refused, nothing written: the VF already typed (VfAlreadyTyped), or the
+    type not creatable on it now (InsufficientCapacity naming the VF).  The
+    kernel's refusal is VgpuTypeWriteFailed with its errno; a read-back that
+    differs writes ``0`` again and is VgpuTypeMismatch.
+    """
+    validate_vgpu_type_id(type_id)
+    path = resolve_vgpu_type_path(sysfs_root, vf)
+    name = f"nvidia-{type_id}"
+    try:
+        current = _current_type(path, vf)
+        if current:
+            raise exception.VfAlreadyTyped(vf=vf, found=f"nvidia-{current}")
+        creatable = _creatable_ids(os.path.join(os.path.dirname(path), "creatable_vgpu_types"))
+    except OSError as err:
+        raise exception.VgpuTypeWriteFailed(
+            vf=vf, mdev_type=name, answer=f"reading its nvidia/ files: {_errno_text(err)[1]}"
+        ) from None
+    if type_id not in creatable:
+        raise exception.InsufficientCapacity(
+            mdev_type=name, parents=vf,
+            reason=f"VF {vf} does not list {type_id} in creatable_vgpu_types now",
+        )
+    LOG.debug("Writing %d to %s", type_id, path)
+    try:
+        _write_once(path, str(type_id).encode("ascii"))  # no newline (research §3)
+    except OSError as err:
+        raise exception.VgpuTypeWriteFailed(
+            vf=vf, mdev_type=name, answer=_errno_text(err)[1]
+        ) from None
+    try:
+        found = _current_type(path, vf)
+    except OSError as err:
+        found, why = -1, _errno_text(err)[1]
+    else:
+        why = f"it reads {found}"
+    if found != type_id:
+        with contextlib.suppress(OSError, exception.AccelAgentException):
+            _write_once(path, b"0")
+        raise exception.VgpuTypeMismatch(vf=vf, mdev_type=name, found=why)
+    LOG.info("Created vGPU %s on VF %s", name, vf)
+
+
+def _map_clear_error(err: OSError, path: str, vf: str) -> exception.AccelAgentException:
+    if err.errno == errno.ENOENT:
+        return exception.MdevNotFound(uuid=f"vGPU on VF {vf}")
+    if err.errno == errno.EBUSY:
+        return exception.VfInUse(vf=vf, reason="the driver answered EBUSY; kept")
+    if err.errno == errno.ELOOP:
+        return _reject(f"{path} became a symlink after it was resolved")
+    return exception.VgpuTypeWriteFailed(vf=vf, mdev_type="0", answer=_errno_text(err)[1])
+
+
+def write_vgpu_clear(sysfs_root: str, vf: str, timeout: float, vfio_dir: str = "") -> None:
+    """Destroy the vGPU of VF ``vf`` (write ``0``) unless its VFIO group is
+    held (VfInUse, nothing written); an untyped VF is done already.  Raises
+    MdevRemoveTimeout when the write is still blocked after ``timeout``."""
+    timeout = validate_timeout(timeout)
+    path = resolve_vgpu_type_path(sysfs_root, vf)
+    try:
+        if _current_type(path, vf) == 0:
+            return
+    except OSError as err:
+        raise _map_clear_error(err, path, vf) from None
+    key = f"vf:{vf}"
+    with _pending_lock:
+        writer = _pending_removes.get(key)
+        if writer is None:
+            _probe_group(
+                sysfs_root,
+                ("bus", "pci", "devices", vf),
+                f"VF {vf}",
+                vfio_dir,
+                lambda reason: exception.VfInUse(vf=vf, reason=reason),
+            )
+            writer = _RemoveWriter(key, path, b"0", lambda err: _map_clear_error(err, path, vf))
+            _pending_removes[key] = writer
+            writer.thread.start()
+    if not writer.done.wait(timeout):
+        raise exception.MdevRemoveTimeout(uuid=f"vGPU on VF {vf}", timeout=timeout)
+    if writer.error is not None:
+        raise writer.error
+    try:
+        found = _current_type(path, vf)
+    except OSError as err:
+        raise _map_clear_error(err, path, vf) from None
+    if found:
+        raise exception.VgpuTypeMismatch(vf=vf, mdev_type="0", found=f"it reads {found}")
+    LOG.info("Destroyed the vGPU of VF %s", vf)
 
 
 # --- crossing the privsep channel ------------------------------------------------
@@ -556,6 +750,27 @@ def _priv_remove_mdev(
     )
 
 
+@sysfs_admin.entrypoint
+def _priv_set_vgpu_type(vf: str, type_id: int, sysfs_root: str | None = None) -> None:
+    _daemon_side(lambda: write_vgpu_type(_daemon_sysfs_root(sysfs_root), vf, type_id))
+
+
+@sysfs_admin.entrypoint
+def _priv_clear_vgpu_type(
+    vf: str, timeout: float, sysfs_root: str | None = None, vfio_dir: str | None = None
+) -> None:
+    _daemon_side(
+        lambda: write_vgpu_clear(
+            _daemon_sysfs_root(sysfs_root),
+            vf,
+            timeout,
+            validate_vfio_dev_dir(vfio_dir)
+            if vfio_dir is not None
+            else str(agent_conf.CONF.vfio_dev_dir),
+        )
+    )
+
+
 def _call(entrypoint: Callable[..., None], *args: Any, **kwargs: Any) -> None:
     try:
         entrypoint(*args, **kwargs)
@@ -585,6 +800,19 @@ def remove_mdev(
     write is still blocked: a VM holds the device), SysfsWriteFailed (other).
     """
     _call(_priv_remove_mdev, uuid, timeout, sysfs_root=sysfs_root, vfio_dir=vfio_dir)
+
+
+def set_vgpu_type(vf: str, type_id: int, *, sysfs_root: str | None = None) -> None:
+    """Type VF ``vf`` with vGPU type ``type_id`` in the privsep daemon
+    (:func:`write_vgpu_type`)."""
+    _call(_priv_set_vgpu_type, vf, type_id, sysfs_root=sysfs_root)
+
+
+def clear_vgpu_type(
+    vf: str, timeout: float, *, sysfs_root: str | None = None, vfio_dir: str | None = None
+) -> None:
+    """Destroy the vGPU of VF ``vf`` in the privsep daemon (:func:`write_vgpu_clear`)."""
+    _call(_priv_clear_vgpu_type, vf, timeout, sysfs_root=sysfs_root, vfio_dir=vfio_dir)
 
 
 # --- starting the daemon ---------------------------------------------------------

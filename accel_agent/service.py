@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -57,7 +57,7 @@ from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 if TYPE_CHECKING:
     from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport
     from accel_agent.reporting.placement import PlacementReporter
-    from accel_agent.sysfs.model import HostSnapshot
+    from accel_agent.sysfs.model import HostSnapshot, Parent
 
 LOG = logging.getLogger(__name__)
 
@@ -615,7 +615,7 @@ class AgentCore:
         # NOTE: the check and the switch happen under the manager's lock, so
         # that no allocation made with the old policy slips in between.
         with self.manager.locked():
-            orphans = orphaned(self.manager.ledger.assigned(), policy)
+            orphans = orphaned(self.manager.ledger.assigned(), policy, self.manager.scan().parents)
             if orphans:
                 raise exception.ReloadRefused(reason="; ".join(orphans))
             self.manager.set_policy(policy)
@@ -710,11 +710,16 @@ def _no_space_left(directory: str) -> bool:
     return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
 
 
-def orphaned(assigned: Iterable[MdevRecord], policy: policy_mod.MdevPolicy) -> list[str]:
-    """Why ``policy`` would orphan assigned mdevs (their parent gets another type or none)."""
+def orphaned(
+    assigned: Iterable[MdevRecord],
+    policy: policy_mod.MdevPolicy,
+    parents: Mapping[str, Parent] | None = None,
+) -> list[str]:
+    """Why ``policy`` would orphan assigned mdevs (their parent gets another
+    type or none); ``parents``: the host's, so that a VF finds its GPU's type."""
     reasons = []
     for record in assigned:
-        new_type = policy.type_for(record.parent)
+        new_type = policy.type_for_name(record.parent, parents or {})
         if new_type != record.mdev_type:
             becomes = f"type {new_type}" if new_type else "no type"
             reasons.append(

@@ -16,7 +16,6 @@ from accel_agent.cmd.config_cache import (
 )
 from accel_agent.mdev import policy as policy_mod
 from accel_agent.mdev.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
-from accel_agent.sysfs import scanner
 from accel_agent.sysfs.model import HostSnapshot
 
 # oslo.config is imported where a command loads the configuration: the
@@ -201,6 +200,8 @@ class HostState:
     snapshot: HostSnapshot
     host: str
     ledger: LedgerView = field(default_factory=LedgerView)
+    # What the backends say about host preparation (VFs not enabled, ...).
+    notes: tuple[str, ...] = ()
 
     def inventory(self) -> inventory_mod.Inventory:
         from accel_agent.mdev import inventory as inventory_mod
@@ -239,10 +240,22 @@ def host_state(
 ) -> HostState:
     """Policy (raises ConfigErrors with ``errors`` and its own), a fresh scan
     of ``sysfs_root`` and the ledger."""
+    from accel_agent import backends
+    from accel_agent.backends.host import scan_host
+
     policy = listing.policy(errors)
-    snapshot = scanner.scan(listing.sysfs_root, workers=scan_workers)
+    notes: list[str] = []
+    snapshot = scan_host(
+        listing.sysfs_root,
+        backends.builtin(),
+        workers=scan_workers,
+        notes=notes,
+        state_dir=listing.state_dir,
+    )
     view = read_ledger(listing.state_dir) if with_ledger else LedgerView()
-    return HostState(policy=policy, snapshot=snapshot, host=listing.host, ledger=view)
+    return HostState(
+        policy=policy, snapshot=snapshot, host=listing.host, ledger=view, notes=tuple(notes)
+    )
 
 
 def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:
@@ -276,6 +289,7 @@ def check(
         return [*errors, exc.message], warnings, None
     warnings += list(state.policy.warnings)
     warnings += policy_mod.host_warnings(state.policy, state.snapshot)
+    warnings += list(state.notes)
     warnings += list(state.inventory().warnings)
     warnings += [f"sysfs: {w}" for w in state.snapshot.warnings]
     warnings = list(dict.fromkeys(warnings))

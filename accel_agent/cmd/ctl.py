@@ -146,13 +146,15 @@ def _mdevs_table(document: dict[str, Any]) -> tuple[Sequence[str], list[tuple[An
             m["uuid"],
             m["parent"],
             m["mdev_type"],
+            m["type_name"],
             m["iommu_group"],
             "yes" if m["owned"] else "no (foreign)",
             m["instance"],
         )
         for m in document["mdevs"]
     ]
-    return ("uuid", "parent", "type", "iommu group", "owned", "instance"), rows
+    # For a vGPU VF the parent is the VF itself: its PCI address.
+    return ("uuid", "parent", "type", "name", "iommu group", "owned", "instance"), rows
 
 
 def _inventory_table(document: dict[str, Any]) -> tuple[Sequence[str], list[tuple[Any, ...]]]:

@@ -144,11 +144,17 @@ def compute_inventory(
         if mdev_type not in parent.types:
             # The default type simply does not apply to parents that lack it;
             # an explicitly listed parent that lacks its type is a mistake.
+            offers = ", ".join(sorted(parent.types)) or "nothing"
             if (parent.pci_address or parent.name) in policy.parent_types:
                 warnings.append(
                     f"parent {parent.name} is configured for type {mdev_type} which it does "
-                    f"not offer (it offers: {', '.join(sorted(parent.types)) or 'nothing'}); "
-                    "no provider"
+                    f"not offer (it offers: {offers}); no provider"
+                )
+            elif parent.backend != "mdev" and parent.physfn in policy.parent_types:
+                # Configured through its GPU: one line per GPU, not per VF.
+                warnings.append(
+                    f"GPU {parent.physfn} is configured for type {mdev_type} which its VFs "
+                    f"do not offer (they offer: {offers}); no provider"
                 )
             continue
         groups[(parent.physical_gpu, mdev_type)].append(parent)

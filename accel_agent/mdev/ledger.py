@@ -90,6 +90,8 @@ class MdevRecord:
     updated_at: float
     # For a migration claim: the source host's mdev this one replaces.
     source_uuid: str | None = None
+    # The backend that made it (accel_agent.backends): mdev, nvidia_vfio, ...
+    backend: str = "mdev"
 
     @property
     def assigned(self) -> bool:
@@ -172,14 +174,24 @@ def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migrate_v2_to_v3(conn: sqlite3.Connection) -> None:
+    # Which backend (accel_agent.backends) made each device, so that it is
+    # removed and re-created by the same one even when its parent is gone.
+    # Every row before this schema was an mdev.
+    conn.execute(
+        "ALTER TABLE mdevs ADD COLUMN backend TEXT NOT NULL DEFAULT 'mdev' "
+        "CHECK (length(backend) BETWEEN 1 AND 64)"
+    )
+
+
 # MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
-MIGRATIONS: tuple[Migration, ...] = (_migrate_v0_to_v1, _migrate_v1_to_v2)
+MIGRATIONS: tuple[Migration, ...] = (_migrate_v0_to_v1, _migrate_v1_to_v2, _migrate_v2_to_v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SELECT = """
     SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind,
            a.claim_expires_at, m.intent_id, m.adopted, m.created_at, m.updated_at,
-           a.source_uuid
+           a.source_uuid, m.backend
     FROM mdevs m LEFT JOIN assignments a ON a.uuid = m.uuid
 """
 _ORDER = " ORDER BY m.created_at, m.uuid"
@@ -482,6 +494,7 @@ class Ledger:
             created_at=row[9],
             updated_at=row[10],
             source_uuid=row[11],
+            backend=row[12],
         )
 
     def _select(self, where: str = "", params: Sequence[Any] = ()) -> list[MdevRecord]:
@@ -578,16 +591,22 @@ class Ledger:
     # --- operations (mdev rows) ----------------------------------------------------
 
     def record_create_intent(
-        self, uuid: str, parent: str, mdev_type: str, *, intent_id: int | None = None
+        self,
+        uuid: str,
+        parent: str,
+        mdev_type: str,
+        *,
+        intent_id: int | None = None,
+        backend: str = "mdev",
     ) -> MdevRecord:
         """Before the sysfs create write: a ``creating`` row."""
         return self._insert(uuid, parent, mdev_type, MdevState.CREATING, False, intent_id,
-                            action="record a create intent for")
+                            action="record a create intent for", backend=backend)
 
-    def adopt(self, uuid: str, parent: str, mdev_type: str) -> MdevRecord:
+    def adopt(self, uuid: str, parent: str, mdev_type: str, backend: str = "mdev") -> MdevRecord:
         """Take ownership of an existing (foreign) mdev: it may then be reused or removed."""
         return self._insert(uuid, parent, mdev_type, MdevState.PRESENT, True, None,
-                            action="adopt")
+                            action="adopt", backend=backend)
 
     def _insert(
         self,
@@ -599,10 +618,12 @@ class Ledger:
         intent_id: int | None,
         *,
         action: str,
+        backend: str = "mdev",
     ) -> MdevRecord:
         _validate_uuid(uuid)
         _validate_name("parent", parent)
         _validate_name("mdev type", mdev_type)
+        _validate_name("backend", backend)
         with self.transaction():
             existing = self.get(uuid)
             if existing is not None:
@@ -613,8 +634,9 @@ class Ledger:
             now = self._clock()
             self._execute(
                 "INSERT INTO mdevs (uuid, parent, mdev_type, state, intent_id, adopted, "
-                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (uuid, parent, mdev_type, state.value, intent_id, int(adopted), now, now),
+                "created_at, updated_at, backend) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (uuid, parent, mdev_type, state.value, intent_id, int(adopted), now, now,
+                 backend),
             )
             return self._require(uuid)
 

@@ -25,12 +25,14 @@ import logging
 import os
 import re
 import threading
-import uuid as uuid_mod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from accel_agent import backends as backends_mod
 from accel_agent import exception
+from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
+from accel_agent.backends.host import HostRescanner
 from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev.domains import DomainReferences, NoDomains
 from accel_agent.mdev.ledger import (
@@ -44,7 +46,6 @@ from accel_agent.mdev.ledger import (
 from accel_agent.mdev.policy import MdevPolicy
 from accel_agent.sysfs import address, scanner
 from accel_agent.sysfs.model import HostSnapshot, Parent
-from accel_agent.sysfs.rescan import Rescanner
 
 LOG = logging.getLogger(__name__)
 
@@ -52,12 +53,9 @@ MAX_COUNT = 64
 LOCK_NAME = "accel-agent-mdevs"
 
 
-class MdevWriter(Protocol):
-    """The privileged half: only these two writes need root."""
-
-    def create(self, parent: str, mdev_type: str, uuid: str) -> None: ...
-
-    def remove(self, uuid: str, timeout: float) -> None: ...
+# The privileged half (accel_agent.backends.base.DeviceWriter): the writes
+# that need root, for every backend.
+MdevWriter = DeviceWriter
 
 
 class PrivsepWriter:
@@ -91,6 +89,14 @@ class PrivsepWriter:
             uuid, timeout, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir
         )
 
+    def set_vgpu_type(self, vf: str, type_id: int) -> None:
+        self._started().set_vgpu_type(vf, type_id, sysfs_root=self.sysfs_root)
+
+    def clear_vgpu_type(self, vf: str, timeout: float) -> None:
+        self._started().clear_vgpu_type(
+            vf, timeout, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir
+        )
+
 
 class DirectWriter:
     """Same validation and writes, in this process: for unprivileged trees
@@ -108,6 +114,12 @@ class DirectWriter:
 
     def remove(self, uuid: str, timeout: float) -> None:
         self._privileged.write_remove(self.sysfs_root, uuid, timeout, self.vfio_dev_dir)
+
+    def set_vgpu_type(self, vf: str, type_id: int) -> None:
+        self._privileged.write_vgpu_type(self.sysfs_root, vf, type_id)
+
+    def clear_vgpu_type(self, vf: str, timeout: float) -> None:
+        self._privileged.write_vgpu_clear(self.sysfs_root, vf, timeout, self.vfio_dev_dir)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +211,12 @@ class MdevManager:
         remove_timeout: float = 30.0,
         on_step: Callable[[str], None] | None = None,
         on_kept_in_use: Callable[[str], None] | None = None,
+        backends: Mapping[str, DeviceBackend] | None = None,
     ) -> None:
         self.sysfs_root = sysfs_root
+        # Every device model this host may have; the scan says which serves
+        # which parent (Parent.backend), the ledger which made which device.
+        self.backends = backends if backends is not None else backends_mod.builtin()
         self.policy = policy
         self.host = host
         self.ledger = ledger
@@ -212,7 +228,10 @@ class MdevManager:
         # Told the UUID of every mdev a remove kept because it is in use (metrics).
         self.on_kept_in_use = on_kept_in_use or (lambda uuid: None)
         self._thread_lock = threading.RLock()
-        self._rescanner = Rescanner(sysfs_root)
+        # The agent keeps what the backends learn of the host beside its ledger.
+        self._rescanner = HostRescanner(
+            sysfs_root, self.backends, str(ledger.path.parent), persist=True
+        )
 
     # --- plumbing ----------------------------------------------------------------
 
@@ -305,7 +324,7 @@ class MdevManager:
                 raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
             snapshot = self.scan()
             chosen_type, slots = self._plan(snapshot, count, wanted_parent, mdev_type)
-            self._execute(instance, [(slot, chosen_type, None) for slot in slots])
+            self._execute(snapshot, instance, [(slot, chosen_type, None) for slot in slots])
             return self.allocation(instance)
 
     def _holds(
@@ -355,7 +374,7 @@ class MdevManager:
                 items += [
                     (slot, mdev_type, src) for slot, src in zip(slots, type_sources, strict=True)
                 ]
-            self._execute(owner, items, OwnerKind.CLAIM, expires_at)
+            self._execute(snapshot, owner, items, OwnerKind.CLAIM, expires_at)
             return {
                 r.source_uuid: r.uuid  # type: ignore[misc]
                 for r in self.ledger.by_owner(owner, OwnerKind.CLAIM)
@@ -370,7 +389,9 @@ class MdevManager:
     ) -> tuple[str, list[_Slot]]:
         inventory = self.inventory(snapshot)
         free_by_parent: dict[str, list[str]] = {}
+        recorded: set[str] = set()
         for record in self.ledger.all():
+            recorded.add(record.uuid)
             if record.free and record.uuid in snapshot.mdevs:
                 free_by_parent.setdefault(record.parent, []).append(record.uuid)
         candidates = []
@@ -398,7 +419,9 @@ class MdevManager:
                 key=lambda c: (c[0].used, c[0].name),
             )
             per_provider = [
-                self._provider_slots(snapshot, provider, members, mdev_type, free_by_parent)
+                self._provider_slots(
+                    snapshot, provider, members, mdev_type, free_by_parent, recorded
+                )
                 for provider, members in ranked
             ]
             # One GPU when one can hold it all (guest locality), else spread.
@@ -427,13 +450,20 @@ class MdevManager:
         members: list[str],
         mdev_type: str,
         free_by_parent: dict[str, list[str]],
+        recorded: set[str],
     ) -> list[_Slot]:
         slots = [_Slot(p, u) for p in members for u in sorted(free_by_parent.get(p, []))]
         existing = sum(len(snapshot.mdevs_on(p, mdev_type)) for p in provider.parent_devices)
         # ``total`` already holds the per-GPU caps (max_instances, VF budget).
         creatable = provider.total - existing
         for parent_name in members:
-            offered = snapshot.parents[parent_name].types[mdev_type].available_instances
+            parent = snapshot.parents[parent_name]
+            offered = parent.types[mdev_type].available_instances
+            backend = self._backend(parent.backend)
+            if backend.device_uuid_is_fixed and backend.new_device_uuid(parent) in recorded:
+                # Its one device is recorded but missing (a VF untyped behind
+                # our back): it waits for recovery, never for a new owner.
+                offered = 0
             take = max(0, min(offered, creatable))
             slots += [_Slot(parent_name, None)] * take
             creatable -= take
@@ -441,6 +471,7 @@ class MdevManager:
 
     def _execute(
         self,
+        snapshot: HostSnapshot,
         owner: str,
         items: list[tuple[_Slot, str, str | None]],
         owner_kind: OwnerKind = OwnerKind.INSTANCE,
@@ -457,7 +488,7 @@ class MdevManager:
         """
         kind = IntentKind.CLAIM if owner_kind is OwnerKind.CLAIM else IntentKind.ALLOCATE
         chosen: list[tuple[str, str | None]] = []
-        to_create: list[tuple[str, str, str]] = []
+        to_create: list[tuple[str, str, str, DeviceBackend]] = []
         if all(slot.reuse for slot, _, _ in items):
             with self.ledger.transaction():
                 for slot, _type, source in items:
@@ -474,15 +505,19 @@ class MdevManager:
                     self.ledger.reserve(slot.reuse, intent)
                     chosen.append((slot.reuse, source))
                     continue
-                new = str(uuid_mod.uuid4())
-                self.ledger.record_create_intent(new, slot.parent, mdev_type, intent_id=intent)
-                to_create.append((new, slot.parent, mdev_type))
+                parent = snapshot.parents[slot.parent]
+                backend = self._backend(parent.backend)
+                new = backend.new_device_uuid(parent)
+                self.ledger.record_create_intent(
+                    new, slot.parent, mdev_type, intent_id=intent, backend=backend.name
+                )
+                to_create.append((new, slot.parent, mdev_type, backend))
                 chosen.append((new, source))
         self._step("allocate.intent")
         created: list[str] = []
         try:
-            for new, parent, mdev_type in to_create:
-                self.writer.create(parent, mdev_type, new)
+            for new, parent_name, mdev_type, backend in to_create:
+                backend.create(self.writer, parent_name, mdev_type, new)
                 created.append(new)
                 self._step("allocate.created")
             with self.ledger.transaction():
@@ -545,6 +580,23 @@ class MdevManager:
                     self.ledger.settle_created(uuid)
         self.ledger.finish_intent(intent)
 
+    def _backend(self, name: str) -> DeviceBackend:
+        backend = self.backends.get(name)
+        if backend is None:
+            raise exception.LedgerError(
+                reason=f"backend {name!r} is not installed (accel_agent.backends entry points: "
+                f"{', '.join(sorted(self.backends))})"
+            )
+        return backend
+
+    def _destroy(self, uuid: str) -> None:
+        """Unmake one recorded device through the backend that made it."""
+        record = self.ledger.get(uuid)
+        if record is None:
+            raise exception.MdevNotFound(uuid=uuid)
+        device = DeviceRef(record.uuid, record.parent, record.mdev_type, record.backend)
+        self._backend(record.backend).destroy(self.writer, device, self.remove_timeout)
+
     def _remove_owned(self, uuid: str) -> bool:
         """Remove one owned, unassigned mdev (rollback and recovery paths).
 
@@ -553,7 +605,7 @@ class MdevManager:
         self.ledger.record_remove_intent(uuid)
         try:
             with contextlib.suppress(exception.MdevNotFound):
-                self.writer.remove(uuid, self.remove_timeout)
+                self._destroy(uuid)
         except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
             self.ledger.cancel_remove(uuid)
             self._kept_in_use(uuid, exc)
@@ -640,7 +692,7 @@ class MdevManager:
             try:
                 # Already gone (ENOENT) reaches the goal too.
                 with contextlib.suppress(exception.MdevNotFound):
-                    self.writer.remove(uuid, self.remove_timeout)
+                    self._destroy(uuid)
                 gone.append(uuid)
             except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
                 self._kept_in_use(uuid, exc)
@@ -708,7 +760,7 @@ class MdevManager:
             existing = self.ledger.get(text)
             if existing is not None:
                 return existing
-            record = self.ledger.adopt(text, mdev.parent, mdev.mdev_type)
+            record = self.ledger.adopt(text, mdev.parent, mdev.mdev_type, backend=mdev.backend)
             LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
             return record
 
@@ -773,7 +825,12 @@ class MdevManager:
         for record in self.ledger.assigned():
             if record.uuid in snapshot.mdevs or record.state is not MdevState.PRESENT:
                 continue
-            if self.policy.type_for(record.parent) != record.mdev_type:
+            if record.backend != "mdev" and record.parent not in snapshot.parents:
+                # A VF's configured type is its GPU's; with the VF gone (SR-IOV
+                # disabled) it cannot be told: it waits for its parent, and is
+                # checked when that comes back.
+                continue
+            if self.policy.type_for_name(record.parent, snapshot.parents) != record.mdev_type:
                 errors.append(
                     exception.RecoveryTypeNotConfigured(
                         uuid=record.uuid,
@@ -819,12 +876,19 @@ class MdevManager:
                 LOG.warning("mdev %s waits for parent %s to come back", record.uuid, record.parent)
                 report.waiting_for_parent.append(record.uuid)
                 continue
-            if not record.assigned and self.policy.type_for(record.parent) != record.mdev_type:
+            if (
+                not record.assigned
+                and self.policy.type_for_name(record.parent, snapshot.parents)
+                != record.mdev_type
+            ):
                 # A free mdev of a type the config dropped: nobody needs it back.
                 self.ledger.forget(record.uuid)
                 report.forgotten.append(record.uuid)
                 continue
-            self.writer.create(record.parent, record.mdev_type, record.uuid)
+            # Same UUID, same parent, same type, by the backend that made it.
+            self._backend(record.backend).create(
+                self.writer, record.parent, record.mdev_type, record.uuid
+            )
             report.recreated.append(record.uuid)
             LOG.info(
                 "re-created mdev %s (%s on %s) for %s",

@@ -51,10 +51,29 @@ class MdevPolicy:
     warnings: tuple[str, ...] = ()
 
     def type_for(self, parent: Parent | str) -> str | None:
-        """The configured type of a parent, explicit or default."""
+        """The configured type of a parent, explicit or default.
+
+        A vendor-VFIO VF (a parent whose backend is not ``mdev``) is configured
+        through its GPU: ``device_addresses`` names PFs, as operators know
+        their cards, unless the VF itself is listed."""
         key = parent if isinstance(parent, str) else (parent.pci_address or parent.name)
         key = address.normalise_parent(key)
-        return self.parent_types.get(key, self.default_type)
+        found = self.parent_types.get(key)
+        if found is not None:
+            return found
+        if (
+            not isinstance(parent, str)
+            and parent.backend != "mdev"
+            and parent.physfn is not None
+            and parent.physfn in self.parent_types
+        ):
+            return self.parent_types[parent.physfn]
+        return self.default_type
+
+    def type_for_name(self, name: str, parents: Mapping[str, Parent]) -> str | None:
+        """:meth:`type_for` of the parent called ``name`` as the scan found
+        it (so a VF finds its PF's type), or of the bare name when it is gone."""
+        return self.type_for(parents.get(name, name))
 
     def config_of(self, mdev_type: str) -> TypeConfig | None:
         return next((t for t in self.types if t.mdev_type == mdev_type), None)
@@ -333,10 +352,12 @@ def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
     by the inventory, which skips it."""
     warnings: list[str] = []
     by_key = {(p.pci_address or p.name): p for p in snapshot.parents.values()}
+    # A vendor-VFIO GPU is configured by its PF address; its VFs are the parents.
+    gpus = {p.physfn for p in snapshot.parents.values() if p.backend != "mdev"}
     for type_config in policy.types:
         for parent_name in type_config.device_addresses:
             parent = by_key.get(parent_name)
-            if parent is None:
+            if parent is None and parent_name not in gpus:
                 warnings.append(
                     f"{parent_name} (configured for {type_config.mdev_type}) is not an "
                     f"mdev parent on this host"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the listings that need no inventory do not import it
     from accel_agent.mdev.inventory import Inventory
     from accel_agent.mdev.policy import MdevPolicy
-    from accel_agent.sysfs.model import HostSnapshot
+    from accel_agent.sysfs.model import HostSnapshot, Parent
 
 
 def types_document(snapshot: HostSnapshot, policy: MdevPolicy, host: str) -> dict[str, Any]:
@@ -44,6 +44,7 @@ def types_document(snapshot: HostSnapshot, policy: MdevPolicy, host: str) -> dic
                 "driver": parent.driver,
                 "configured_type": policy.type_for(parent),
                 "types": types,
+                "backend": parent.backend,
             }
         )
     return {"host": host, "parents": parents}
@@ -74,9 +75,18 @@ def mdevs_document(
                 "configured": parent is not None and policy.type_for(parent) == mdev.mdev_type,
                 "owned": mdev.uuid in owned_set,
                 "instance": owners.get(mdev.uuid),
+                "backend": mdev.backend,
+                "address": mdev.address,
+                "type_name": _type_name(parent, mdev.mdev_type),
             }
         )
     return {"host": host, "mdevs": mdevs}
+
+
+def _type_name(parent: Parent | None, mdev_type: str | None) -> str | None:
+    if parent is None or mdev_type is None or mdev_type not in parent.types:
+        return None
+    return parent.types[mdev_type].name
 
 
 def inventory_document(inventory: Inventory) -> dict[str, Any]:

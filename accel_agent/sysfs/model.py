@@ -1,5 +1,11 @@
 """Immutable snapshot of a host's mdev state, as read from sysfs.
 
+"mdev" in the names is historical: a parent is whatever device a backend
+(``accel_agent.backends``) makes devices on, and an :class:`Mdev` whatever
+device it made.  For the ``mdev`` backend they are the kernel's mdev parents
+and mediated devices; for ``nvidia_vfio`` a parent is an SR-IOV VF of an
+NVIDIA GPU and a device is that VF once typed.  ``backend`` says which.
+
 Everything here is frozen: a snapshot is a value that policy, inventory and
 the manager can share between threads without locks.  A rescan produces a
 new snapshot; nothing mutates an old one.
@@ -21,6 +27,9 @@ class MdevType:
     available_instances: int
     name: str | None = None
     description: str | None = None
+    # The most devices of this type one physical GPU holds, when the backend
+    # knows it from elsewhere than ``description`` (vendor-VFIO VFs).
+    per_gpu_limit: int | None = None
 
     @property
     def description_fields(self) -> Mapping[str, str]:
@@ -32,7 +41,10 @@ class MdevType:
 
     @property
     def max_instance(self) -> int | None:
-        """NVIDIA's per-physical-GPU limit from ``description`` (SR-IOV VFs)."""
+        """NVIDIA's per-physical-GPU limit: ``per_gpu_limit``, else the
+        ``max_instance=`` of ``description`` (SR-IOV VFs)."""
+        if self.per_gpu_limit is not None:
+            return self.per_gpu_limit
         from accel_agent.sysfs import attributes
 
         # Bounded like every number from sysfs: "٣".isdigit() is True too.
@@ -60,6 +72,8 @@ class Parent:
     vendor_id: str | None
     device_id: str | None
     types: Mapping[str, MdevType]
+    # The backend that found it and makes devices on it (accel_agent.backends).
+    backend: str = "mdev"
 
     @property
     def is_virtual(self) -> bool:
@@ -75,6 +89,10 @@ class Mdev:
     # None when the ``mdev_type`` link is missing or dangling.
     mdev_type: str | None
     iommu_group: int | None
+    backend: str = "mdev"
+    # The device's PCI address when it is a PCI function (a typed VF);
+    # an mdev is known by its UUID alone.
+    address: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +107,47 @@ class HostSnapshot:
     by_parent: Mapping[str, tuple[Mdev, ...]] = field(
         default_factory=lambda: MappingProxyType({})
     )
+
+    @classmethod
+    def build(
+        cls,
+        root: str,
+        parents: Mapping[str, Parent],
+        mdevs: Mapping[str, Mdev],
+        warnings: tuple[str, ...] = (),
+    ) -> HostSnapshot:
+        """A snapshot with its ``by_parent`` index."""
+        by_parent: dict[str, list[Mdev]] = {}
+        for mdev in sorted(mdevs.values(), key=lambda m: m.uuid):
+            by_parent.setdefault(mdev.parent, []).append(mdev)
+        return cls(
+            root=root,
+            parents=MappingProxyType(dict(parents)),
+            mdevs=MappingProxyType(dict(mdevs)),
+            warnings=tuple(warnings),
+            by_parent=MappingProxyType({k: tuple(v) for k, v in by_parent.items()}),
+        )
+
+    def merged(
+        self,
+        parents: Mapping[str, Parent],
+        mdevs: Mapping[str, Mdev],
+        warnings: tuple[str, ...] = (),
+    ) -> HostSnapshot:
+        """This snapshot with another backend's parents and devices added
+        (``self`` itself when there are none).  A name both claim stays the
+        first's, with a warning: a device cannot be two models at once."""
+        if not parents and not mdevs and not warnings:
+            return self
+        clash = sorted(set(parents) & set(self.parents))
+        notes = tuple(f"parent {name} found by two backends; kept as {self.parents[name].backend}"
+                      for name in clash)
+        return HostSnapshot.build(
+            self.root,
+            {**parents, **self.parents},
+            {**mdevs, **self.mdevs},
+            self.warnings + tuple(warnings) + notes,
+        )
 
     def mdevs_on(self, parent: str, mdev_type: str | None = None) -> list[Mdev]:
         on_parent = self.by_parent.get(parent, ())

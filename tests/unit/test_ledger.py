@@ -115,7 +115,7 @@ def test_from_conf_uses_state_dir(tmp_path: Path) -> None:
 
 
 def test_new_ledger_has_current_schema(ledger: Ledger) -> None:
-    assert ledger.schema_version == SCHEMA_VERSION == 2
+    assert ledger.schema_version == SCHEMA_VERSION == 3
     tables = {
         r[0] for r in raw(ledger).execute("SELECT name FROM sqlite_master WHERE type='table'")
     }
@@ -340,7 +340,7 @@ def test_database_constraints_hold_against_raw_sql(ledger: Ledger, clock: Clock)
         conn.execute("DELETE FROM mdevs WHERE uuid = ?", (uid(1),))
     with pytest.raises(sqlite3.IntegrityError):  # UUIDs are lowercase: CHECK
         conn.execute(
-            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0)",
+            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0, 'mdev')",
             (uid(0xABC).upper(), PCI, NV),
         )
     conn.close()
@@ -612,8 +612,11 @@ def test_constraint_failure_is_a_ledger_error(ledger: Ledger) -> None:
     assert ledger.get(uid(1)).owner == "inst-a"
 
 
-def test_v1_ledger_is_migrated_to_v2_keeping_assignments(state_dir: Path) -> None:
-    """The real v1 -> v2 step (claim source UUIDs) on a database written by v1."""
+def test_v1_ledger_is_migrated_to_the_current_schema_keeping_assignments(
+    state_dir: Path,
+) -> None:
+    """The real v1 -> v2 (claim source UUIDs) and v2 -> v3 (backend) steps on a
+    database written by v1."""
     with Ledger(state_dir, migrations=MIGRATIONS[:1]) as led:
         assert led.schema_version == 1
         # Raw SQL: this code's queries already expect v2 columns.
@@ -628,9 +631,18 @@ def test_v1_ledger_is_migrated_to_v2_keeping_assignments(state_dir: Path) -> Non
             (uid(1),),
         )
     with Ledger(state_dir) as led:
-        assert led.schema_version == 2
+        assert led.schema_version == SCHEMA_VERSION
         record = led.get(uid(1))
         assert record is not None and record.owner == "inst-a" and record.source_uuid is None
+        assert record.backend == "mdev"  # v3: every row before it was an mdev
         present(led, 2)
         led.assign(uid(2), "inst-b", owner_kind="claim", claim_expires_at=1e12, source_uuid=uid(9))
         assert led.get(uid(2)).source_uuid == uid(9)
+
+
+def test_the_backend_of_a_row_is_kept(ledger: Ledger) -> None:
+    ledger.record_create_intent(uid(1), "0000:c1:00.4", "nvidia-1147", backend="nvidia_vfio")
+    ledger.adopt(uid(2), PCI, NV)
+    assert [(r.uuid, r.backend) for r in ledger.all()] == [
+        (uid(1), "nvidia_vfio"), (uid(2), "mdev")
+    ]

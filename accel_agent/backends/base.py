@@ -1,0 +1,97 @@
+"""The interface every device backend implements (os-vif's plugin pattern).
+
+A backend knows one device model: how its parents and devices appear in
+sysfs, how one device is made and unmade through the privileged helper, and
+what a guest's libvirt XML says about it.  It decides nothing: the manager
+(``accel_agent.mdev.manager``) keeps the ledger, the intents, the allocation,
+the recovery and the ownership for every backend alike, and calls a backend
+only for the device half of an operation.  Which backend serves a parent is
+what the scan found (``Parent.backend``), never configuration.
+
+A backend imports the sysfs reader and the privileged writer (through the
+``writer`` it is handed), never the manager.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from accel_agent.sysfs.model import HostSnapshot, Parent
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRef:
+    """A device as the manager knows it (a ledger row): enough for its backend
+    to unmake it and describe it, whether or not it exists right now."""
+
+    uuid: str
+    parent: str
+    device_type: str
+    backend: str
+
+
+class Discoverer(Protocol):
+    """A backend's read side for one sysfs root (may keep what it learnt)."""
+
+    def scan(self) -> Any:
+        """A :class:`accel_agent.sysfs.nvidia_vfio.Discovery`-shaped result:
+        ``parents``, ``devices``, ``warnings`` and ``notes``."""
+
+
+class DeviceWriter(Protocol):
+    """The privileged half (``accel_agent.privileged``, through privsep or in
+    process): every write any backend needs."""
+
+    def create(self, parent: str, mdev_type: str, uuid: str) -> None: ...
+
+    def remove(self, uuid: str, timeout: float) -> None: ...
+
+    def set_vgpu_type(self, vf: str, type_id: int) -> None: ...
+
+    def clear_vgpu_type(self, vf: str, timeout: float) -> None: ...
+
+
+class DeviceBackend(abc.ABC):
+    """One device model.  Stateless apart from its discoverer."""
+
+    #: The entry point name (``accel_agent.backends``) and ``Parent.backend``.
+    name: ClassVar[str]
+
+    def discoverer(
+        self, sysfs_root: str, state_dir: str | None = None, persist: bool = False
+    ) -> Discoverer | None:
+        """The read side for ``sysfs_root``; None for the mdev backend, whose
+        scan is the host scanner's base (``accel_agent.sysfs.rescan``).
+        ``state_dir``: where what it learnt of the host is kept, written only
+        when ``persist`` (the agent; a listing only reads)."""
+        return None
+
+    @abc.abstractmethod
+    def new_device_uuid(self, parent: Parent) -> str:
+        """The UUID the next device made on ``parent`` will have.  A backend
+        whose devices have no name of their own derives it from the parent,
+        so it is the same after a reboot (``device_uuid_is_fixed``)."""
+
+    #: True when a parent holds at most one device, whose UUID it fixes.
+    device_uuid_is_fixed: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
+        """Make device ``uuid`` of ``device_type`` on ``parent`` (or re-make it,
+        same UUID, same parent, after a reboot)."""
+
+    @abc.abstractmethod
+    def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
+        """Unmake ``device``; MdevInUse when something holds it (nothing done),
+        MdevNotFound when it is gone already."""
+
+    def pci_address(self, device: DeviceRef) -> str | None:
+        """The PCI address a guest is given for ``device``, or None when the
+        guest is given a mediated device by its UUID."""
+        return None
+
+    def host_notes(self, snapshot: HostSnapshot) -> list[str]:
+        """Host preparation this backend needs and does not own (check-config)."""
+        return []

@@ -1,0 +1,102 @@
+"""The whole host's snapshot: the mdev scan plus every other backend's.
+
+The mdev backend's read side is the optimised scanner of ``accel_agent.sysfs``
+(thousands of types on a large host: ``scanner.scan`` cold, ``Rescanner``
+in the daemon, re-reading only what can have changed).  Every other backend
+brings a discoverer of its own whose scan is small (one card's VFs), run in
+full each time; its result is merged into the mdev snapshot.  When neither
+changed, the previous snapshot object is returned, as ``Rescanner`` does, so
+that callers can keep what they built from it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+from accel_agent.backends.base import DeviceBackend, Discoverer
+from accel_agent.sysfs import scanner
+from accel_agent.sysfs.model import HostSnapshot
+from accel_agent.sysfs.rescan import CounterFilter, Rescanner
+
+
+def _discoverers(
+    sysfs_root: str,
+    backends: Mapping[str, DeviceBackend],
+    state_dir: str | None = None,
+    persist: bool = False,
+) -> list[Discoverer]:
+    found = []
+    for backend in backends.values():
+        discoverer = backend.discoverer(sysfs_root, state_dir, persist)
+        if discoverer is not None:
+            found.append(discoverer)
+    return found
+
+
+def _merge(snapshot: HostSnapshot, results: list, notes: list[str] | None = None) -> HostSnapshot:
+    for result in results:
+        snapshot = snapshot.merged(result.parents, result.devices, result.warnings)
+        if notes is not None:
+            notes.extend(result.notes)
+    return snapshot
+
+
+def scan_host(
+    sysfs_root: str,
+    backends: Mapping[str, DeviceBackend],
+    workers: int = 1,
+    notes: list[str] | None = None,
+    state_dir: str | None = None,
+) -> HostSnapshot:
+    """A cold scan of every backend (``accelctl``'s offline listings: it reads
+    what the agent learnt in ``state_dir``, never writes there); ``notes``
+    gets what the backends say about host preparation."""
+    base = scanner.scan(sysfs_root, workers=workers)
+    found = [d.scan() for d in _discoverers(sysfs_root, backends, state_dir)]
+    return _merge(base, found, notes)
+
+
+class HostRescanner:
+    """``Rescanner``'s interface over every backend: ``rescan``, ``listing``
+    and ``full`` re-read the mdev side as ``Rescanner`` does and the other
+    backends in full."""
+
+    def __init__(
+        self,
+        sysfs_root: str,
+        backends: Mapping[str, DeviceBackend],
+        state_dir: str | None = None,
+        persist: bool = False,
+    ) -> None:
+        self.sysfs_root = sysfs_root
+        self._mdevs = Rescanner(sysfs_root)
+        self._others = _discoverers(sysfs_root, backends, state_dir, persist)
+        self._lock = threading.Lock()
+        self._last: tuple[HostSnapshot, list, HostSnapshot] | None = None
+        self.notes: tuple[str, ...] = ()
+
+    def _with_others(self, base: HostSnapshot) -> HostSnapshot:
+        if not self._others:
+            return base
+        with self._lock:
+            results = [d.scan() for d in self._others]
+            last = self._last
+            if last is not None and last[0] is base and last[1] == results:
+                return last[2]
+            notes: list[str] = []
+            merged = _merge(base, results, notes)
+            self.notes = tuple(notes)
+            self._last = (base, results, merged)
+            return merged
+
+    def full(self) -> HostSnapshot:
+        return self._with_others(self._mdevs.full())
+
+    def rescan(
+        self, counters: CounterFilter | None = None, *, reread_mdevs: bool = False
+    ) -> HostSnapshot:
+        return self._with_others(self._mdevs.rescan(counters, reread_mdevs=reread_mdevs))
+
+    def listing(self) -> HostSnapshot:
+        return self._with_others(self._mdevs.listing())

@@ -1,0 +1,53 @@
+"""The ``nvidia_vfio`` backend: NVIDIA vGPU 17+ on SR-IOV VFs (vendor-specific VFIO).
+
+On Ada, Hopper and Blackwell GPUs a vGPU is a VF of the GPU kept bound to
+``nvidia`` and typed through ``nvidia/current_vgpu_type``
+(``accel_agent.sysfs.nvidia_vfio`` reads them).  A VF is a parent that holds
+at most one device; the device's UUID is derived from the VF's address, so a
+host reboot (every VF back to ``0``) is repaired by re-typing the same VFs.
+Types are ``nvidia-<id>`` in configuration and listings, and
+``[mdev_nvidia-<id>] device_addresses`` names the PFs.  A guest is given the
+VF as ``<hostdev type='pci' managed='no'>``: ``managed='yes'`` would have
+libvirt rebind the VF away from ``nvidia`` and break the vGPU.
+"""
+
+from __future__ import annotations
+
+from accel_agent import exception
+from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter, Discoverer
+from accel_agent.sysfs import nvidia_vfio
+from accel_agent.sysfs.model import HostSnapshot, Parent
+
+
+class NvidiaVfioBackend(DeviceBackend):
+    name = nvidia_vfio.BACKEND
+    device_uuid_is_fixed = True
+
+    def discoverer(
+        self, sysfs_root: str, state_dir: str | None = None, persist: bool = False
+    ) -> Discoverer:
+        return nvidia_vfio.VfioScanner(sysfs_root, state_dir, persist)
+
+    def new_device_uuid(self, parent: Parent) -> str:
+        return nvidia_vfio.device_uuid(parent.name)
+
+    def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
+        type_id = nvidia_vfio.type_id_of(device_type)
+        if type_id is None:
+            raise exception.MdevTypeNotSupported(parent=parent, mdev_type=device_type)
+        if uuid != nvidia_vfio.device_uuid(parent):
+            # The ledger's UUID of a VF's vGPU is fixed by the VF: anything
+            # else would be a device recovery could never find again.
+            raise exception.LedgerError(
+                reason=f"device {uuid} is not the vGPU UUID of VF {parent}"
+            )
+        writer.set_vgpu_type(parent, type_id)
+
+    def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
+        writer.clear_vgpu_type(device.parent, timeout)
+
+    def pci_address(self, device: DeviceRef) -> str | None:
+        return device.parent
+
+    def host_notes(self, snapshot: HostSnapshot) -> list[str]:
+        return []

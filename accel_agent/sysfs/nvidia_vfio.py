@@ -1,0 +1,385 @@
+"""NVIDIA vGPU 17+ (vendor-specific VFIO), read side: typed SR-IOV VFs.
+
+Since vGPU 17 (Ada, Hopper, Blackwell) the ``nvidia`` driver registers no mdev
+parent.  A vGPU is an SR-IOV VF of the GPU that stays bound to ``nvidia`` and
+is typed through files under ``/sys/bus/pci/devices/<VF>/nvidia/``
+(research vendor-vfio-and-sriov.md §2-5):
+
+* ``creatable_vgpu_types``: what can be created on this VF *now*, one
+  ``<id> : <name>`` line per type, after an optional header line
+  (``ID    : vGPU Name``); a typed VF, or a full card, lists nothing;
+* ``current_vgpu_type``: the decimal type id, ``0`` when untyped.
+
+The snapshot models this like the SR-IOV mdev parents of older drivers: each
+VF is a parent (``backend="nvidia_vfio"``) offering the card's types, one
+instance of a type while the VF is free and lists it, and a typed VF is a
+device of its type on that parent.  A device has no name of its own in sysfs,
+so it is known by a UUID derived from its VF's address (:func:`device_uuid`):
+the same VF always gives the same UUID, which is what lets recovery re-type
+the same VF for the same owner after a host reboot.
+
+Capacity is per physical GPU (the VFs' PF), never the sum of the VFs: a VF
+lists a type while *one more* fits on the card, so twelve free VFs listing
+``L40S-24Q`` do not make room for twelve.  How many fit is no file of its
+own; NVIDIA names time-sliced types ``<card>-<framebuffer GB><series>`` (and
+MIG-backed ones ``<card>-<slices>-<GB><series>``), and the card's largest type
+is the whole framebuffer, so ``per_gpu_limit = card GB // type GB`` (at most the
+VFs the card has).  That needs the card's whole type table, which its VFs list
+only while the card holds no vGPU (after a boot, typically): a card seen so is
+*known*, and a :class:`VfioScanner` that may write state keeps the tables in
+``<state_dir>/nvidia-vfio-types.json`` for the next process (a table that
+misses a type the card lists now is stale and dropped).  A card never seen
+empty gets the bound the live lists prove: the vGPUs it holds, plus one while
+a free VF lists the type.  ``[mdev_<type>] max_instances`` caps it anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+import uuid as uuid_mod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from accel_agent.sysfs import address, attributes
+from accel_agent.sysfs.model import Mdev, MdevType, Parent
+
+LOG = logging.getLogger(__name__)
+
+BACKEND = "nvidia_vfio"
+TABLES_FILE = "nvidia-vfio-types.json"
+TYPE_PREFIX = "nvidia-"
+PCI_DEVICES = os.path.join("bus", "pci", "devices")
+NVIDIA_DIR = "nvidia"
+CREATABLE = "creatable_vgpu_types"
+CURRENT = "current_vgpu_type"
+# NVIDIA's type ids are small integers (4-5 digits today).
+MAX_TYPE_ID = 999_999
+# Not a PCI bus limit: the most VFs any NVIDIA GPU offers is 64 (H100: 32).
+MAX_VFS = 256
+# A fixed namespace: device UUIDs must be the same in every process and release.
+_DEVICE_NAMESPACE = uuid_mod.UUID("4d0a7f3e-7a52-5b1f-9a43-5f1c2d6e8a17")
+_LINE = re.compile(r"\s*([0-9]+)\s*(?::\s*|\s+)(\S.*?)\s*")
+_SIZE = re.compile(r"-([0-9]+)[A-Za-z]+\s*$")
+
+
+def device_uuid(vf: str) -> str:
+    """The UUID of the vGPU on VF ``vf`` (canonical PCI address)."""
+    return str(uuid_mod.uuid5(_DEVICE_NAMESPACE, f"{BACKEND}:{vf}"))
+
+
+def type_name(type_id: int) -> str:
+    """``1414`` -> ``nvidia-1414``: the name config and listings use, like the
+    type directories of the mdev drivers."""
+    return f"{TYPE_PREFIX}{type_id}"
+
+
+def type_id_of(name: str) -> int | None:
+    """``nvidia-1414`` -> 1414; None for anything else."""
+    if not name.startswith(TYPE_PREFIX):
+        return None
+    digits = name[len(TYPE_PREFIX) :]
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 6 or digits[0] == "0":
+        return None
+    return int(digits)
+
+
+def parse_creatable(text: str) -> dict[int, str]:
+    """``creatable_vgpu_types`` as ``{id: name}``.
+
+    Lenient about spacing (``1414 : NVIDIA H200X-1-18C``, ``1414  NVIDIA ...``),
+    skips the header and anything that is not an id line; an id out of range
+    is not an id."""
+    found: dict[int, str] = {}
+    for line in text.splitlines():
+        match = _LINE.fullmatch(line)
+        if match is None:
+            continue
+        type_id = attributes.parse_int_or_none(match.group(1), MAX_TYPE_ID, 1)
+        if type_id is not None:
+            found[type_id] = match.group(2)
+    return found
+
+
+def framebuffer_gb(name: str) -> int | None:
+    """The framebuffer of a type from its name: ``NVIDIA L40S-4Q`` -> 4,
+    ``NVIDIA H200X-1-18C`` -> 18; None when the name does not say."""
+    match = _SIZE.search(name)
+    if match is None:
+        return None
+    return attributes.parse_int_or_none(match.group(1), 100_000, 1)
+
+
+def per_gpu_limits(types: Mapping[int, str], vfs: int) -> dict[int, int | None]:
+    """How many of each type one card holds: the largest type's framebuffer
+    is the card's (module docstring), at most one per VF."""
+    sizes = {type_id: framebuffer_gb(name) for type_id, name in types.items()}
+    known = [s for s in sizes.values() if s is not None]
+    card = max(known) if known else None
+    return {
+        type_id: (min(card // size, vfs) if card is not None and size is not None else None)
+        for type_id, size in sizes.items()
+    }
+
+
+@dataclass
+class _Vf:
+    address: str
+    pf: str
+    device_path: str
+    current: int
+    creatable: dict[int, str]
+    iommu_group: int | None
+    numa_node: int | None
+    vendor_id: str | None
+    device_id: str | None
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What one scan found: VF parents, typed VFs, and what to tell an operator."""
+
+    parents: Mapping[str, Parent] = field(default_factory=lambda: MappingProxyType({}))
+    devices: Mapping[str, Mdev] = field(default_factory=lambda: MappingProxyType({}))
+    warnings: tuple[str, ...] = ()
+    # Host preparation the agent does not own but explains (check-config).
+    notes: tuple[str, ...] = ()
+
+
+class VfioScanner:
+    """Scans ``<root>/bus/pci/devices`` for NVIDIA vendor-VFIO VFs, with the
+    type tables of the cards it knows (module docstring): read from
+    ``state_dir`` when given, written there too when ``persist``."""
+
+    def __init__(
+        self, sysfs_root: str, state_dir: str | None = None, persist: bool = False
+    ) -> None:
+        self.sysfs_root = sysfs_root
+        self._path = os.path.join(state_dir, TABLES_FILE) if state_dir else None
+        self._persist = persist and self._path is not None
+        self._tables: dict[str, dict[int, str]] = self._load()
+
+    def _load(self) -> dict[str, dict[int, str]]:
+        if self._path is None:
+            return {}
+        try:
+            with open(self._path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            return {
+                str(pf): {int(k): str(v) for k, v in table.items()}
+                for pf, table in data.items()
+                if address.is_pci_address(str(pf))
+            }
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}  # none yet, or unreadable: cards are learnt again
+
+    def _save(self) -> None:
+        if not self._persist or self._path is None:
+            return
+        data = {pf: {str(k): v for k, v in sorted(t.items())} for pf, t in self._tables.items()}
+        try:
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self._path), prefix=".vfio-types-")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(data, handle, sort_keys=True)
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            LOG.warning("cannot keep the vGPU type tables in %s: %s", self._path, exc)
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.unlink(tmp)
+
+    def scan(self) -> Discovery:
+        root = os.path.realpath(self.sysfs_root)
+        warnings: list[str] = []
+        notes: list[str] = []
+        vfs: list[_Vf] = []
+        devices_dir = os.path.join(root, PCI_DEVICES)
+        try:
+            names = sorted(os.listdir(devices_dir))
+        except OSError:
+            return Discovery()
+        for name in names:
+            if not address.is_canonical_parent_name(name) or not address.is_pci_address(name):
+                continue
+            device = _resolve(root, os.path.join(devices_dir, name))
+            if device is None or _link_name(device, "driver") != "nvidia":
+                continue
+            vf = self._read_vf(root, name, device, warnings.append)
+            if vf is not None:
+                vfs.append(vf)
+            elif _is_idle_pf(device):
+                notes.append(
+                    f"GPU {name} (nvidia) has SR-IOV but no VFs enabled: its vGPUs (vGPU 17 "
+                    f"and later) live on VFs; enable them with NVIDIA's sriov-manage "
+                    f"(/usr/lib/nvidia/sriov-manage -e {name})"
+                )
+        return self._build(vfs, warnings, notes)
+
+    def _read_vf(
+        self, root: str, name: str, device: str, warn: Callable[[str], None]
+    ) -> _Vf | None:
+        physfn = _link_name(device, "physfn")
+        if physfn is None or not address.is_pci_address(physfn):
+            return None
+        nvidia = os.path.join(device, NVIDIA_DIR)
+        if os.path.islink(nvidia) or not os.path.isdir(nvidia):
+            return None
+        dir_fd = os.open(nvidia, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            raw_current = _attribute(dir_fd, CURRENT, f"VF {name}", warn)
+            raw_creatable = _attribute(dir_fd, CREATABLE, f"VF {name}", warn)
+        finally:
+            os.close(dir_fd)
+        if raw_current is None or raw_creatable is None:
+            warn(f"VF {name}: nvidia/{CURRENT} or {CREATABLE} is unreadable; skipped")
+            return None
+        current = attributes.parse_int_or_none(raw_current, MAX_TYPE_ID)
+        if current is None:
+            warn(f"VF {name}: {CURRENT} {raw_current!r} is not a type id; skipped")
+            return None
+        dev_fd = os.open(device, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            numa = attributes.parse_int_or_none(
+                _attribute(dev_fd, "numa_node", f"VF {name}", warn), attributes.MAX_NUMA_NODE
+            )
+            vendor = _attribute(dev_fd, "vendor", f"VF {name}", warn)
+            device_id = _attribute(dev_fd, "device", f"VF {name}", warn)
+        finally:
+            os.close(dev_fd)
+        group = attributes.parse_int_or_none(
+            _link_name(device, "iommu_group"), attributes.MAX_IOMMU_GROUP
+        )
+        return _Vf(
+            address=name,
+            pf=address.parse_pci_address(physfn),
+            device_path=os.path.relpath(device, root),
+            current=current,
+            creatable=parse_creatable(raw_creatable),
+            iommu_group=group,
+            numa_node=numa,
+            vendor_id=vendor,
+            device_id=device_id,
+        )
+
+    def _build(self, vfs: list[_Vf], warnings: list[str], notes: list[str]) -> Discovery:
+        by_card: dict[str, list[_Vf]] = {}
+        for vf in vfs:
+            by_card.setdefault(vf.pf, []).append(vf)
+        parents: dict[str, Parent] = {}
+        devices: dict[str, Mdev] = {}
+        learnt = False
+        for pf, members in sorted(by_card.items()):
+            listed: dict[int, str] = {}
+            for vf in members:
+                listed.update(vf.creatable)
+            typed = [vf.current for vf in members if vf.current]
+            table = self._tables.get(pf)
+            if not typed and listed and listed != table:
+                # An empty card lists every type it has: its whole table.
+                self._tables[pf] = table = dict(listed)
+                learnt = True
+            elif table is not None and not (set(listed) | set(typed)) <= table.keys():
+                # The card lists a type the table lacks (a new driver): stale.
+                del self._tables[pf]
+                table, learnt = None, True
+            known = dict(table or listed)
+            for type_id in sorted(set(typed) - known.keys()):
+                # Typed by someone before we saw it listed: no name to show.
+                known[type_id] = type_name(type_id)
+            if table is not None:
+                limits = per_gpu_limits(known, len(members))
+            else:
+                # Unknown card size: what the live lists prove (module docstring).
+                limits = {
+                    type_id: typed.count(type_id)
+                    + (1 if any(not vf.current and type_id in vf.creatable for vf in members)
+                       else 0)
+                    for type_id in known
+                }
+            for vf in members:
+                types = {
+                    type_name(type_id): MdevType(
+                        type_name(type_id),
+                        "vfio-pci",
+                        1 if vf.current == 0 and type_id in vf.creatable else 0,
+                        name,
+                        None,
+                        limits[type_id],
+                    )
+                    for type_id, name in sorted(known.items())
+                }
+                parents[vf.address] = Parent(
+                    name=vf.address,
+                    device_path=vf.device_path,
+                    pci_address=vf.address,
+                    physical_gpu=pf,
+                    physfn=pf,
+                    numa_node=vf.numa_node,
+                    driver="nvidia",
+                    vendor_id=vf.vendor_id,
+                    device_id=vf.device_id,
+                    types=MappingProxyType(types),
+                    backend=BACKEND,
+                )
+                if vf.current:
+                    uuid = device_uuid(vf.address)
+                    devices[uuid] = Mdev(
+                        uuid=uuid,
+                        parent=vf.address,
+                        mdev_type=type_name(vf.current),
+                        iommu_group=vf.iommu_group,
+                        backend=BACKEND,
+                        address=vf.address,
+                    )
+        if learnt:
+            self._save()
+        return Discovery(
+            MappingProxyType(parents), MappingProxyType(devices), tuple(warnings), tuple(notes)
+        )
+
+
+def _resolve(root: str, path: str) -> str | None:
+    real = os.path.realpath(path)
+    if not (real == root or real.startswith(root + os.sep)) or not os.path.isdir(real):
+        return None
+    return real
+
+
+def _link_name(directory: str, name: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(os.path.join(directory, name)).rstrip("/")) or None
+    except OSError:
+        return None
+
+
+def _attribute(dir_fd: int, name: str, owner: str, warn: Callable[[str], None]) -> str | None:
+    try:
+        return attributes.read_at(dir_fd, name)
+    except attributes.NotAnAttribute as exc:
+        warn(f"{owner}: {exc}")
+        return None
+
+
+def _is_idle_pf(device: str) -> bool:
+    """An SR-IOV capable NVIDIA PF with no VF enabled (``sriov_totalvfs`` > 0,
+    no ``virtfn*`` link)."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        total = attributes.parse_int_or_none(attributes.read_at(fd, "sriov_totalvfs"), MAX_VFS)
+    except attributes.NotAnAttribute:
+        total = None
+    finally:
+        os.close(fd)
+    if not total:
+        return False
+    try:
+        return not any(entry.startswith("virtfn") for entry in os.listdir(device))
+    except OSError:
+        return False

@@ -1,0 +1,186 @@
+"""NVIDIA vGPU 17+ VFs through the agent, as an operator runs it: accelctl
+processes writing through the REAL privsep helper onto the FUSE simulator's
+``nvidia-vfio`` GPUs (beside classic mdev GPUs on the same host), every
+outcome read back from the simulated sysfs itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from accel_agent.mdev.ledger import Ledger
+from accel_agent.sysfs import nvidia_vfio
+from tests.functional.privsep_fixture import skip_unless_root
+from tests.functional.simhost import simulated_host
+
+pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
+
+GPU1, GPU2 = "0000:c1:00.0", "0000:c2:00.0"
+CONF = (
+    "[devices]\nenabled_mdev_types = nvidia-35, nvidia-1150\n"
+    f"[mdev_nvidia-35]\n[mdev_nvidia-1150]\ndevice_addresses = {GPU1}, {GPU2}\n"
+    "[libvirt]\nuri =\n"
+)
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    skip_unless_root()
+    with simulated_host(
+        tmp_path_factory.mktemp("vfio"), ["nvidia-pf", "nvidia-vfio"], gpus=2, vfs=4
+    ) as host:
+        yield host
+
+
+@pytest.fixture
+def host(sim):
+    sim.reset()  # a reboot: every VF back to 0, no ledger
+    return sim
+
+
+def ctl(config, *args, rc=0):
+    proc = subprocess.run(
+        [sys.executable, "-m", "accel_agent.cmd.ctl", "--config-file", config, *args],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == rc, (args, proc.stdout, proc.stderr)
+    return proc
+
+
+def typed(host) -> dict[str, int]:
+    """VF -> vGPU type id, for every typed VF, read from sysfs."""
+    found = {}
+    devices = os.path.join(host.root, "bus", "pci", "devices")
+    for vf in sorted(os.listdir(devices)):
+        path = os.path.join(devices, vf, "nvidia", "current_vgpu_type")
+        if os.path.exists(path):
+            with open(path) as handle:
+                value = int(handle.read())
+            if value:
+                found[vf] = value
+    return found
+
+
+def owners(host) -> dict[str, tuple[str, str | None, str]]:
+    with Ledger(host.state_dir) as ledger:
+        return {r.uuid: (r.parent, r.owner, r.backend) for r in ledger.all()}
+
+
+def allocate(config, instance, count, *extra):
+    out = json.loads(ctl(config, "allocate", instance, "--count", str(count), *extra,
+                         "--json").stdout)
+    return [(m["parent"], m["mdev_type"], m["uuid"]) for m in out["mdevs"]]
+
+
+def test_allocate_types_vfs_on_the_least_used_gpu_and_release_untypes_them(host):
+    config = host.config(CONF)
+    first = allocate(config, "vm-a", 2, "--type", "nvidia-1150")
+    assert [p[:11] for p, _, _ in first] == ["0000:c1:00."] * 2  # one GPU holds both
+    assert typed(host) == {p: 1150 for p, _, _ in first}
+    assert [u for _, _, u in first] == [nvidia_vfio.device_uuid(p) for p, _, _ in first]
+    second = allocate(config, "vm-b", 1, "--type", "nvidia-1150")
+    assert second[0][0].startswith("0000:c2:00.")  # the least used GPU
+    assert {owner for _, owner, _ in owners(host).values()} == {"vm-a", "vm-b"}
+    assert {b for _, _, b in owners(host).values()} == {"nvidia_vfio"}
+    # mdev GPUs on the same host are unaffected and still served.
+    (mdev,) = allocate(config, "vm-m", 1, "--type", "nvidia-35")
+    assert mdev[0] == "0000:84:00.0" and mdev[2] in host.sysfs_uuids()
+
+    ctl(config, "release", "vm-a", "--remove")
+    assert typed(host) == {second[0][0]: 1150}
+    assert {owner for _, owner, _ in owners(host).values()} == {"vm-b", "vm-m"}
+
+
+def test_mdevs_lists_typed_vfs_with_address_type_name_and_owner(host):
+    config = host.config(CONF)
+    ((vf, _, uuid),) = allocate(config, "vm-l", 1, "--type", "nvidia-1150")
+    listing = json.loads(ctl(config, "mdevs", "--json").stdout)["mdevs"]
+    assert listing == [
+        {
+            "uuid": uuid, "parent": vf, "mdev_type": "nvidia-1150",
+            "iommu_group": listing[0]["iommu_group"], "physical_gpu": GPU1,
+            "configured": True, "owned": True, "instance": "vm-l",
+            "backend": "nvidia_vfio", "address": vf, "type_name": "NVIDIA L40S-4Q",
+        }
+    ]
+    assert isinstance(listing[0]["iommu_group"], int)
+    inventory = json.loads(ctl(config, "inventory", "--json").stdout)["providers"]
+    gpus = {p["name"]: p for p in inventory if p["mdev_type"] == "nvidia-1150"}
+    assert sorted(gpus) == ["testhost_pci_0000_c1_00_0", "testhost_pci_0000_c2_00_0"]
+    assert gpus["testhost_pci_0000_c1_00_0"]["used"] == 1
+    assert gpus["testhost_pci_0000_c1_00_0"]["parent_device"] == GPU1
+
+
+def test_a_refused_type_write_rolls_back_the_whole_allocation(host):
+    config = host.config(CONF)
+    host.sim.fail_next_vgpu_write("EIO", vf="0000:c1:00.5")
+    proc = ctl(config, "allocate", "vm-f", "--count", "2", "--type", "nvidia-1150", rc=1)
+    assert "0000:c1:00.5" in proc.stderr and "nvidia-1150" in proc.stderr
+    assert "EIO" in proc.stderr
+    assert typed(host) == {}  # the VF typed first was untyped again
+    assert owners(host) == {}
+    with Ledger(host.state_dir) as ledger:
+        assert ledger.pending_intents() == [] and ledger.unsettled() == []
+
+
+def test_a_vgpu_whose_vf_is_held_is_kept_not_untyped(host):
+    config = host.config(CONF)
+    ((vf, _, uuid),) = allocate(config, "vm-h", 1, "--type", "nvidia-1150")
+    host.sim.hold(vf)
+    try:
+        proc = ctl(config, "release", "vm-h", "--remove", rc=1)
+        assert "in use" in proc.stderr
+        assert typed(host) == {vf: 1150}
+        assert owners(host) == {uuid: (vf, None, "nvidia_vfio")}  # free, owned, kept
+    finally:
+        host.sim.release(vf)
+    # Reused by the next allocation of its type, not typed anew elsewhere.
+    assert allocate(config, "vm-i", 1, "--type", "nvidia-1150") == [(vf, "nvidia-1150", uuid)]
+
+
+def test_a_host_reboot_is_repaired_by_retyping_the_same_vfs_for_the_same_owners(host):
+    config = host.config(CONF)
+    before = allocate(config, "vm-r", 3, "--type", "nvidia-1150")
+    ledger_before = owners(host)
+    host.sim.reboot()
+    assert typed(host) == {}
+    report = json.loads(ctl(config, "recover", "--json").stdout)
+    assert sorted(report["recreated"]) == sorted(u for _, _, u in before)
+    assert typed(host) == {p: 1150 for p, _, _ in before}
+    assert owners(host) == ledger_before
+
+
+def test_a_vf_typed_by_someone_else_is_foreign_until_adopted(host):
+    config = host.config(CONF)
+    vf = "0000:c2:00.4"
+    path = os.path.join(host.root, "bus", "pci", "devices", vf, "nvidia", "current_vgpu_type")
+    with open(path, "w") as handle:
+        handle.write("1150")
+    uuid = nvidia_vfio.device_uuid(vf)
+    listing = json.loads(ctl(config, "mdevs", "--json").stdout)["mdevs"]
+    assert [(m["uuid"], m["owned"]) for m in listing] == [(uuid, False)]
+    placed = allocate(config, "vm-x", 1, "--type", "nvidia-1150")
+    assert vf not in [p for p, _, _ in placed]
+    ctl(config, "release", "vm-x", "--remove")
+    assert typed(host) == {vf: 1150}  # never touched
+    ctl(config, "adopt", uuid)
+    assert owners(host)[uuid] == (vf, None, "nvidia_vfio")
+
+
+def test_check_config_explains_a_gpu_whose_vfs_are_not_enabled(host):
+    config = host.config(CONF)
+    path = os.path.join(host.root, "bus", "pci", "devices", GPU2, "sriov_numvfs")
+    with open(path, "w") as handle:
+        handle.write("0")
+    try:
+        proc = ctl(config, "check-config")
+        assert "sriov-manage -e 0000:c2:00.0" in proc.stderr + proc.stdout
+        strict = ctl(config, "check-config", "--strict", rc=1)
+        assert "sriov-manage" in strict.stderr
+    finally:
+        with open(path, "w") as handle:
+            handle.write("4")
