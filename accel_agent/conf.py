@@ -217,7 +217,7 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
     """
     # Imported here: privileged pulls in oslo.privsep, which the plain CLI
     # path does not need.
-    from accel_agent import privileged
+    from accel_agent import privileged, privileged_net
     from accel_agent.migration import opts as migration_opts
     from accel_agent.reporting import placement_opts
 
@@ -228,6 +228,7 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
         ("api", api_opts),
         ("libvirt", libvirt_opts),
         *privileged.list_opts(),
+        *privileged_net.list_opts(),
         *migration_opts.list_opts(),
         *placement_opts.list_opts(),
     ]

@@ -508,9 +508,3 @@ class PciDriverNotLoaded(AccelAgentException):
 class PciRebindFailed(AccelAgentException):
     msg_fmt = "%(action)s of %(address)s failed at %(step)s: %(errno)s (%(error)s)"
 
-
-class VfioGroupInUse(AccelAgentException):
-    msg_fmt = (
-        "%(address)s: its VFIO group %(node)s is open (a VM or another process holds it); "
-        "%(action)s not done"
-    )
