@@ -508,3 +508,21 @@ class PciDriverNotLoaded(AccelAgentException):
 class PciRebindFailed(AccelAgentException):
     msg_fmt = "%(action)s of %(address)s failed at %(step)s: %(errno)s (%(error)s)"
 
+
+
+class InvalidVfPoolConfig(InvalidConfig):
+    msg_fmt = "Invalid configuration of VF pool %(pool)s: %(reason)s"
+
+
+class UnknownVfPool(AccelAgentException):
+    # ``field`` for an API's 400 (issue 15: "an unknown pool").
+    msg_fmt = "no VF pool %(pool)s (enabled: %(enabled)s)"
+    field = "pool"
+
+
+class NoFreeVf(AccelAgentException):
+    msg_fmt = "VF pool %(pool)s has no free VF (%(reason)s)"
+
+
+class VfNotInPool(AccelAgentException):
+    msg_fmt = "%(vf)s is not a VF of a PF of a configured pool (%(reason)s)"

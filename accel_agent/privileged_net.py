@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oslo_config import cfg
@@ -32,7 +32,7 @@ from oslo_config import cfg
 from accel_agent import exception
 
 # The wire format for errors is the sysfs context's, shared, not copied.
-from accel_agent.privileged import _conf_list, _daemon_side, _from_wire, _WireError, helper_command
+from accel_agent.privileged import _call, _conf_list, _daemon_side, helper_command
 
 # As in accel_agent.privileged: oslo.privsep pulls in eventlet, which warns on import.
 warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category=Warning)
@@ -63,15 +63,22 @@ def _validate_pf_label(value: Any) -> str | None:
 
 
 def apply_local(
-    pf_netdev: str, vf: int, settings: Mapping[str, Any], pf: str | None = None
+    pf_netdev: str,
+    vf: int,
+    settings: Mapping[str, Any],
+    pf: str | None = None,
+    clean: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """:func:`apply_vf_settings` in this process (tests; the daemon's body)."""
     from accel_agent.sriov import netlink, vfconfig
 
     vf = vfconfig.validate_vf_index(vf)
     wanted = vfconfig.validate_settings(settings)
+    if not isinstance(clean, bool):
+        raise exception.PrivilegedInputRejected(reason=f"clean={clean!r} is not a boolean")
+    baseline = vfconfig.RESET if clean else None
     with netlink.PfLink(pf_netdev, _validate_pf_label(pf)) as link:
-        before, after = vfconfig.apply(link, link.pf, vf, wanted)
+        before, after = vfconfig.apply(link, link.pf, vf, wanted, baseline)
     return {"before": before.to_dict(), "after": after.to_dict()}
 
 
@@ -87,9 +94,9 @@ def reset_local(pf_netdev: str, vf: int, pf: str | None = None) -> dict[str, dic
 
 @net_admin.entrypoint
 def _priv_apply(
-    pf_netdev: str, vf: int, settings: dict[str, Any], pf: str | None = None
+    pf_netdev: str, vf: int, settings: dict[str, Any], pf: str | None = None, clean: bool = False
 ) -> dict[str, dict[str, Any]]:
-    return _daemon_side(lambda: apply_local(pf_netdev, vf, settings, pf))
+    return _daemon_side(lambda: apply_local(pf_netdev, vf, settings, pf, clean))
 
 
 @net_admin.entrypoint
@@ -97,22 +104,22 @@ def _priv_reset(pf_netdev: str, vf: int, pf: str | None = None) -> dict[str, dic
     return _daemon_side(lambda: reset_local(pf_netdev, vf, pf))
 
 
-def _call(entrypoint: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return entrypoint(*args, **kwargs)
-    except _WireError as wire:
-        raise _from_wire(wire) from None
-
-
 def apply_vf_settings(
-    pf_netdev: str, vf: int, settings: Mapping[str, Any], *, pf: str | None = None
+    pf_netdev: str,
+    vf: int,
+    settings: Mapping[str, Any],
+    *,
+    pf: str | None = None,
+    clean: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Set VF ``vf`` of the PF netdev ``pf_netdev`` (``pf``: its PCI address,
     for messages) in the CAP_NET_ADMIN daemon; returns ``{"before": state,
-    "after": state}`` as read back.  Raises InvalidVfSetting (nothing sent),
-    PfNetdevNotFound, VfNotReported, VfIndexOutOfRange, VfSettingRefused
-    (rolled back), VfRollbackFailed (half-configured), VfSettingNotApplied."""
-    return _call(_priv_apply, pf_netdev, vf, dict(settings), pf=pf)
+    "after": state}`` as read back.  ``clean``: on top of the reset state,
+    so that nothing a previous tenant left (trust, a rate) survives.
+    Raises InvalidVfSetting (nothing sent), PfNetdevNotFound, VfNotReported,
+    VfIndexOutOfRange, VfSettingRefused (rolled back), VfRollbackFailed
+    (half-configured), VfSettingNotApplied."""
+    return _call(_priv_apply, pf_netdev, vf, dict(settings), pf=pf, clean=clean)
 
 
 def reset_vf_settings(

@@ -298,14 +298,36 @@ def _rollback(link: VfLink, vf: int, before: VfState, done: list[str]) -> tuple[
     return f"rolled back {undone}", failed
 
 
-def apply(link: VfLink, pf: str, vf: int, wanted: VfSettings) -> tuple[VfState, VfState]:
-    """Write ``wanted`` to VF ``vf`` of ``link``, read back, and return
-    (state before, state after).  On a refusal or a read-back that
-    contradicts a setting, everything this call wrote is restored and
-    VfSettingRefused / VfSettingNotApplied is raised (VfRollbackFailed when
-    the restore itself failed: the VF is half-configured).  ``pf`` names the
-    PF in messages (its PCI address, or the netdev)."""
+def merged(wanted: VfSettings, baseline: VfSettings, before: VfState) -> VfSettings:
+    """``wanted``, plus every ``baseline`` setting it does not name whose
+    reported value differs from the baseline's: a driver refuses some
+    settings outright (igb: any ``link_state``), and one that already reads
+    as the baseline needs no write.  A setting the driver does not report is
+    left alone unless asked for: it has no ``ndo_get_vf_config`` field, and
+    none of the drivers known sets what it cannot report."""
+    out = wanted.to_dict()
+    for name, value in baseline.to_dict().items():
+        current = getattr(before, name)
+        if name not in out and current is not None and current != value:
+            out[name] = value
+    if "qos" in out and "vlan" not in out:
+        out["vlan"] = baseline.vlan if baseline.vlan is not None else before.vlan or 0
+    return VfSettings(**out)
+
+
+def apply(
+    link: VfLink, pf: str, vf: int, wanted: VfSettings, baseline: VfSettings | None = None
+) -> tuple[VfState, VfState]:
+    """Write ``wanted`` (on top of ``baseline``: :func:`merged`) to VF ``vf``
+    of ``link``, read back, and return (state before, state after).  On a
+    refusal or a read-back that contradicts a setting, everything this call
+    wrote is restored and VfSettingRefused / VfSettingNotApplied is raised
+    (VfRollbackFailed when the restore itself failed: the VF is
+    half-configured).  ``pf`` names the PF in messages (its PCI address, or
+    the netdev)."""
     before = link.read(vf)
+    if baseline is not None:
+        wanted = merged(wanted, baseline, before)
     done: list[str] = []
     for attribute, value in _writes(wanted, before):
         try:
@@ -340,22 +362,8 @@ def apply(link: VfLink, pf: str, vf: int, wanted: VfSettings) -> tuple[VfState, 
 
 
 def reset(link: VfLink, pf: str, vf: int) -> tuple[VfState, VfState]:
-    """Back to :data:`RESET`, writing only what differs from it: a driver
-    refuses some settings outright (igb: any ``link_state``), and one that
-    already reads as the reset value needs no write.  A setting the driver
-    does not report is skipped: it has no ``ndo_get_vf_config`` field for
-    it, and none of the drivers known sets what it cannot report."""
-    before = link.read(vf)
-    wanted: dict[str, Any] = {}
-    for name, value in RESET.to_dict().items():
-        current = getattr(before, name)
-        if current is not None and current != value:
-            wanted[name] = value
-    if "qos" in wanted and "vlan" not in wanted:
-        wanted["vlan"] = RESET.vlan
-    if "min_tx_rate" in wanted or "max_tx_rate" in wanted:
-        wanted.update(min_tx_rate=0, max_tx_rate=0)
-    return apply(link, pf, vf, VfSettings(**wanted))
+    """Back to :data:`RESET`, writing only what differs from it (:func:`merged`)."""
+    return apply(link, pf, vf, VfSettings(), baseline=RESET)
 
 
 def _shown(attribute: str, value: dict[str, Any]) -> str:
