@@ -210,9 +210,14 @@ def _give_back(root: str, vf: str) -> None:
             _write_once(_probe_file(root), vf.encode())
 
 
-def write_unbind_vfio(sysfs_root: str, vf: str, vfio_dir: str = "") -> str | None:
+def write_unbind_vfio(
+    sysfs_root: str, vf: str, vfio_dir: str = "", give_back: bool = True
+) -> str | None:
     """Give VF ``vf`` back to its own driver (idempotent); VfInUse when its
-    VFIO group is held (nothing written).  Returns the driver it ends on."""
+    VFIO group is held (nothing written).  ``give_back=False``: only take it
+    off vfio-pci.  Returns the driver it ends on."""
+    if not isinstance(give_back, bool):
+        raise _reject(f"give_back={give_back!r} is not a boolean")
     validate_pci(vf)
     root = _real_root(sysfs_root)
     _is_vf(root, vf)
@@ -230,6 +235,10 @@ def write_unbind_vfio(sysfs_root: str, vf: str, vfio_dir: str = "") -> str | Non
             _write_once(_driver_file(root, VFIO_PCI, "unbind"), vf.encode())
         except OSError as err:
             raise _step(action, vf, "unbind", err) from None
+    if not give_back:
+        # Left unbound, its override still vfio-pci: nothing else can take it
+        # while the caller resets what the tenant had (then calls again).
+        return current_driver(root, vf)
     try:
         if _read(override) not in ("", "(null)"):
             _write_once(override, b"\n")
@@ -255,7 +264,7 @@ def _priv_bind_vfio(vf: str, sysfs_root: str | None = None) -> None:
 
 @sysfs_admin.entrypoint
 def _priv_unbind_vfio(
-    vf: str, sysfs_root: str | None = None, vfio_dir: str | None = None
+    vf: str, sysfs_root: str | None = None, vfio_dir: str | None = None, give_back: bool = True
 ) -> str | None:
     from accel_agent import conf as agent_conf
 
@@ -264,7 +273,9 @@ def _priv_unbind_vfio(
         if vfio_dir is not None
         else str(agent_conf.CONF.vfio_dev_dir)
     )
-    return _daemon_side(lambda: write_unbind_vfio(_daemon_sysfs_root(sysfs_root), vf, directory))
+    return _daemon_side(
+        lambda: write_unbind_vfio(_daemon_sysfs_root(sysfs_root), vf, directory, give_back)
+    )
 
 
 def set_num_vfs(pf: str, count: int, *, sysfs_root: str | None = None) -> int:
@@ -278,7 +289,13 @@ def bind_vfio(vf: str, *, sysfs_root: str | None = None) -> None:
 
 
 def unbind_vfio(
-    vf: str, *, sysfs_root: str | None = None, vfio_dir: str | None = None
+    vf: str,
+    *,
+    sysfs_root: str | None = None,
+    vfio_dir: str | None = None,
+    give_back: bool = True,
 ) -> str | None:
     """:func:`write_unbind_vfio` in the privsep daemon."""
-    return _call(_priv_unbind_vfio, vf, sysfs_root=sysfs_root, vfio_dir=vfio_dir)
+    return _call(
+        _priv_unbind_vfio, vf, sysfs_root=sysfs_root, vfio_dir=vfio_dir, give_back=give_back
+    )

@@ -110,12 +110,12 @@ class PrivsepWriter:
 
         privileged_pci.bind_vfio(vf, sysfs_root=self.sysfs_root)
 
-    def unbind_vfio(self, vf: str) -> str | None:
+    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None:
         self._started()
         from accel_agent import privileged_pci
 
         return privileged_pci.unbind_vfio(
-            vf, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir
+            vf, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir, give_back=give_back
         )
 
 
@@ -152,10 +152,12 @@ class DirectWriter:
 
         privileged_pci.write_bind_vfio(self.sysfs_root, vf)
 
-    def unbind_vfio(self, vf: str) -> str | None:
+    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None:
         from accel_agent import privileged_pci
 
-        return privileged_pci.write_unbind_vfio(self.sysfs_root, vf, self.vfio_dev_dir)
+        return privileged_pci.write_unbind_vfio(
+            self.sysfs_root, vf, self.vfio_dev_dir, give_back
+        )
 
 
 @dataclass(frozen=True, slots=True)

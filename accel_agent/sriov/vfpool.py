@@ -11,10 +11,10 @@ used whether or not the caller knows it (someone handed it over).
 prepare: validate the settings (InvalidVfSetting, field named: nothing done),
 pick a free VF, set its network settings on the PF's netdev on top of the
 reset state (so nothing a previous tenant left survives), then hand it to
-``vfio-pci``; a failed hand-over resets the settings again.  unprepare: give
-the VF back to its driver (VfInUse while its VFIO group is held: nothing
-done, its settings kept: a running guest's MAC must not change), then reset
-its settings.  Both are idempotent.
+``vfio-pci``; a failed hand-over resets the settings again.  unprepare: take
+the VF off vfio-pci (VfInUse while its VFIO group is held: nothing done, its
+settings kept: a running guest's MAC must not change), reset its settings,
+then give it back to its driver.  Both are idempotent.
 
 Order with libvirt (``<interface type='hostdev' managed='no'>``, research
 vendor-vfio-and-sriov.md §6): libvirt programs MAC and VLAN itself when the
@@ -50,7 +50,7 @@ class PciWriter(Protocol):
 
     def bind_vfio(self, vf: str) -> None: ...
 
-    def unbind_vfio(self, vf: str) -> str | None: ...
+    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None: ...
 
 
 class NetWriter(Protocol):
@@ -332,13 +332,22 @@ class VfPools:
         )
 
     def unprepare(self, vf: str) -> None:
-        """Give VF ``vf`` back to its driver and reset its settings
-        (idempotent).  VfInUse while its VFIO group is held: nothing done."""
+        """Take VF ``vf`` off vfio-pci, reset its settings, give it back to its
+        driver (idempotent).  VfInUse while its VFIO group is held: nothing
+        done.  The reset comes before the give-back: igbvf would otherwise
+        start on the tenant's MAC, trust and spoofchk (it reads them at probe)."""
         _, pf_info, vf_info = self.locate(vf)
-        self.pci.unbind_vfio(vf_info.address)
+        self.pci.unbind_vfio(vf_info.address, give_back=False)
         if pf_info.netdev is not None:
             self.net.reset(pf_info.netdev, vf_info.index, pf_info.address)
-        LOG.info("VF %s (PF %s VF %d) unprepared", vf_info.address, pf_info.address, vf_info.index)
+        driver = self.pci.unbind_vfio(vf_info.address)
+        LOG.info(
+            "VF %s (PF %s VF %d) unprepared, on %s",
+            vf_info.address,
+            pf_info.address,
+            vf_info.index,
+            driver or "no driver",
+        )
 
     def _reset_quietly(self, netdev: str, index: int, pf: str) -> None:
         try:

@@ -163,14 +163,15 @@ def test_prepare_sets_the_network_first_then_hands_over(env) -> None:
     assert third.pf == PF1
 
 
-def test_unprepare_returns_the_vf_then_resets_and_is_idempotent(env) -> None:
+def test_unprepare_resets_the_vf_between_vfio_and_its_driver_and_is_idempotent(env) -> None:
     host, pools, net = env
     pools.ensure_num_vfs()
     prepared = pools.prepare("nic_a", {"mac": MAC})
     net.calls.clear()
     pools.unprepare(prepared.vf)
     assert _driver(host, VF0) == "igbvf" and _override(host, VF0) == "(null)"
-    assert net.calls == [("reset", "enp16s0f0", 0, {}, "igbvf")]  # after the return
+    # reset while the VF is on no driver: off vfio-pci, not yet back on igbvf
+    assert net.calls == [("reset", "enp16s0f0", 0, {}, None)]
     pools.unprepare(prepared.vf)
     assert _driver(host, VF0) == "igbvf"
     assert pools.free_vfs("nic_a")[0][1].address == VF0

@@ -117,8 +117,8 @@ class Recorder:
             raise exception.PciRebindFailed(action="hand-over", address=vf, step="bind",
                                             errno="ENODEV", error="No such device")
 
-    def unbind_vfio(self, vf: str) -> str | None:
-        self.calls.append(("unbind", vf))
+    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None:
+        self.calls.append(("unbind" if give_back else "unbind-only", vf))
         return "igbvf"
 
     def apply(self, pf_netdev: str, vf: int, settings: Any, pf: str) -> dict:
@@ -154,3 +154,9 @@ def test_vfs_on_vfio_pci_are_used_not_free(tmp_path: Path) -> None:
     with pytest.raises(exception.NoFreeVf) as info:
         pools.prepare("a")
     assert "2 on vfio-pci" in str(info.value) and rec.calls == []
+
+
+def test_unprepare_resets_between_leaving_vfio_and_the_give_back(tmp_path: Path) -> None:
+    rec = Recorder()
+    service(tmp_path, rec, driver="vfio-pci").unprepare(VFS[1])
+    assert rec.calls == [("unbind-only", VFS[1]), ("reset", ("ens1f0", 1)), ("unbind", VFS[1])]
