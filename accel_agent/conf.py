@@ -268,17 +268,12 @@ def register_dynamic_opts(conf: cfg.ConfigOpts, types: Iterable[str] | None = No
 
 
 def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
-    """Entry point of ``oslo-config-generator`` (namespace accel_agent).
+    """The options this module declares (the generator's whole list, which
+    adds the other rooms' options, is accel_agent.opts.list_opts).
 
     The per-type group is shown once, as ``mdev_$(mdev_type)`` (Nova writes
     ``mdev_$(MDEV_TYPE)``; the generator lower-cases group names).
     """
-    # Imported here: privileged pulls in oslo.privsep, which the plain CLI
-    # path does not need.
-    from accel_agent import privileged, privileged_net
-    from accel_agent.migration import opts as migration_opts
-    from accel_agent.reporting import placement_opts
-
     return [
         ("DEFAULT", default_opts),
         ("devices", devices_opts),
@@ -286,10 +281,6 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
         ("vf_pool_$(pool)", _vf_pool_opts("$(pool)")),
         ("api", api_opts),
         ("libvirt", libvirt_opts),
-        *privileged.list_opts(),
-        *privileged_net.list_opts(),
-        *migration_opts.list_opts(),
-        *placement_opts.list_opts(),
     ]
 
 

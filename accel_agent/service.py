@@ -46,8 +46,7 @@ from oslo_config import cfg
 
 import accel_agent
 from accel_agent import conf as agent_conf
-from accel_agent import events, exception
-from accel_agent.cmd import common
+from accel_agent import events, exception, wiring
 from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev import policy as policy_mod
 from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
@@ -194,7 +193,7 @@ class AgentCore:
         self.conf = conf
         self.metrics = metrics or AgentMetrics()
         self._clock = clock
-        self.manager = manager or common.build_manager(conf, writer=writer)
+        self.manager = manager or wiring.build_manager(conf, writer=writer)
         self.manager.on_kept_in_use = lambda uuid: self.metrics.kept_in_use.inc()
         if reporter is None:
             from accel_agent.reporting.placement import PlacementReporter
@@ -584,7 +583,7 @@ class AgentCore:
 
     def _reload(self, new_conf: cfg.ConfigOpts) -> list[str]:
         placement_opts.register_opts(new_conf)
-        errors, _warnings = common.validate(new_conf)
+        errors, _warnings = wiring.validate(new_conf)
         if errors:
             raise exception.ReloadRefused(reason="; ".join(errors))
         for group, name in RESTART_OPTIONS:
@@ -744,7 +743,7 @@ def load_new_config(
     agent_conf.register_opts(new_conf)
     placement_opts.register_opts(new_conf)
     try:
-        return common.load_config(
+        return wiring.load_config(
             list(config_files), list(config_dirs), prog="accel-agent", conf=new_conf
         )
     except exception.AccelAgentException as exc:
@@ -1003,11 +1002,13 @@ def run(
     config_files: Sequence[str],
     config_dirs: Sequence[str],
     rescan_interval: float | None = None,
+    report_error: Callable[[str], None] = lambda message: LOG.error("%s", message),
 ) -> int:
-    """Run the daemon until SIGTERM/SIGINT; returns the exit code."""
-    from oslo_service import service as os_service
+    """Run the daemon until SIGTERM/SIGINT; returns the exit code.
 
-    from accel_agent.cmd import output
+    ``report_error``: how a refusal to start reaches the operator (the
+    console script passes its stderr printer: the CLI's error lines)."""
+    from oslo_service import service as os_service
 
     raise_open_files_limit()
 
@@ -1029,24 +1030,24 @@ def run(
         try:
             agent.prepare()
         except exception.ConfigErrors as exc:
-            output.error("refusing to start: recovery needs a configuration change")
+            report_error("refusing to start: recovery needs a configuration change")
             for error in exc.errors:
-                output.error(error.message)
+                report_error(error.message)
             agent.close()
             return 1
         except exception.AccelAgentException as exc:
-            output.error(exc.message)
+            report_error(exc.message)
             agent.close()
             return 1
         except Exception as exc:
             LOG.exception("start-up failed")
-            output.error(f"start-up failed: {exc!r}")
+            report_error(f"start-up failed: {exc!r}")
             agent.close()
             return 1
         launcher = os_service.Launcher(conf, restart_method="mutate")
         launcher.launch_service(agent)
         if not agent.started.wait(60):
-            output.error("the service did not start")
+            report_error("the service did not start")
             launcher.stop()
             return 1
         socket_path = conf.api.socket_path

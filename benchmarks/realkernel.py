@@ -58,13 +58,12 @@ def calibration() -> float:
 def _phases(seconds: float) -> dict[str, object]:
     """Where one allocate on the create path spends its time, from the
     manager's own step hooks (in process, the real privsep helper)."""
-    from accel_agent import privileged
-    from accel_agent.cmd import common
+    from accel_agent import privileged, wiring
 
     marks: list[tuple[str, float]] = []
-    conf = common.load_config([os.environ["ACCEL_BENCH_CONF"]], [], prog="bench")
+    conf = wiring.load_config([os.environ["ACCEL_BENCH_CONF"]], [], prog="bench")
     privileged.start_privsep([os.environ["ACCEL_BENCH_CONF"]], [])
-    manager = common.build_manager(
+    manager = wiring.build_manager(
         conf, on_step=lambda step: marks.append((step, time.perf_counter()))
     )
     split: dict[str, list[float]] = {

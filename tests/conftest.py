@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from accel_agent.cmd import config_cache
+from accel_agent import config_cache
 
 
 @pytest.fixture(autouse=True, scope="session")

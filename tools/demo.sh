@@ -19,7 +19,8 @@ trap '"${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true' EXIT
 
 step "Mount a simulated GPU host at $SYSFS"
 run "${CTL[@]}" simulate mount "$SYSFS" \
-	--profile nvidia-pf --profile nvidia-sriov --gpus 1 --vfs 4 --profile i915-gvtg --profile mtty
+	--profile nvidia-pf --profile nvidia-sriov --profile nvidia-vfio --gpus 1 --vfs 4 \
+	--profile i915-gvtg --profile mtty
 
 cat >"$CONF" <<CONF
 [DEFAULT]
@@ -38,7 +39,7 @@ uri =
 
 [devices]
 # nvidia-35 is the default type of every GPU not listed below.
-enabled_mdev_types = nvidia-35, nvidia-475, i915-GVTg_V5_4, mtty-2
+enabled_mdev_types = nvidia-35, nvidia-475, nvidia-1150, i915-GVTg_V5_4, mtty-2
 
 [mdev_nvidia-35]
 
@@ -46,6 +47,11 @@ enabled_mdev_types = nvidia-35, nvidia-475, i915-GVTg_V5_4, mtty-2
 # A100-20C on the SR-IOV VFs: at most 2 per card, whatever the 4 VFs read.
 device_addresses = 41:00.4, 41:00.5, 41:00.6, 41:00.7
 mdev_class = CUSTOM_A100_20C
+
+[mdev_nvidia-1150]
+# L40S-4Q on an NVIDIA vGPU 17+ GPU: no mdev; a vGPU is one of the PF's VFs,
+# typed through nvidia/current_vgpu_type. Configured by the PF's address.
+device_addresses = 0000:c1:00.0
 
 [mdev_i915-GVTg_V5_4]
 device_addresses = 0000:00:02.0
@@ -77,18 +83,23 @@ step "Allocate 3 vGPUs to an instance (through the daemon's API)"
 run "${CTL[@]}" --config-file "$CONF" allocate demo-vm-1 --count 3
 run "${CTL[@]}" --config-file "$CONF" domain-xml demo-vm-1
 
-step "Simulated host reboot: every mdev is gone; the daemon re-creates them by itself"
+step "A vGPU on the NVIDIA vGPU 17+ GPU: the agent types one of its VFs"
+run "${CTL[@]}" --config-file "$CONF" allocate demo-vm-2 --count 1 --type nvidia-1150
+run "${CTL[@]}" --config-file "$CONF" nova-pci-config
+
+step "Simulated host reboot: every mdev is gone, every VF untyped; the daemon re-creates them by itself"
 run "${CTL[@]}" simulate reboot "$SYSFS"
 count_mdevs() {
 	"${CTL[@]}" --config-file "$CONF" mdevs --json |
 		.venv/bin/python -c 'import json,sys; print(len(json.load(sys.stdin)["mdevs"]))'
 }
-for _ in $(seq 60); do [ "$(count_mdevs)" = 3 ] && break; sleep 0.5; done
+for _ in $(seq 60); do [ "$(count_mdevs)" = 4 ] && break; sleep 0.5; done
 run "${CTL[@]}" --config-file "$CONF" mdevs
 run "${CTL[@]}" --config-file "$CONF" inventory
 
 step "Release and remove, then stop the daemon (SIGTERM)"
 run "${CTL[@]}" --config-file "$CONF" release demo-vm-1 --remove
+run "${CTL[@]}" --config-file "$CONF" release demo-vm-2 --remove
 kill -TERM "$AGENT_PID"
 wait "$AGENT_PID" || true
 echo "daemon log (last lines):"

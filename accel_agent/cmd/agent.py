@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from accel_agent import exception
+from accel_agent import exception, wiring
 from accel_agent.cmd import common, output
 
 LOG = logging.getLogger("accel_agent")
@@ -66,13 +66,13 @@ def _setup_logging() -> None:
 def startup_check(args: argparse.Namespace) -> bool:
     """Validate config against the host; print every error; True when fine."""
     try:
-        conf = common.load_config(args.config_file, args.config_dir, prog="accel-agent")
+        conf = wiring.load_config(args.config_file, args.config_dir, prog="accel-agent")
     except exception.AccelAgentException as exc:
         output.error(exc.message)
         return False
     _setup_logging()
     try:
-        errors, warnings = common.validate(conf)
+        errors, warnings = wiring.validate(conf)
     except exception.LedgerError as exc:
         output.error(f"refusing to start: {exc.message}")
         return False
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the privsep daemon and SIGHUP reloads read the same ones.
     files = list(CONF.config_file or args.config_file)
     dirs = list(CONF.config_dir or args.config_dir)
-    return service.run(CONF, files, dirs, args.rescan_interval)
+    return service.run(CONF, files, dirs, args.rescan_interval, report_error=output.error)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from accel_agent import exception
+from accel_agent import exception, wiring
 from accel_agent.cmd import common, listings, output
 
 EXIT_OK = 0
@@ -67,7 +67,7 @@ def _listing(
     from sysfs + ledger; printed as JSON or as the rows of ``table``."""
 
     def run(args: argparse.Namespace) -> int:
-        listing, errors = common.listing_config(args.config_file, args.config_dir, "accelctl")
+        listing, errors = wiring.listing_config(args.config_file, args.config_dir, "accelctl")
         # JSON into a pipe is printed as the daemon sent it (the same compact
         # encoding as ours): no decoding and re-encoding of megabytes.
         as_sent = args.json and not sys.stdout.isatty()
@@ -97,7 +97,7 @@ def _listing(
 
 
 def _load(args: argparse.Namespace):
-    conf = common.load_config(args.config_file, args.config_dir, prog="accelctl")
+    conf = wiring.load_config(args.config_file, args.config_dir, prog="accelctl")
     if args.sysfs_root:
         conf.set_override("sysfs_root", args.sysfs_root)
     return conf
@@ -108,7 +108,7 @@ def _load(args: argparse.Namespace):
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     conf = _load(args)
-    errors, warnings, state = common.check(conf, strict=args.strict)
+    errors, warnings, state = wiring.check(conf, strict=args.strict)
     for warning in warnings:
         output.warning(warning)
     if errors or state is None:
@@ -202,7 +202,7 @@ def cmd_allocate(args: argparse.Namespace) -> int:
         lambda api: api.allocate(args.instance, args.count, args.parent, args.type),
     )
     if allocation is _OFFLINE:
-        manager = common.build_manager(conf)
+        manager = wiring.build_manager(conf)
         allocation = manager.allocate(args.instance, args.count, args.parent, args.type).to_dict()
     _print_allocation(args, allocation)
     return EXIT_OK
@@ -214,7 +214,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         args, conf.api.socket_path, lambda api: api.release(args.instance, remove=args.remove)
     )
     if answer is _OFFLINE:
-        manager = common.build_manager(conf)
+        manager = wiring.build_manager(conf)
         released = manager.release(args.instance, remove=args.remove)
     else:
         released = answer["released"]
@@ -232,7 +232,7 @@ def _destination(conf):
     """The destination side, offline (the daemon builds the same one)."""
     from accel_agent.migration.destination import MigrationDestination
 
-    return MigrationDestination.from_conf(conf, common.build_manager(conf))
+    return MigrationDestination.from_conf(conf, wiring.build_manager(conf))
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -344,7 +344,7 @@ def cmd_adopt(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
     record = _via_api(args, conf.api.socket_path, lambda api: api.adopt(args.uuid))
     if record is _OFFLINE:
-        adopted = common.build_manager(conf).adopt(args.uuid)
+        adopted = wiring.build_manager(conf).adopt(args.uuid)
         record = {"uuid": adopted.uuid, "parent": adopted.parent, "mdev_type": adopted.mdev_type}
     print(f"adopted {record['uuid']} ({record['mdev_type']} on {record['parent']})")
     return EXIT_OK
@@ -354,7 +354,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
     report = _via_api(args, conf.api.socket_path, lambda api: api.recover(check=args.check))
     if report is _OFFLINE:
-        report = common.build_manager(conf).recover(full_check=args.check).to_dict()
+        report = wiring.build_manager(conf).recover(full_check=args.check).to_dict()
     if report.get("unrecorded"):
         from accel_agent.mdev.ledger import LEDGER_FILENAME
         from accel_agent.mdev.manager import unrecorded_warning
@@ -383,7 +383,7 @@ def cmd_domain_xml(args: argparse.Namespace) -> int:
     if xml is not _OFFLINE:
         print(str(xml).rstrip("\n"))
         return EXIT_OK
-    manager = common.build_manager(conf)
+    manager = wiring.build_manager(conf)
     allocation = manager.allocation(args.instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
@@ -548,7 +548,10 @@ SIMULATE_HELP = (
 
 def _register_optional(subparsers: argparse._SubParsersAction) -> None:
     """Subcommands owned by other packages (each module keeps its imports lazy)."""
+    from accel_agent.cmd import nova_pci_config
     from accel_agent.libvirt_xml import cli as xml_cli
+
+    nova_pci_config.register(subparsers)
 
     simulate = subparsers.add_parser(
         "simulate",

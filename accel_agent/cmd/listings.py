@@ -14,19 +14,20 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from accel_agent.cmd import common, output
+from accel_agent import wiring
+from accel_agent.cmd import output
 
 # Beyond this the forks and the merge eat what another worker saves.
 _MAX_WORKERS = 4
 
 
-def _types(state: common.HostState) -> dict[str, Any]:
+def _types(state: wiring.HostState) -> dict[str, Any]:
     from accel_agent.reporting import views
 
     return views.types_document(state.snapshot, state.policy, state.host)
 
 
-def _mdevs(state: common.HostState) -> dict[str, Any]:
+def _mdevs(state: wiring.HostState) -> dict[str, Any]:
     from accel_agent.reporting import views
 
     return views.mdevs_document(
@@ -34,14 +35,14 @@ def _mdevs(state: common.HostState) -> dict[str, Any]:
     )
 
 
-def _inventory(state: common.HostState) -> dict[str, Any]:
+def _inventory(state: wiring.HostState) -> dict[str, Any]:
     inventory = state.inventory()
     for warning in inventory.warnings:
         output.warning(warning)
     return inventory.to_dict()
 
 
-BUILDERS: dict[str, Callable[[common.HostState], dict[str, Any]]] = {
+BUILDERS: dict[str, Callable[[wiring.HostState], dict[str, Any]]] = {
     "types": _types,
     "mdevs": _mdevs,
     "inventory": _inventory,
@@ -85,12 +86,12 @@ def scan_workers() -> int:
 
 
 def offline_document(
-    name: str, listing: common.ListingConfig, errors: list[Any] | None = None
+    name: str, listing: wiring.ListingConfig, errors: list[Any] | None = None
 ) -> dict[str, Any]:
     """Listing ``name`` from a fresh scan of ``listing.sysfs_root`` and the
     ledger; sysfs warnings go to stderr.  Raises ConfigErrors with
     ``errors`` (values oslo.config refused) and the policy's own."""
-    state = common.host_state(listing, errors, scan_workers=scan_workers())
+    state = wiring.host_state(listing, errors, scan_workers=scan_workers())
     for warning in state.snapshot.warnings:
         output.warning(f"sysfs: {warning}")
     return BUILDERS[name](state)

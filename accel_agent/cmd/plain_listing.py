@@ -138,10 +138,11 @@ def _offline(request: Request, cached: dict[str, object]) -> int | None:
     import dataclasses
     import logging
 
-    from accel_agent.cmd import common, listings, output
+    from accel_agent import wiring
+    from accel_agent.cmd import listings, output
 
     try:
-        listing = common.ListingConfig.from_dict(cached)
+        listing = wiring.ListingConfig.from_dict(cached)
     except (KeyError, TypeError, ValueError):
         return None  # an entry of another shape: the ordinary path reloads it
     if request.sysfs_root:
@@ -181,7 +182,7 @@ def answer(argv: list[str]) -> int | None:
     request = parse(argv)
     if request is None or sys.stdout.isatty():
         return None
-    from accel_agent.cmd import config_cache
+    from accel_agent import config_cache
 
     files, dirs = config_cache.config_sources(request.config_files, request.config_dirs)
     cached = config_cache.load(files, dirs)

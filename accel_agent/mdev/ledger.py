@@ -291,15 +291,6 @@ class Ledger:
             self._conn.close()
             raise
 
-    @classmethod
-    def from_conf(cls, conf: Any = None, **kwargs: Any) -> Ledger:
-        """The ledger under ``[DEFAULT] state_dir``."""
-        if conf is None:
-            from accel_agent import conf as agent_conf
-
-            conf = agent_conf.CONF
-        return cls(conf.state_dir, **kwargs)
-
     def close(self) -> None:
         with self._lock:
             self._conn.close()

@@ -110,7 +110,7 @@ class TypeOptions:
 class PolicyInputs:
     """What the configuration says about types, before it meets the host:
     oslo.config's answer, as plain data (the read-only listings keep it in a
-    cache so that they need not import oslo.config; see cmd/config_cache.py)."""
+    cache so that they need not import oslo.config; see config_cache.py)."""
 
     enabled: tuple[str, ...] = ()
     type_options: tuple[TypeOptions, ...] = ()

@@ -12,12 +12,12 @@ import os
 import signal
 import sys
 
-from accel_agent.cmd import common
+from accel_agent import wiring
 
 
 def main() -> None:
     config, operation, instance, count, kill_step, kill_nth = sys.argv[1:7]
-    conf = common.load_config([config], [], prog="crash-worker")
+    conf = wiring.load_config([config], [], prog="crash-worker")
     seen: dict[str, int] = {}
 
     def on_step(step: str) -> None:
@@ -27,7 +27,7 @@ def main() -> None:
         elif step == kill_step and seen[step] == int(kill_nth):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    manager = common.build_manager(conf, on_step=on_step)
+    manager = wiring.build_manager(conf, on_step=on_step)
     if operation == "allocate":
         manager.allocate(instance, int(count))
     else:

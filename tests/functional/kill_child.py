@@ -35,8 +35,7 @@ import sys
 import time
 from typing import Any
 
-from accel_agent import exception, privileged
-from accel_agent.cmd import common
+from accel_agent import exception, privileged, wiring
 
 CLAIM_LIFETIME = 24 * 3600.0  # never expires during a harness run
 
@@ -105,8 +104,8 @@ def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
 def main() -> None:
     config, operation, arguments = sys.argv[1:4]
     delay = float(sys.argv[4]) if len(sys.argv) > 4 else None
-    conf = common.load_config([config], [], prog="kill-child")
-    manager = common.build_manager(conf)
+    conf = wiring.load_config([config], [], prog="kill-child")
+    manager = wiring.build_manager(conf)
     privileged.start_privsep([config], [])
     # Warm, as the daemon is: imports done, static sysfs attributes cached,
     # the ledger open.  The kill clock then covers the operation's own work

@@ -184,3 +184,69 @@ def test_check_config_explains_a_gpu_whose_vfs_are_not_enabled(host):
     finally:
         with open(path, "w") as handle:
             handle.write("4")
+
+
+# --- accelctl nova-pci-config ------------------------------------------------------------
+
+
+def _type_by_hand(host, vf: str, type_id: int) -> None:
+    """What an operator's boot script does: type a VF behind the agent's back."""
+    path = os.path.join(host.root, "bus", "pci", "devices", vf, "nvidia", "current_vgpu_type")
+    with open(path, "w") as handle:
+        handle.write(str(type_id))
+
+
+def _spec_lines(text: str) -> list[dict]:
+    return [json.loads(line.split("=", 1)[1])
+            for line in text.splitlines() if line.startswith("device_spec =")]
+
+
+def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, tmp_path):
+    config = host.config(CONF)
+    mine = [p for p, _, _ in allocate(config, "vm-n", 2, "--type", "nvidia-1150")]
+    foreign = "0000:c2:00.6"
+    _type_by_hand(host, foreign, 1150)
+    text = ctl(config, "nova-pci-config").stdout
+    assert _spec_lines(text) == [
+        {"address": vf, "managed": "no", "resource_class": "CUSTOM_NVIDIA_1150"}
+        for vf in sorted(mine)
+    ]
+    aliases = [json.loads(line.split("=", 1)[1]) for line in text.splitlines()
+               if line.startswith("alias =")]
+    assert aliases == [
+        {"name": "nvidia-1150", "device_type": "type-VF", "resource_class": "CUSTOM_NVIDIA_1150"}
+    ]
+    assert "[pci]" in text.splitlines()
+    assert foreign not in text
+
+    # --per-gpu 3: the untyped VFs the agent would type next, in VF order; the
+    # hand-typed VF is skipped, the agent's two count towards GPU1's three.
+    planned = _spec_lines(ctl(config, "nova-pci-config", "--per-gpu", "3").stdout)
+    by_gpu = {}
+    for spec in planned:
+        by_gpu.setdefault(spec["address"][:10], []).append(spec["address"])
+    assert by_gpu["0000:c1:00"][:2] == sorted(mine) and len(by_gpu["0000:c1:00"]) == 3
+    assert len(by_gpu["0000:c2:00"]) == 3 and foreign not in by_gpu["0000:c2:00"]
+    assert typed(host) == {**{vf: 1150 for vf in mine}, foreign: 1150}  # nothing typed
+
+    # --check: the printed lines match; every kind of drift is named, exit 1.
+    good = tmp_path / "nova.conf"
+    good.write_text("[DEFAULT]\ndebug = true\n" + text)
+    assert "matches the 2 vGPU VF(s)" in ctl(config, "nova-pci-config", "--check", str(good)).stdout
+    lines = text.splitlines()
+    drifted = [line for line in lines if mine[0] not in line]  # one VF missing
+    drifted = [line.replace('"managed": "no"', '"managed": "yes"') if mine[1] in line else line
+               for line in drifted]
+    drifted.append(f'device_spec = {{"address": "{foreign}", "managed": "no"}}')
+    drifted.append('device_spec = {"address": "0000:99:00.1"}')
+    drifted.append("alias = not json")
+    bad = tmp_path / "drift.conf"
+    bad.write_text("\n".join(drifted) + "\n")
+    errors = ctl(config, "nova-pci-config", "--check", str(bad), rc=1).stderr
+    assert f"{mine[0]} (nvidia-1150) is not in [pci] device_spec" in errors
+    assert f'{mine[1]}: device_spec must say "managed": "no"' in errors
+    assert f"{foreign} is in [pci] device_spec but is not a vGPU the agent typed" in errors
+    assert "0000:99:00.1 is in [pci] device_spec but is no vGPU VF of this host" in errors
+    assert "alias is not JSON" in errors
+    assert len(errors.strip().splitlines()) == 5, errors
+    ctl(config, "nova-pci-config", "--check", str(tmp_path / "absent.conf"), rc=1)

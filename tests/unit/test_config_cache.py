@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import exception
-from accel_agent.cmd import common, config_cache
+from accel_agent import config_cache, exception, wiring
 from accel_agent.mdev import policy as policy_mod
 
 CONF_TEXT = """
@@ -50,14 +49,14 @@ def conf_file(tmp_path) -> Path:
 
 
 def listing(files, dirs=()):
-    return common.listing_config([str(f) for f in files], [str(d) for d in dirs], "accelctl")
+    return wiring.listing_config([str(f) for f in files], [str(d) for d in dirs], "accelctl")
 
 
 def oslo_must_not_run(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("oslo.config was loaded on a cache hit")
 
-    monkeypatch.setattr(common, "load_config", refuse)
+    monkeypatch.setattr(wiring, "load_config", refuse)
 
 
 def rewrite(path: Path, text: str) -> None:
@@ -118,9 +117,9 @@ def test_a_change_in_the_code_that_declares_options_is_a_miss(
     listing([conf_file])
     rewrite(code, "# version two\n")
     loads = []
-    real_load = common.load_config
+    real_load = wiring.load_config
     monkeypatch.setattr(
-        common, "load_config", lambda *a, **k: loads.append(1) or real_load(*a, **k)
+        wiring, "load_config", lambda *a, **k: loads.append(1) or real_load(*a, **k)
     )
     listing([conf_file])
     assert loads == [1]

@@ -42,7 +42,7 @@ def test_sample_documents_nova_compatible_options():
 
 
 def test_common_knows_the_ledger_file_name():
-    from accel_agent.cmd import common
+    from accel_agent import wiring
     from accel_agent.mdev import ledger
 
-    assert common.LEDGER_FILENAME == ledger.LEDGER_FILENAME
+    assert wiring.LEDGER_FILENAME == ledger.LEDGER_FILENAME

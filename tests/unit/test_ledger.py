@@ -103,14 +103,6 @@ def test_existing_state_dir_is_not_chmodded(tmp_path: Path) -> None:
     assert stat.S_IMODE(shared.stat().st_mode) == 0o755
 
 
-def test_from_conf_uses_state_dir(tmp_path: Path) -> None:
-    class Conf:
-        state_dir = str(tmp_path / "from-conf")
-
-    with Ledger.from_conf(Conf()) as led:
-        assert led.path == tmp_path / "from-conf" / "ledger.sqlite3"
-
-
 # --- schema and migrations ------------------------------------------------------------
 
 

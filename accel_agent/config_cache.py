@@ -47,7 +47,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE_FILES = (
     os.path.join(_PACKAGE_DIR, "conf.py"),
     os.path.join(_PACKAGE_DIR, "mdev", "policy.py"),
-    os.path.join(_PACKAGE_DIR, "cmd", "common.py"),
+    os.path.join(_PACKAGE_DIR, "wiring.py"),
     os.path.abspath(__file__),
 )
 
@@ -120,7 +120,7 @@ def _oslo_config_files() -> tuple[str, ...]:
 
 def inputs_key(files: list[str], dirs: list[str]) -> dict[str, Any]:
     """Everything oslo.config's answer depends on, for config ``files`` and
-    ``dirs`` (what common.config_sources says will be read)."""
+    ``dirs`` (what wiring.config_sources says will be read)."""
     return {
         "format": FORMAT,
         "version": __version__,

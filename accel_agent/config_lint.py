@@ -267,7 +267,7 @@ def lint(paths: Sequence[str]) -> list[str]:
 
 
 def parsed_files(conf: cfg.ConfigOpts) -> list[str]:
-    """The files ``conf`` was parsed from (after :func:`common.load_config`)."""
+    """The files ``conf`` was parsed from (after :func:`wiring.load_config`)."""
     try:
         files = list(conf.config_file or [])
         dirs = list(conf.config_dir or [])

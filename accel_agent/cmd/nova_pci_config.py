@@ -1,0 +1,78 @@
+"""``accelctl nova-pci-config``: Nova ``[pci]`` lines for the vGPU VFs of
+this host, and ``--check FILE`` for drift (reporting/nova_pci.py)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from accel_agent import exception, wiring
+from accel_agent.cmd import output
+
+DESCRIPTION = (
+    "For operators who hand NVIDIA vGPU 17+ VFs to Nova as PCI passthrough devices: print "
+    "the nova.conf [pci] device_spec lines (\"managed\": \"no\", one resource_class per "
+    "vGPU type) and alias lines for the VFs the agent has typed, or would type with "
+    "--per-gpu N. With --check FILE, compare FILE's [pci] section with the host instead: "
+    "each difference on one line, exit 1 when there is any. Reads sysfs, the ledger and "
+    "the config; changes nothing."
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "nova-pci-config",
+        help="Nova [pci] device_spec/alias lines for the typed vGPU VFs (--check FILE: drift)",
+        description=DESCRIPTION,
+    )
+    parser.add_argument(
+        "--per-gpu",
+        type=_count,
+        metavar="N",
+        help="also list the untyped VFs the agent would type until each GPU has N",
+    )
+    parser.add_argument(
+        "--check",
+        metavar="FILE",
+        help="report where FILE (a nova.conf) differs from this host; exit 1 on drift",
+    )
+    parser.set_defaults(func=run)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if not 0 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 4096")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from accel_agent.reporting import nova_pci
+
+    listing, errors = wiring.listing_config(args.config_file, args.config_dir, "accelctl")
+    if args.sysfs_root:
+        listing = dataclasses.replace(listing, sysfs_root=args.sysfs_root)
+    state = wiring.host_state(listing, errors)
+    specs = nova_pci.plan(state.snapshot, state.policy, state.ledger.owned, args.per_gpu)
+    if args.check is None:
+        print(nova_pci.render(specs, state.host), end="")
+        return output.EXIT_OK
+    try:
+        with open(args.check, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise exception.InvalidConfig(reason=f"cannot read {args.check}: {exc}") from exc
+    vfs = [
+        p.pci_address or p.name
+        for p in state.snapshot.parents.values()
+        if p.backend == nova_pci.BACKEND
+    ]
+    problems = nova_pci.drift(specs, nova_pci.parse_nova_conf(text, args.check), vfs)
+    for problem in problems:
+        output.error(problem)
+    if not problems:
+        print(f"{args.check}: [pci] matches the {len(specs)} vGPU VF(s) of this host")
+    return output.EXIT_ERROR if problems else output.EXIT_OK

@@ -1,0 +1,225 @@
+"""Nova ``[pci]`` lines for vendor-VFIO vGPUs, for operators who keep
+handing VFs to Nova as static PCI passthrough devices (issue 14, item 7).
+
+On NVIDIA vGPU 17+ a vGPU is an SR-IOV VF typed through
+``nvidia/current_vgpu_type``; Nova does not type VFs, it only passes through
+the ones an operator typed, listed in ``[pci] device_spec`` with
+``"managed": "no"`` (the VF must stay bound to ``nvidia``: libvirt's
+managed mode would rebind it to vfio-pci and destroy the vGPU) and a
+``resource_class`` per vGPU type, requested through a ``[pci] alias``.
+
+This module says which lines match this host (what the agent typed, or
+would type for a given count per GPU) and where a nova.conf drifted from
+it.  It reads; it never writes sysfs or Nova's files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from accel_agent.mdev.policy import MdevPolicy
+from accel_agent.sysfs.model import HostSnapshot
+
+BACKEND = "nvidia_vfio"
+
+
+@dataclass(frozen=True)
+class VfSpec:
+    """One VF as Nova's ``device_spec`` should list it."""
+
+    address: str
+    mdev_type: str
+    resource_class: str
+    physical_gpu: str
+    # True: typed now (by the agent); False: the agent would type it for
+    # the count asked (``--per-gpu``).
+    typed: bool
+
+
+def resource_class_for(mdev_type: str, mdev_class: str) -> str:
+    """The Placement resource class Nova should track this type's VFs under.
+
+    A configured custom class is kept.  The default ``VGPU`` is not: Nova
+    reports its own mdev vGPUs as ``VGPU`` on the same compute node, and a
+    PCI device in Placement needs a class of its own per type, so
+    ``nvidia-1414`` becomes ``CUSTOM_NVIDIA_1414`` (Nova's own
+    normalisation: upper case, anything outside ``[A-Z0-9_]`` to ``_``).
+    """
+    if mdev_class.startswith("CUSTOM_"):
+        return mdev_class
+    return "CUSTOM_" + re.sub(r"[^A-Z0-9_]+", "_", mdev_type.upper())
+
+
+def plan(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    owned: Iterable[str],
+    per_gpu: int | None = None,
+) -> list[VfSpec]:
+    """The VFs Nova should be given: every VF the agent owns a typed vGPU
+    on, and with ``per_gpu`` also the untyped VFs the agent would type next
+    (in VF order, within the type's per-GPU limit) until each configured GPU
+    has that many.  A VF typed by someone else is never offered."""
+    owned_set = set(owned)
+    typed: dict[str, list[VfSpec]] = {}
+    free: dict[str, list[VfSpec]] = {}
+    limits: dict[str, int | None] = {}
+    typed_vfs = {m.parent: m for m in snapshot.mdevs.values() if m.backend == BACKEND}
+    for parent in sorted(snapshot.parents.values(), key=lambda p: p.name):
+        if parent.backend != BACKEND:
+            continue
+        mdev_type = policy.type_for(parent)
+        config = policy.config_of(mdev_type) if mdev_type else None
+        if mdev_type is None or config is None:
+            continue
+        spec = VfSpec(
+            address=parent.pci_address or parent.name,
+            mdev_type=mdev_type,
+            resource_class=resource_class_for(mdev_type, config.mdev_class),
+            physical_gpu=parent.physical_gpu,
+            typed=False,
+        )
+        device = typed_vfs.get(parent.name)
+        if device is not None:
+            if device.uuid in owned_set and device.mdev_type == mdev_type:
+                typed.setdefault(parent.physical_gpu, []).append(replace(spec, typed=True))
+            continue
+        offered = parent.types.get(mdev_type)
+        if offered is not None and offered.available_instances > 0:
+            free.setdefault(parent.physical_gpu, []).append(spec)
+            limits[parent.physical_gpu] = offered.per_gpu_limit
+    specs: list[VfSpec] = []
+    for gpu in sorted(set(typed) | set(free)):
+        chosen = typed.get(gpu, [])
+        if per_gpu is not None:
+            wanted = per_gpu
+            limit = limits.get(gpu)
+            if limit is not None:
+                wanted = min(wanted, limit)
+            chosen = chosen + free.get(gpu, [])[: max(0, wanted - len(chosen))]
+        specs += chosen
+    return specs
+
+
+def device_spec_line(spec: VfSpec) -> str:
+    return "device_spec = " + json.dumps(
+        {"address": spec.address, "managed": "no", "resource_class": spec.resource_class}
+    )
+
+
+def alias_line(mdev_type: str, resource_class: str) -> str:
+    return "alias = " + json.dumps(
+        {"name": mdev_type, "device_type": "type-VF", "resource_class": resource_class}
+    )
+
+
+def render(specs: list[VfSpec], host: str) -> str:
+    """The ``[pci]`` section as nova.conf takes it."""
+    lines = [
+        f"# Nova [pci] lines for the vendor-VFIO vGPUs of {host}, from accelctl nova-pci-config.",
+        "# managed=no: the VF stays bound to nvidia (libvirt must not rebind it).",
+        "# Needs [pci] report_in_placement = True for the resource classes to be used.",
+    ]
+    if not specs:
+        lines.append("# (no typed VF: nothing to pass through; try --per-gpu N)")
+    lines.append("[pci]")
+    for spec in specs:
+        # A comment of its own line: oslo.config keeps an inline "# ..." in the
+        # value, and Nova would then fail to parse the JSON.
+        if not spec.typed:
+            lines.append(f"# {spec.address}: not typed yet (the agent types it when asked)")
+        lines.append(device_spec_line(spec))
+    for mdev_type, resource_class in sorted({(s.mdev_type, s.resource_class) for s in specs}):
+        lines.append(alias_line(mdev_type, resource_class))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class NovaPciFile:
+    """What a nova.conf's ``[pci]`` section says: device specs by address
+    (the ones that name one) and aliases by name."""
+
+    specs: Mapping[str, Mapping[str, object]]
+    aliases: Mapping[str, Mapping[str, object]]
+    problems: tuple[str, ...]
+
+
+_SECTION = re.compile(r"\[\s*([^\]]+?)\s*\]")
+
+
+def parse_nova_conf(text: str, name: str = "nova.conf") -> NovaPciFile:
+    """The ``[pci] device_spec`` and ``alias`` values of a nova.conf.
+
+    Both options are multi-valued (one per line, repeated); each value is a
+    JSON object (Nova also takes a JSON list of objects).  The older name
+    ``passthrough_whitelist`` counts as ``device_spec``.  What cannot be
+    read is reported by line, never guessed."""
+    specs: dict[str, Mapping[str, object]] = {}
+    aliases: dict[str, Mapping[str, object]] = {}
+    problems: list[str] = []
+    section = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        header = _SECTION.fullmatch(line)
+        if header:
+            section = header.group(1).lower()
+            continue
+        if section != "pci" or "=" not in line:
+            continue
+        key, _, value = (part.strip() for part in line.partition("="))
+        if key not in ("device_spec", "passthrough_whitelist", "alias"):
+            continue
+        try:
+            decoded = json.loads(value)
+        except ValueError as exc:
+            problems.append(f"{name}:{number}: {key} is not JSON ({exc.msg})")
+            continue
+        for entry in decoded if isinstance(decoded, list) else [decoded]:
+            if not isinstance(entry, dict):
+                problems.append(f"{name}:{number}: {key} entry is not a JSON object")
+            elif key == "alias":
+                aliases[str(entry.get("name"))] = entry
+            elif isinstance(entry.get("address"), str):
+                specs[entry["address"].lower()] = entry
+    return NovaPciFile(specs=specs, aliases=aliases, problems=tuple(problems))
+
+
+def drift(expected: list[VfSpec], found: NovaPciFile, vf_addresses: Iterable[str]) -> list[str]:
+    """Where the file and the host disagree, one line each (empty: none).
+
+    ``vf_addresses``: every vendor-VFIO VF of the host, so that a spec for
+    a VF the agent did not type is told apart from one for no VF at all."""
+    problems = list(found.problems)
+    known_vfs = set(vf_addresses)
+    wanted = {spec.address: spec for spec in expected}
+    for address, spec in sorted(wanted.items()):
+        entry = found.specs.get(address)
+        if entry is None:
+            problems.append(f"{address} ({spec.mdev_type}) is not in [pci] device_spec")
+            continue
+        if str(entry.get("managed", "yes")).lower() not in ("no", "false"):
+            problems.append(
+                f"{address}: device_spec must say \"managed\": \"no\" (the VF stays on nvidia)"
+            )
+        if entry.get("resource_class") != spec.resource_class:
+            problems.append(
+                f"{address}: resource_class is {entry.get('resource_class')!r}, "
+                f"the host's type {spec.mdev_type} needs {spec.resource_class!r}"
+            )
+    for address in sorted(set(found.specs) - set(wanted)):
+        if address in known_vfs:
+            problems.append(
+                f"{address} is in [pci] device_spec but is not a vGPU the agent typed"
+            )
+        else:
+            problems.append(f"{address} is in [pci] device_spec but is no vGPU VF of this host")
+    by_class = {alias.get("resource_class"): name for name, alias in found.aliases.items()}
+    for resource_class in sorted({spec.resource_class for spec in expected}):
+        if resource_class not in by_class:
+            problems.append(f"no [pci] alias requests resource_class {resource_class!r}")
+    return problems

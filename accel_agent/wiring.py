@@ -1,0 +1,277 @@
+"""What the daemon and accelctl both do to turn the configuration files into a
+working host: load the config, validate it against the host (saying clearly
+what is wrong), read the ledger for listings, build the lifecycle manager.
+
+A room of its own so that the daemon (service.py) does not reach into the
+console scripts' room (cmd/) for its wiring."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from accel_agent import config_cache, exception
+from accel_agent.config_cache import config_sources
+from accel_agent.mdev import policy as policy_mod
+from accel_agent.mdev.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
+from accel_agent.sysfs.model import HostSnapshot
+
+# oslo.config is imported where a command loads the configuration: the
+# read-only listings usually get by without it (config_cache.py).  The
+# inventory is imported where used: accelctl's plain listings
+# (cmd/plain_listing.py) do not need it.
+if TYPE_CHECKING:
+    from oslo_config import cfg
+
+    from accel_agent.mdev import inventory as inventory_mod
+
+
+@dataclass(frozen=True)
+class ListingConfig:
+    """The configuration as the read-only listings see it: what config_cache
+    keeps between runs (as :meth:`to_dict`)."""
+
+    sysfs_root: str
+    host: str
+    state_dir: str
+    api_socket_path: str
+    policy_inputs: PolicyInputs
+
+    @classmethod
+    def from_conf(
+        cls, conf: cfg.ConfigOpts
+    ) -> tuple[ListingConfig, list[exception.AccelAgentException]]:
+        """From a loaded oslo.config object; also the option values it
+        refused, for :func:`resolve_policy` to report with the rest."""
+        inputs, errors = read_policy_inputs(conf)
+        return (
+            cls(
+                sysfs_root=conf.sysfs_root,
+                host=conf.host,
+                state_dir=conf.state_dir,
+                api_socket_path=conf.api.socket_path,
+                policy_inputs=inputs,
+            ),
+            errors,
+        )
+
+    def policy(self, errors: list[exception.AccelAgentException] | None = None) -> MdevPolicy:
+        return resolve_policy(self.policy_inputs, self.sysfs_root, errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sysfs_root": self.sysfs_root,
+            "host": self.host,
+            "state_dir": self.state_dir,
+            "api_socket_path": self.api_socket_path,
+            "policy_inputs": self.policy_inputs.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ListingConfig:
+        return cls(
+            sysfs_root=str(data["sysfs_root"]),
+            host=str(data["host"]),
+            state_dir=str(data["state_dir"]),
+            api_socket_path=str(data["api_socket_path"]),
+            policy_inputs=PolicyInputs.from_dict(data["policy_inputs"]),
+        )
+
+
+def load_config(
+    config_files: list[str],
+    config_dirs: list[str],
+    prog: str,
+    conf: cfg.ConfigOpts | None = None,
+) -> cfg.ConfigOpts:
+    """Parse the oslo.config files into ``conf`` (the global CONF by default).
+
+    Without ``--config-file`` the packaged location is read when present, so
+    an operator on a configured host can just run ``accelctl types``.
+    """
+    from oslo_config import cfg
+
+    from accel_agent import conf as agent_conf
+    from accel_agent import config_lint  # difflib: not for the plain listings
+
+    conf = conf or agent_conf.CONF
+    argv: list[str] = []
+    for path in config_files:
+        argv += ["--config-file", path]
+    for path in config_dirs:
+        argv += ["--config-dir", path]
+    files, dirs = config_sources(config_files, config_dirs)
+    config_lint.check_files(config_files or files, config_dirs or dirs)
+    try:
+        conf(
+            argv,
+            project="accel-agent",
+            prog=prog,
+            default_config_files=[] if config_files else files,
+            default_config_dirs=[] if config_dirs else dirs,
+        )
+    except cfg.ConfigFilesNotFoundError as exc:
+        raise exception.InvalidConfig(reason=f"config file not found: {exc.config_files}") from exc
+    except (cfg.ConfigFileParseError, cfg.Error) as exc:
+        raise exception.InvalidConfig(reason=str(exc)) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        # check_files ran first; a file changed in between.
+        raise exception.InvalidConfig(reason=f"cannot read the config files: {exc}") from exc
+    config_lint.check_paths(conf)
+    return conf
+
+
+def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None):
+    """The lifecycle manager for this host: ledger in ``state_dir``, writes
+    through the privsep daemon (started with the same config files)."""
+    from accel_agent.mdev import domains, ledger, manager
+
+    policy = policy_mod.build_policy(conf)
+    uri = conf.libvirt.uri
+    return manager.MdevManager(
+        sysfs_root=conf.sysfs_root,
+        policy=policy,
+        host=conf.host,
+        ledger=ledger.Ledger(conf.state_dir),
+        writer=writer or manager.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir),
+        domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
+        remove_timeout=conf.remove_timeout,
+        on_step=on_step,
+    )
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """What the ledger says, for read-only listings: empty when the agent
+    has never run here (a read must not create state)."""
+
+    owners: dict[str, str | None] = field(default_factory=dict)
+    free: frozenset[str] = frozenset()
+
+    @property
+    def owned(self) -> frozenset[str]:
+        return frozenset(self.owners)
+
+
+LEDGER_FILENAME = "ledger.sqlite3"  # accel_agent.mdev.ledger.LEDGER_FILENAME
+
+
+def read_ledger(state_dir: str) -> LedgerView:
+    # Checked before importing the ledger (and sqlite3): most read-only runs
+    # on a host the agent never managed have no ledger at all.
+    if not os.path.exists(os.path.join(state_dir, LEDGER_FILENAME)):
+        return LedgerView()
+    from accel_agent.mdev import ledger
+
+    with ledger.Ledger(state_dir) as book:
+        records = book.all()
+    return LedgerView(
+        owners={r.uuid: r.owner for r in records},
+        free=frozenset(r.uuid for r in records if r.free),
+    )
+
+
+@dataclass(frozen=True)
+class HostState:
+    policy: policy_mod.MdevPolicy
+    snapshot: HostSnapshot
+    host: str
+    ledger: LedgerView = field(default_factory=LedgerView)
+    # What the backends say about host preparation (VFs not enabled, ...).
+    notes: tuple[str, ...] = ()
+
+    def inventory(self) -> inventory_mod.Inventory:
+        from accel_agent.mdev import inventory as inventory_mod
+
+        return inventory_mod.compute_inventory(
+            self.snapshot, self.policy, self.host, self.ledger.free
+        )
+
+
+def listing_config(
+    config_files: list[str], config_dirs: list[str], prog: str
+) -> tuple[ListingConfig, list[exception.AccelAgentException]]:
+    """The configuration of a read-only listing: from the cache when none of
+    its inputs changed, else loaded by oslo.config (and then cached).  Also
+    the option values oslo.config refused, for host_state to report."""
+    files, dirs = config_sources(config_files, config_dirs)
+    cached = config_cache.load(files, dirs)
+    if cached is not None:
+        try:
+            return ListingConfig.from_dict(cached), []
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry of another shape: load the files as on a miss
+    key = config_cache.inputs_key(files, dirs)
+    conf = load_config(config_files, config_dirs, prog)
+    listing, errors = ListingConfig.from_conf(conf)
+    if not errors and not conf.config_source:
+        config_cache.store(files, dirs, key, listing.to_dict())
+    return listing, errors
+
+
+def host_state(
+    listing: ListingConfig,
+    errors: list[exception.AccelAgentException] | None = None,
+    with_ledger: bool = True,
+    scan_workers: int = 1,
+) -> HostState:
+    """Policy (raises ConfigErrors with ``errors`` and its own), a fresh scan
+    of ``sysfs_root`` and the ledger."""
+    from accel_agent import backends
+    from accel_agent.backends.host import scan_host
+
+    policy = listing.policy(errors)
+    notes: list[str] = []
+    snapshot = scan_host(
+        listing.sysfs_root,
+        backends.builtin(),
+        workers=scan_workers,
+        notes=notes,
+        state_dir=listing.state_dir,
+    )
+    view = read_ledger(listing.state_dir) if with_ledger else LedgerView()
+    return HostState(
+        policy=policy, snapshot=snapshot, host=listing.host, ledger=view, notes=tuple(notes)
+    )
+
+
+def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:
+    """Everything ``check-config`` and the daemon's start-up check:
+    (errors, warnings), each a list of one-line messages."""
+    errors, warnings, _state = check(conf, strict)
+    return errors, warnings
+
+
+def check(
+    conf: cfg.ConfigOpts, strict: bool = False
+) -> tuple[list[str], list[str], HostState | None]:
+    """:func:`validate`, and the host state it looked at (None when the
+    configuration could not be resolved), so that a caller reporting on the
+    host need not scan it again."""
+    from accel_agent import config_lint  # difflib: not for the plain listings
+
+    # The files as written (unknown options, indented headers) and the state
+    # directory: reported whatever else is wrong.
+    warnings: list[str] = config_lint.lint(config_lint.parsed_files(conf))
+    state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
+    errors: list[str] = [state_error] if state_error else []
+    warnings += [state_warning] if state_warning else []
+    try:
+        state = host_state(*ListingConfig.from_conf(conf))
+    except exception.ConfigErrors as exc:
+        return errors + [e.message for e in exc.errors], warnings, None
+    except exception.LedgerError:
+        raise  # not the configuration: the caller says what it is (a corrupt ledger)
+    except exception.AccelAgentException as exc:
+        return [*errors, exc.message], warnings, None
+    warnings += list(state.policy.warnings)
+    warnings += policy_mod.host_warnings(state.policy, state.snapshot)
+    warnings += list(state.notes)
+    warnings += list(state.inventory().warnings)
+    warnings += [f"sysfs: {w}" for w in state.snapshot.warnings]
+    warnings = list(dict.fromkeys(warnings))
+    if strict:
+        errors += warnings
+        warnings = []
+    return errors, warnings, state

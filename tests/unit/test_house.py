@@ -1,0 +1,117 @@
+"""Which room may import which (issue 14, item 8), checked on the source.
+
+The neutral rooms (manager, ledger, inventory, policy) name no device
+model; a backend uses the sysfs reader and the privileged writer, never the
+manager; the daemon does not reach into the console scripts' room; the
+core's options import no other room's.  Each rule lists the imports the
+package really has, so a new arrow the wrong way fails here by name.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "accel_agent"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth (function-level imports
+    included: a lazy import is still an arrow)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("accel_agent")}
+
+
+def _module_files(*relative: str) -> list[Path]:
+    files: list[Path] = []
+    for name in relative:
+        path = PACKAGE / name
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return files
+
+
+def _offenders(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for path in files
+        for name in _imports(path)
+        if any(name == bad or name.startswith(bad + ".") for bad in forbidden)
+    )
+
+
+DEVICE_MODELS = (
+    "accel_agent.backends.mdev",
+    "accel_agent.backends.nvidia_vfio",
+    "accel_agent.sysfs.nvidia_vfio",
+    "accel_agent.backends.sriov_vf",
+    "accel_agent.sysfs.sriov",
+    "accel_agent.sriov",
+    "accel_agent.simulator",
+)
+
+
+@pytest.mark.parametrize(
+    ("rooms", "forbidden"),
+    [
+        # The one decider drives backends through the interface only.
+        (("mdev",), DEVICE_MODELS),
+        # A backend is driven; it never decides.
+        (("backends",), ("accel_agent.mdev.manager", "accel_agent.service", "accel_agent.cmd")),
+        # Everything but the console scripts themselves stays out of cmd/.
+        (
+            (
+                "service.py",
+                "wiring.py",
+                "config_lint.py",
+                "config_cache.py",
+                "mdev",
+                "backends",
+                "api",
+                "reporting",
+                "migration",
+                "sysfs",
+                "privileged.py",
+            ),
+            ("accel_agent.cmd",),
+        ),
+        # The core's options: no reporter, no privileged side.
+        (
+            ("conf.py", "mdev/ledger.py"),
+            ("accel_agent.reporting", "accel_agent.privileged", "accel_agent.cmd"),
+        ),
+    ],
+    ids=["neutral-rooms", "backends", "not-into-cmd", "core-options"],
+)
+def test_no_arrow_goes_the_wrong_way(rooms: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
+    assert _offenders(_module_files(*rooms), forbidden) == []
+
+
+def test_the_rule_sees_a_wrong_arrow(tmp_path: Path) -> None:
+    """The scan finds a lazy import inside a function (what the old
+    ``service.py -> cmd.common`` was)."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from accel_agent.cmd import common\n")
+    assert _imports(module) == {"accel_agent.cmd", "accel_agent.cmd.common"}
+
+
+def test_loading_the_ledger_loads_no_reporter_and_no_privsep() -> None:
+    """At run time too: the ledger and the core's options alone."""
+    code = (
+        "import sys, accel_agent.mdev.ledger, accel_agent.conf;"
+        "print(sorted(m for m in sys.modules if m.startswith(('accel_agent.reporting',"
+        " 'accel_agent.privileged', 'oslo_privsep', 'keystoneauth1'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,83 @@
+"""reporting/nova_pci.py: the resource class rule and nova.conf parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from accel_agent.reporting import nova_pci
+
+
+@pytest.mark.parametrize(
+    ("mdev_type", "mdev_class", "expected"),
+    [
+        ("nvidia-1414", "VGPU", "CUSTOM_NVIDIA_1414"),  # never Nova's own mdev VGPU class
+        ("nvidia-1414", "CUSTOM_H200", "CUSTOM_H200"),  # a configured custom class is kept
+        ("nvidia-35", "VGPU", "CUSTOM_NVIDIA_35"),
+    ],
+)
+def test_resource_class(mdev_type: str, mdev_class: str, expected: str) -> None:
+    assert nova_pci.resource_class_for(mdev_type, mdev_class) == expected
+
+
+def test_parse_reads_only_the_pci_section_in_every_form_nova_takes() -> None:
+    text = "\n".join(
+        [
+            "[DEFAULT]",
+            'device_spec = {"address": "0000:01:00.4"}',  # not [pci]: ignored
+            "[ pci ]",
+            "# a comment",
+            'passthrough_whitelist = {"address": "0000:C1:00.4", "managed": "no"}',
+            'device_spec = [{"address": "0000:c1:00.5"}, {"vendor_id": "10de"}]',
+            'alias = {"name": "a", "resource_class": "CUSTOM_A"}',
+            "device_spec = {broken",
+            "device_spec = 7",
+            "[libvirt]",
+            'alias = {"name": "b"}',
+        ]
+    )
+    parsed = nova_pci.parse_nova_conf(text, "n.conf")
+    assert sorted(parsed.specs) == ["0000:c1:00.4", "0000:c1:00.5"]  # lower-cased
+    assert list(parsed.aliases) == ["a"]
+    assert [p.split(":", 2)[:2] for p in parsed.problems] == [["n.conf", "8"], ["n.conf", "9"]]
+
+
+def test_no_drift_between_render_and_parse() -> None:
+    specs = [
+        nova_pci.VfSpec("0000:c1:00.4", "nvidia-1414", "CUSTOM_NVIDIA_1414", "0000:c1:00.0", True),
+        nova_pci.VfSpec("0000:c1:00.5", "nvidia-1414", "CUSTOM_NVIDIA_1414", "0000:c1:00.0", False),
+    ]
+    text = nova_pci.render(specs, "h")
+    assert text.count("alias =") == 1 and "# 0000:c1:00.5: not typed yet" in text
+    found = nova_pci.parse_nova_conf(text)
+    assert nova_pci.drift(specs, found, ["0000:c1:00.4", "0000:c1:00.5"]) == []
+    wrong = nova_pci.parse_nova_conf(text.replace("CUSTOM_NVIDIA_1414\"}\n", "X\"}\n", 1))
+    assert nova_pci.drift(specs, wrong, []) == [
+        "0000:c1:00.4: resource_class is 'X', the host's type nvidia-1414 needs "
+        "'CUSTOM_NVIDIA_1414'"
+    ]
+
+
+def test_nova_reads_the_rendered_lines(tmp_path) -> None:
+    """Through oslo.config as Nova declares the options (MultiStrOpt in [pci]):
+    every value is one JSON object, comments and all."""
+    from oslo_config import cfg
+
+    specs = [
+        nova_pci.VfSpec("0000:c1:00.4", "nvidia-1414", "CUSTOM_NVIDIA_1414", "0000:c1:00.0", False),
+        nova_pci.VfSpec("0000:c2:00.4", "nvidia-1415", "CUSTOM_NVIDIA_1415", "0000:c2:00.0", True),
+    ]
+    path = tmp_path / "nova.conf"
+    path.write_text(nova_pci.render(specs, "h"))
+    conf = cfg.ConfigOpts()
+    conf.register_opts(
+        [cfg.MultiStrOpt("device_spec", default=[]), cfg.MultiStrOpt("alias", default=[])],
+        group="pci",
+    )
+    conf(["--config-file", str(path)], default_config_files=[], default_config_dirs=[])
+    assert [json.loads(v)["address"] for v in conf.pci.device_spec] == [
+        "0000:c1:00.4",
+        "0000:c2:00.4",
+    ]
+    assert [json.loads(v)["name"] for v in conf.pci.alias] == ["nvidia-1414", "nvidia-1415"]
