@@ -102,6 +102,64 @@ refuses to start.
     ),
 ]
 
+devices_opts.append(
+    cfg.ListOpt(
+        "enabled_vf_pools",
+        default=[],
+        help="""
+Pools of SR-IOV accelerator VFs the agent hands to instances (backend
+sriov_vf), one [vf_pool_<name>] section each. A pool name is lower-case
+letters, digits and '_'. Empty: no VF pool.
+""",
+    )
+)
+
+VF_POOL_NAME_REGEX = r"^[a-z0-9_]{1,32}$"
+VF_RESOURCE_CLASS_REGEX = r"^(SRIOV_NET_VF|PCI_DEVICE|CUSTOM_[A-Z0-9_]+)$"
+TRAIT_REGEX = r"^[A-Z0-9_]{1,255}$"
+
+
+def _vf_pool_opts(pool: str) -> list[cfg.Opt]:
+    return [
+        cfg.ListOpt(
+            "device_addresses",
+            default=[],
+            help=f"The SR-IOV PFs (PCI addresses such as 0000:3b:00.0) whose VFs make pool "
+            f"{pool}. A PF belongs to one pool.",
+        ),
+        cfg.StrOpt(
+            "resource_class",
+            default="SRIOV_NET_VF",
+            regex=VF_RESOURCE_CLASS_REGEX,
+            max_length=255,
+            help="Placement resource class of each PF's VFs (one provider per PF).",
+        ),
+        cfg.ListOpt(
+            "traits",
+            default=[],
+            item_type=types.String(regex=TRAIT_REGEX),
+            help="Placement traits of each PF's provider (e.g. CUSTOM_NIC_A).",
+        ),
+        cfg.IntOpt(
+            "num_vfs",
+            min=0,
+            max=65535,
+            help="VFs to enable on each PF (sriov_numvfs) when the agent is asked to "
+            "(accelctl / the backend's ensure_num_vfs); never changed while a VF is on "
+            "vfio-pci. Unset: the PFs keep what they have.",
+        ),
+    ]
+
+
+def register_vf_pool_opts(conf: cfg.ConfigOpts, pools: Iterable[str] | None = None) -> None:
+    """Register ``[vf_pool_<name>]`` for each enabled pool (idempotent)."""
+    for pool in pools if pools is not None else conf.devices.enabled_vf_pools:
+        group = f"vf_pool_{pool}"
+        for opt in _vf_pool_opts(pool):
+            if group not in conf or opt.dest not in conf[group]:
+                conf.register_opt(opt, group=group)
+
+
 api_opts = [
     cfg.StrOpt(
         "socket_path",
@@ -220,6 +278,7 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
         ("DEFAULT", default_opts),
         ("devices", devices_opts),
         ("mdev_$(mdev_type)", _dynamic_opts("$(mdev_type)")),
+        ("vf_pool_$(pool)", _vf_pool_opts("$(pool)")),
         ("api", api_opts),
         ("libvirt", libvirt_opts),
     ]

@@ -472,3 +472,104 @@ class LibvirtUnavailable(AccelAgentException):
 
 class TakeoverRefused(AccelAgentException):
     msg_fmt = "takeover from libvirt refused, nothing changed: %(reason)s"
+
+
+# --- SR-IOV VFs: network settings and PCI hand-over (appended) ----------------------------
+
+
+class InvalidVfSetting(PrivilegedInputRejected):
+    # ``field`` names the request's field, for an API's 400 (issue 15).
+    msg_fmt = "Refused privileged request: VF setting %(field)s=%(value)s: %(reason)s"
+
+
+class PciDeviceNotFound(AccelAgentException):
+    msg_fmt = "PCI device %(address)s not found under %(root)s"
+
+
+class NotSriovPf(AccelAgentException):
+    msg_fmt = "PCI device %(address)s is not an SR-IOV physical function: %(reason)s"
+
+
+class NotSriovVf(AccelAgentException):
+    msg_fmt = "PCI device %(address)s is not an SR-IOV virtual function (no physfn link)"
+
+
+class PfNetdevNotFound(AccelAgentException):
+    msg_fmt = "SR-IOV PF %(pf)s has no usable network interface: %(reason)s"
+
+
+class VfIndexOutOfRange(AccelAgentException):
+    msg_fmt = "PF %(pf)s has %(num_vfs)s VF(s) enabled (sriov_numvfs): there is no VF %(vf)s"
+
+
+class VfNotReported(AccelAgentException):
+    msg_fmt = (
+        "PF %(pf)s does not report VF %(vf)s over rtnetlink (IFLA_NUM_VF: %(num_vfs)s): "
+        "its driver has no VF settings"
+    )
+
+
+class NetlinkRequestFailed(AccelAgentException):
+    msg_fmt = "rtnetlink %(operation)s of %(netdev)s failed: %(errno)s (%(error)s)"
+
+
+class VfSettingRefused(AccelAgentException):
+    # The driver's answer to one setting; ``rollback`` says what was undone.
+    msg_fmt = (
+        "PF %(pf)s VF %(vf)s: the driver refused %(setting)s %(value)s with %(errno)s "
+        "(%(error)s); %(rollback)s"
+    )
+
+
+class VfRollbackFailed(VfSettingRefused):
+    # A subclass: callers of apply catch VfSettingRefused, and can tell a VF
+    # left half-configured (reset it, or keep it out of the pool) from a clean one.
+    msg_fmt = (
+        "PF %(pf)s VF %(vf)s: the driver refused %(setting)s %(value)s with %(errno)s "
+        "(%(error)s); %(rollback)s: the VF is left half-configured"
+    )
+
+
+class VfSettingNotApplied(AccelAgentException):
+    msg_fmt = (
+        "PF %(pf)s VF %(vf)s: %(setting)s reads back as %(found)s after writing %(wanted)s; "
+        "%(rollback)s"
+    )
+
+
+class SriovNumVfsRefused(AccelAgentException):
+    msg_fmt = "setting sriov_numvfs of %(pf)s to %(count)s failed: %(errno)s (%(error)s)"
+
+
+class VfsHandedOver(AccelAgentException):
+    msg_fmt = (
+        "PF %(pf)s: not changing the number of VFs while %(vfs)s are bound to vfio-pci "
+        "(hand them back first)"
+    )
+
+
+class PciDriverNotLoaded(AccelAgentException):
+    msg_fmt = "PCI driver %(driver)s is not loaded (no %(path)s): modprobe %(driver)s"
+
+
+class PciRebindFailed(AccelAgentException):
+    msg_fmt = "%(action)s of %(address)s failed at %(step)s: %(errno)s (%(error)s)"
+
+
+
+class InvalidVfPoolConfig(InvalidConfig):
+    msg_fmt = "Invalid configuration of VF pool %(pool)s: %(reason)s"
+
+
+class UnknownVfPool(AccelAgentException):
+    # ``field`` for an API's 400 (issue 15: "an unknown pool").
+    msg_fmt = "no VF pool %(pool)s (enabled: %(enabled)s)"
+    field = "pool"
+
+
+class NoFreeVf(AccelAgentException):
+    msg_fmt = "VF pool %(pool)s has no free VF (%(reason)s)"
+
+
+class VfNotInPool(AccelAgentException):
+    msg_fmt = "%(vf)s is not a VF of a PF of a configured pool (%(reason)s)"

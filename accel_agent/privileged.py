@@ -771,9 +771,9 @@ def _priv_clear_vgpu_type(
     )
 
 
-def _call(entrypoint: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+def _call(entrypoint: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
-        entrypoint(*args, **kwargs)
+        return entrypoint(*args, **kwargs)
     except _WireError as wire:
         raise _from_wire(wire) from None
 

@@ -1,7 +1,8 @@
 """Device backends: one per device model, behind one interface (``base``).
 
 * ``mdev``: the kernel's mediated devices (``class/mdev_bus``);
-* ``nvidia_vfio``: NVIDIA vGPU 17+ SR-IOV VFs typed through sysfs.
+* ``nvidia_vfio``: NVIDIA vGPU 17+ SR-IOV VFs typed through sysfs;
+* ``sriov_vf``: plain SR-IOV VFs of configured pools, handed over on vfio-pci.
 
 They are loaded by name through stevedore from the ``accel_agent.backends``
 entry points (os-vif's plugin pattern), so a backend can live in another
@@ -28,8 +29,11 @@ def builtin() -> Mapping[str, DeviceBackend]:
     """The backends this package ships, by name, without stevedore."""
     from accel_agent.backends.mdev import MdevBackend
     from accel_agent.backends.nvidia_vfio import NvidiaVfioBackend
+    from accel_agent.backends.sriov_vf import SriovVfBackend
 
-    return MappingProxyType({b.name: b for b in (MdevBackend(), NvidiaVfioBackend())})
+    return MappingProxyType(
+        {b.name: b for b in (MdevBackend(), NvidiaVfioBackend(), SriovVfBackend())}
+    )
 
 
 def load(names: Iterable[str] | None = None) -> Mapping[str, DeviceBackend]:

@@ -100,6 +100,27 @@ class PrivsepWriter:
             vf, timeout, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir
         )
 
+    # SR-IOV VFs (backend sriov_vf): same daemon, accel_agent.privileged_pci.
+    def set_num_vfs(self, pf: str, count: int) -> int:
+        self._started()
+        from accel_agent import privileged_pci
+
+        return privileged_pci.set_num_vfs(pf, count, sysfs_root=self.sysfs_root)
+
+    def bind_vfio(self, vf: str) -> None:
+        self._started()
+        from accel_agent import privileged_pci
+
+        privileged_pci.bind_vfio(vf, sysfs_root=self.sysfs_root)
+
+    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None:
+        self._started()
+        from accel_agent import privileged_pci
+
+        return privileged_pci.unbind_vfio(
+            vf, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir, give_back=give_back
+        )
+
 
 class DirectWriter:
     """Same validation and writes, in this process: for unprivileged trees
@@ -123,6 +144,23 @@ class DirectWriter:
 
     def clear_vgpu_type(self, vf: str, timeout: float) -> None:
         self._privileged.write_vgpu_clear(self.sysfs_root, vf, timeout, self.vfio_dev_dir)
+
+    def set_num_vfs(self, pf: str, count: int) -> int:
+        from accel_agent import privileged_pci
+
+        return privileged_pci.write_num_vfs(self.sysfs_root, pf, count)
+
+    def bind_vfio(self, vf: str) -> None:
+        from accel_agent import privileged_pci
+
+        privileged_pci.write_bind_vfio(self.sysfs_root, vf)
+
+    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None:
+        from accel_agent import privileged_pci
+
+        return privileged_pci.write_unbind_vfio(
+            self.sysfs_root, vf, self.vfio_dev_dir, give_back
+        )
 
 
 @dataclass(frozen=True, slots=True)

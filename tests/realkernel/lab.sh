@@ -481,11 +481,16 @@ ensure_venv() {
 		mkdir -p "$wheelhouse"
 		mv "$ROOTFS"/tmp/lab-wheels/dl/* "$wheelhouse/"
 		touch "$wheelhouse/complete"
-		local old
-		for old in "$CACHE"/wheelhouse-"$LAB_SUITE"-*; do
-			[ "$old" = "$wheelhouse" ] || rm -rf "$old"
-		done
 	fi
+	# Keep the three most recently used wheelhouses of the suite, not just this one:
+	# checkouts whose dependencies differ (a branch, main, CI) take turns on this cache,
+	# and each turn would otherwise download the other's from PyPI again.
+	touch "$wheelhouse"
+	local old
+	# shellcheck disable=SC2012 # names are ours: wheelhouse-<suite>-<hex>
+	for old in $(ls -dt "$CACHE"/wheelhouse-"$LAB_SUITE"-* | tail -n +4); do
+		rm -rf "$old"
+	done
 	mkdir -p "$ROOTFS/tmp/lab-wheels/wh"
 	cp "$wheelhouse"/*.whl "$ROOTFS/tmp/lab-wheels/wh/"
 	PIP_ENV=()

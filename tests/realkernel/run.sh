@@ -5,6 +5,8 @@
 #   host    the distribution's default kernel, the host's root (research/mtty-lab.md);
 #   trixie  Debian's 6.12 kernel, a trixie userland with QEMU 10 and libvirt 11: a real
 #           live migration through two agents (research/live-migration-lab.md).
+#   igb     lab 2's kernel and userland with QEMU's SR-IOV NIC (-device igb): VF settings
+#           and the vfio-pci hand-over on the real igb/igbvf drivers.
 #   systemd bookworm's kernel, a bookworm userland booting systemd as PID 1: the package
 #           (make deb) installed with apt, its unit driven by systemctl, a reboot.
 #
@@ -19,7 +21,7 @@
 #   ACCEL_REALKERNEL=0        skip the tier
 #   ACCEL_REALKERNEL=1        the tier must run: being unable to run is an error
 #   (unset)                   run when possible, else skip with the reason
-#   ACCEL_REALKERNEL_LABS     the labs to run, in order (default "host trixie systemd")
+#   ACCEL_REALKERNEL_LABS     the labs to run, in order (default "host trixie igb systemd")
 #   ACCEL_REALKERNEL_CACHE, _ABI, _TRIXIE_ABI, _RESULTS, _TIMEOUT, _PYTEST_ARGS: see lab.sh
 set -uo pipefail
 
@@ -29,7 +31,7 @@ CACHE=${ACCEL_REALKERNEL_CACHE:-/var/cache/accel-agent-realkernel}
 RESULTS=${ACCEL_REALKERNEL_RESULTS:-$HERE/results}
 export ACCEL_REALKERNEL_CACHE=$CACHE ACCEL_REALKERNEL_RESULTS=$RESULTS
 MODE=${ACCEL_REALKERNEL:-}
-LABS=${ACCEL_REALKERNEL_LABS:-host trixie systemd}
+LABS=${ACCEL_REALKERNEL_LABS:-host trixie igb systemd}
 
 case "$MODE" in
 0)

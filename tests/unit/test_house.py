@@ -53,6 +53,9 @@ DEVICE_MODELS = (
     "accel_agent.backends.mdev",
     "accel_agent.backends.nvidia_vfio",
     "accel_agent.sysfs.nvidia_vfio",
+    "accel_agent.backends.sriov_vf",
+    "accel_agent.sysfs.sriov",
+    "accel_agent.sriov",
     "accel_agent.simulator",
 )
 
