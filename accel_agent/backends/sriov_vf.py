@@ -18,10 +18,14 @@ about them.
 from __future__ import annotations
 
 import uuid as uuid_mod
+from typing import TYPE_CHECKING
 
 from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
 from accel_agent.sysfs.model import Parent
+
+if TYPE_CHECKING:
+    from accel_agent.libvirt_xml.devices import DeviceDescription
 
 BACKEND = "sriov_vf"
 # A fixed namespace: device UUIDs must be the same in every process and release.
@@ -52,3 +56,13 @@ class SriovVfBackend(DeviceBackend):
 
     def pci_address(self, device: DeviceRef) -> str | None:
         return device.parent
+
+    def guest_device(self, device: DeviceRef) -> DeviceDescription:
+        # The VF as plain PCI passthrough, managed='no': the agent put it on
+        # vfio-pci already, and libvirt must not rebind it.  A network VF with
+        # its MAC and VLAN (<interface type='hostdev'>) needs the settings the
+        # device was prepared with, which the ledger does not keep: VfPools'
+        # PreparedVf.interface_xml() gives that form.
+        from accel_agent.libvirt_xml.devices import PciHostdev
+
+        return PciHostdev(device.parent, managed=False)
