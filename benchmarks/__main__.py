@@ -18,7 +18,7 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from benchmarks import cold, rescan, timing, xml
+from benchmarks import cold, rescan, timing, vfio, xml
 
 TARGETS = {
     "a": "accelctl types --json through the daemon <= 0.3x mdevctl types' wall time; offline "
@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument(
         "--only",
-        default="abcdefkl",
-        help="letters of the benchmarks to run (k: (c) on a real kernel in the lab guest; "
+        default="abcdefgkl",
+        help="letters of the benchmarks to run (g: types/inventory on 8 NVIDIA vGPU 17+ "
+        "GPUs x 48 VFs; k: (c) on a real kernel in the lab guest; "
         "l: a real live migration through the agent in the lab trixie guest)",
     )
     parser.add_argument("--quick", action="store_true", help="fewer runs, 256-parent tree only")
@@ -115,6 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     run("a", "cold listing", cold_body)
     run("b", "rescan", rescan_body)
     run("d", "XML rewrite", lambda: section("(d) XML rewrite", xml.measure(2000), []))
+    run(
+        "g",
+        "vendor-VFIO listing",
+        lambda: section(
+            f"(g) types and inventory, {vfio.GPUS} NVIDIA vGPU 17+ GPUs x {vfio.VFS} VFs "
+            "(static tree)",
+            vfio.measure(5 if args.quick else 15),
+            [
+                "Each VF is a parent with the GPU's vGPU types (creatable_vgpu_types read "
+                "per VF); the inventory is one provider per GPU. Machine load average at the "
+                f"end: {os.getloadavg()[0]:.2f}."
+            ],
+        ),
+    )
     if any(letter in args.only for letter in "cef"):
         try:
             from benchmarks import daemon
