@@ -250,3 +250,30 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     assert "alias is not JSON" in errors
     assert len(errors.strip().splitlines()) == 5, errors
     ctl(config, "nova-pci-config", "--check", str(tmp_path / "absent.conf"), rc=1)
+
+
+# --- through the daemon: metrics ---------------------------------------------------------
+
+
+def test_the_daemon_reports_vfio_gpus_and_typed_vfs_in_its_metrics(host, tmp_path):
+    """Metrics work for both backends alike (issue 14, item 3): per-GPU
+    capacity and use for the PF, and the typed VF as a device."""
+    from tests.functional.daemon_fixture import AgentDaemon, agent_config, short_dir, wait_for
+
+    body = CONF.split("[libvirt]")[0]
+    with short_dir() as sockdir:
+        socket_path = str(sockdir / "api.sock")
+        config = agent_config(tmp_path / "agent.conf", host.root, host.state_dir,
+                              socket_path, body)
+        with AgentDaemon(config, socket_path, tmp_path).start() as daemon:
+            ((vf, _, uuid),) = allocate(str(config), "vm-metrics", 1, "--type", "nvidia-1150")
+            gpu = {"provider": "testhost_pci_0000_c1_00_0", "physical_gpu": GPU1,
+                   "mdev_type": "nvidia-1150", "pci_bus_id": "00000000:C1:00.0"}  # DCGM form
+            wait_for(lambda: daemon.metric("accel_agent_provider_used", **gpu) == 1.0,
+                     what="accel_agent_provider_used of GPU1")
+            assert daemon.metric("accel_agent_provider_capacity", **gpu) == 4.0
+            assert daemon.metric(
+                "accel_agent_mdev_info", uuid=uuid, instance="vm-metrics", parent=vf,
+                physical_gpu=GPU1, mdev_type="nvidia-1150", state="assigned",
+            ) == 1.0
+            assert daemon.metric("accel_agent_allocations_total") == 1.0  # via the API

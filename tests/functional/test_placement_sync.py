@@ -521,3 +521,45 @@ def test_placement_outage_backs_off_and_recovers_without_restart(tmp_path: Path)
         health = reporter.health()
         assert health["state"] == "ok" and health["consecutive_failures"] == 0
         assert health["providers"] == 2 and health["next_attempt_at"] is None
+
+
+def test_vendor_vfio_gpus_are_one_provider_each_like_any_pci_gpu(
+    server: PlacementServer, admin: Admin, host: str, tmp_path: Path
+) -> None:
+    """NVIDIA vGPU 17+ GPUs (no mdev: VFs typed through sysfs) reach Placement
+    from a real scan as one provider per PF, total from the VFs, beside an
+    mdev GPU, with the same names, traits and fields (issue 14, item 3)."""
+    from accel_agent.backends import builtin
+    from accel_agent.backends.host import scan_host
+    from accel_agent.mdev.inventory import compute_inventory
+    from accel_agent.mdev.policy import PolicyInputs, TypeOptions, resolve_policy
+    from accel_agent.simulator import build_spec, materialise
+
+    root = str(tmp_path / "sys")
+    materialise(build_spec(["nvidia-pf", "nvidia-vfio"], gpus=2, vfs=3), root)
+    inputs = PolicyInputs(
+        enabled=("nvidia-35", "nvidia-1150"),
+        type_options=(
+            TypeOptions("nvidia-35", device_addresses=("0000:84:00.0",)),
+            TypeOptions(
+                "nvidia-1150",
+                device_addresses=("0000:c1:00.0", "0000:c2:00.0"),
+                mdev_class="CUSTOM_L40S_4Q",
+            ),
+        ),
+    )
+    policy = resolve_policy(inputs, root)
+    snapshot = scan_host(root, builtin(), state_dir=str(tmp_path / "state"))
+    inventory = compute_inventory(snapshot, policy, host)
+    reporter, _ = reporter_for(server.endpoint, host)
+
+    assert reporter.sync(inventory).ok
+    vfio_traits = ["CUSTOM_MDEV_NVIDIA_1150", "CUSTOM_OWNER_ACCEL_AGENT"]
+    assert admin.view(host) == expected_view(
+        host,
+        want(host, "84"),
+        {"name": f"{host}_pci_0000_c1_00_0", "parent_provider": host,
+         "inventories": {"CUSTOM_L40S_4Q": record(3)}, "traits": vfio_traits},
+        {"name": f"{host}_pci_0000_c2_00_0", "parent_provider": host,
+         "inventories": {"CUSTOM_L40S_4Q": record(3)}, "traits": vfio_traits},
+    )
