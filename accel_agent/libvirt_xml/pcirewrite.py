@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from accel_agent import exception
+from accel_agent.libvirt_xml.mapping import canonical_one_to_one
 from accel_agent.libvirt_xml.parser import ParsedDomain
 from accel_agent.libvirt_xml.pci import FIELDS, PciAddress, canonical_pci_address, format_like
 from accel_agent.libvirt_xml.pcisources import iter_pci_sources
@@ -53,26 +54,14 @@ def normalise_pci_mapping(mapping: Mapping[str, str]) -> dict[str, str]:
     or a source given twice (in two cases) with different destinations, and
     NonInjectivePciMapping when two sources share a destination.
     """
-    canonical: dict[str, str] = {}
-    for source, target in mapping.items():
-        key = canonical_pci_address(source, where=" (mapping source)")
-        value = canonical_pci_address(target, where=f" (mapping destination for {source})")
-        previous = canonical.get(key)
-        if previous is not None and previous != value:
-            raise exception.InvalidPciDeviceAddress(
-                address=source,
-                where=" (mapping source)",
-                reason=f"mapped twice, to {previous} and to {value}",
-            )
-        canonical[key] = value
-
-    sources_of: dict[str, list[str]] = {}
-    for key, value in canonical.items():
-        sources_of.setdefault(value, []).append(key)
-    for target, sources in sources_of.items():
-        if len(sources) > 1:
-            raise exception.NonInjectivePciMapping(target=target, sources=" and ".join(sources))
-    return canonical
+    return canonical_one_to_one(
+        mapping,
+        lambda value, where: canonical_pci_address(value, where=where),
+        lambda source, reason: exception.InvalidPciDeviceAddress(
+            address=source, where=" (mapping source)", reason=reason
+        ),
+        lambda target, sources: exception.NonInjectivePciMapping(target=target, sources=sources),
+    )
 
 
 def plan_pci_rewrite(parsed: ParsedDomain, mapping: Mapping[str, str]) -> PciPlan:

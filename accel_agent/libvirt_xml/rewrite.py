@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from accel_agent import exception
 from accel_agent.libvirt_xml.hostdev import canonical_uuid
+from accel_agent.libvirt_xml.mapping import canonical_one_to_one
 from accel_agent.libvirt_xml.mdevs import iter_mdev_addresses
 from accel_agent.libvirt_xml.parser import ParsedDomain, parse_domain
 from accel_agent.libvirt_xml.pcirewrite import normalise_pci_mapping, plan_pci_rewrite
@@ -79,26 +80,14 @@ def normalise_mapping(mapping: Mapping[str, str]) -> dict[str, str]:
     share a destination: two guest devices backed by one mdev would either fail
     at the destination or, worse, share a vGPU.
     """
-    canonical: dict[str, str] = {}
-    for source, target in mapping.items():
-        key = canonical_uuid(source, where=" (mapping source)")
-        value = canonical_uuid(target, where=f" (mapping destination for {source})")
-        previous = canonical.get(key)
-        if previous is not None and previous != value:
-            raise exception.InvalidMdevUUID(
-                uuid=source,
-                where=" (mapping source)",
-                reason=f"mapped twice, to {previous} and to {value}",
-            )
-        canonical[key] = value
-
-    sources_of: dict[str, list[str]] = {}
-    for key, value in canonical.items():
-        sources_of.setdefault(value, []).append(key)
-    for target, sources in sources_of.items():
-        if len(sources) > 1:
-            raise exception.NonInjectiveMapping(target=target, sources=" and ".join(sources))
-    return canonical
+    return canonical_one_to_one(
+        mapping,
+        lambda value, where: canonical_uuid(value, where=where),
+        lambda source, reason: exception.InvalidMdevUUID(
+            uuid=source, where=" (mapping source)", reason=reason
+        ),
+        lambda target, sources: exception.NonInjectiveMapping(target=target, sources=sources),
+    )
 
 
 def rewrite_mdev_uuids(domain_xml: str | bytes, mapping: Mapping[str, str]) -> RewriteResult:
