@@ -140,7 +140,7 @@ def read_sysfs(root: str) -> dict[str, tuple[str, str]]:
         link = os.path.join(devices, uuid)
         parent = os.path.basename(os.path.dirname(os.path.realpath(link)))
         found[uuid] = (parent, os.path.basename(os.readlink(os.path.join(link, "mdev_type"))))
-    for vf, type_id in _typed_vfs(root).items():
+    for vf, type_id in typed_vfs(root).items():
         if type_id:
             found[nvidia_vfio.device_uuid(vf)] = (vf, f"nvidia-{type_id}")
     return found
@@ -150,7 +150,7 @@ def _vgpu_file(root: str, vf: str, name: str) -> str:
     return os.path.join(root, "bus", "pci", "devices", vf, "nvidia", name)
 
 
-def _typed_vfs(root: str) -> dict[str, int]:
+def typed_vfs(root: str) -> dict[str, int]:
     """VF -> ``current_vgpu_type`` (0: untyped) of every vendor-VFIO VF."""
     devices = os.path.join(root, "bus", "pci", "devices")
     found = {}
@@ -198,7 +198,7 @@ class DeviceModel:
                 return uuid
         else:
             type_id = self.mdev_type.removeprefix("nvidia-")
-            free = [vf for vf, typed in _typed_vfs(host.root).items() if not typed]
+            free = [vf for vf, typed in typed_vfs(host.root).items() if not typed]
             for vf in rng.sample(free, len(free)):
                 try:
                     _write(_vgpu_file(host.root, vf, "current_vgpu_type"), type_id.encode())
@@ -212,7 +212,7 @@ class DeviceModel:
         if self.name == "mdev":
             _write(os.path.join(host.root, "bus", "mdev", "devices", uuid, "remove"), b"1")
             return
-        (vf,) = [v for v in _typed_vfs(host.root) if nvidia_vfio.device_uuid(v) == uuid]
+        (vf,) = [v for v in typed_vfs(host.root) if nvidia_vfio.device_uuid(v) == uuid]
         _write(_vgpu_file(host.root, vf, "current_vgpu_type"), b"0")
 
 

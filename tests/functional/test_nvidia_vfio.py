@@ -14,6 +14,7 @@ import pytest
 
 from accel_agent.mdev.ledger import Ledger
 from accel_agent.sysfs import nvidia_vfio
+from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -53,16 +54,7 @@ def ctl(config, *args, rc=0):
 
 def typed(host) -> dict[str, int]:
     """VF -> vGPU type id, for every typed VF, read from sysfs."""
-    found = {}
-    devices = os.path.join(host.root, "bus", "pci", "devices")
-    for vf in sorted(os.listdir(devices)):
-        path = os.path.join(devices, vf, "nvidia", "current_vgpu_type")
-        if os.path.exists(path):
-            with open(path) as handle:
-                value = int(handle.read())
-            if value:
-                found[vf] = value
-    return found
+    return {vf: value for vf, value in typed_vfs(host.root).items() if value}
 
 
 def owners(host) -> dict[str, tuple[str, str | None, str]]:

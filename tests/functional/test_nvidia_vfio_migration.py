@@ -23,6 +23,7 @@ from accel_agent.migration.destination import MigrationDestination
 from accel_agent.migration.source import AgentApi, AgentVf, MigrationSource, domain_vfs
 from accel_agent.sysfs import nvidia_vfio
 from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir
+from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -70,16 +71,7 @@ def guest(devices: str, name: str = "guest") -> str:
 
 def typed(host) -> dict[str, int]:
     """VF -> vGPU type id of every typed VF, read from the simulated sysfs."""
-    found = {}
-    devices = os.path.join(host.root, "bus", "pci", "devices")
-    for vf in sorted(os.listdir(devices)):
-        path = os.path.join(devices, vf, "nvidia", "current_vgpu_type")
-        if os.path.exists(path):
-            with open(path) as handle:
-                value = int(handle.read())
-            if value:
-                found[vf] = value
-    return found
+    return {vf: value for vf, value in typed_vfs(host.root).items() if value}
 
 
 def type_by_hand(host, vf: str, type_id: int) -> None:
