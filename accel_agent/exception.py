@@ -238,6 +238,11 @@ class InvalidAllocationRequest(AccelAgentException):
     msg_fmt = "Invalid allocation request: %(reason)s"
 
 
+class InvalidAttachRequest(InvalidAllocationRequest):
+    # ``field`` is the request's path to the bad value (``requests[1].vlan``).
+    msg_fmt = "Invalid attach request: %(field)s: %(reason)s"
+
+
 class InstanceAlreadyAllocated(AccelAgentException):
     msg_fmt = (
         "instance %(instance)s already holds %(count)s mdev(s); release it first to "

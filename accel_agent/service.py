@@ -56,7 +56,13 @@ from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import DeviceDescription
     from accel_agent.libvirt_xml.rewrite import DomainRewriteResult
-    from accel_agent.mdev.manager import Allocation, MdevManager, RecoveryReport, TakeoverPlan
+    from accel_agent.mdev.manager import (
+        Allocation,
+        Attachment,
+        MdevManager,
+        RecoveryReport,
+        TakeoverPlan,
+    )
     from accel_agent.reporting.placement import PlacementReporter
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
@@ -331,6 +337,20 @@ class AgentCore:
             self.request_rescan("api")
         self.metrics.releases.labels(remove=str(bool(remove)).lower()).inc()
         return released
+
+    def attachment(self, instance: str) -> Attachment:
+        return self.manager.attachment(instance)
+
+    def attach(self, instance: str, raw_requests: Any) -> Attachment:
+        """Every accelerator of the instance in one call (DESIGN.md §11);
+        the requests are checked whole before anything is prepared."""
+        requests = wiring.attach_requests(self.conf, raw_requests)
+        try:
+            attachment = self.manager.attach(instance, requests)
+        finally:
+            self.request_rescan("api")
+        self.metrics.allocations.inc()
+        return attachment
 
     def adopt(self, uuid: str) -> MdevRecord:
         try:

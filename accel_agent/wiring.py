@@ -122,23 +122,58 @@ def load_config(
     return conf
 
 
-def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None):
+def build_vf_pools(conf: cfg.ConfigOpts, writer, net=None):
+    """The configured SR-IOV VF pools (None when ``[devices] enabled_vf_pools``
+    is empty): PCI writes through ``writer``, network settings through the
+    CAP_NET_ADMIN privsep daemon unless ``net`` says otherwise (tests)."""
+    from accel_agent.sriov.pools import build_pools
+
+    pools = build_pools(conf)  # InvalidVfPoolConfig
+    if not pools:
+        return None
+    from accel_agent.sriov.vfpool import PrivsepNet, VfPools
+
+    return VfPools(conf.sysfs_root, pools, pci=writer, net=net or PrivsepNet(), host=conf.host)
+
+
+def attach_requests(conf: cfg.ConfigOpts, raw: Any) -> list:
+    """An attach call's requests checked against the configured pools
+    (InvalidAttachRequest naming the field); nothing is done."""
+    from accel_agent import attach_requests as parser
+    from accel_agent.sriov.pools import build_pools
+
+    return parser.parse(raw, build_pools(conf))
+
+
+def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None, net=None):
     """The lifecycle manager for this host: ledger in ``state_dir``, writes
     through the privsep daemon (started with the same config files)."""
     from accel_agent.mdev import domains, ledger, manager
 
     policy = policy_mod.build_policy(conf)
     uri = conf.libvirt.uri
+    writer = writer or manager.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir)
     return manager.MdevManager(
         sysfs_root=conf.sysfs_root,
         policy=policy,
         host=conf.host,
         ledger=ledger.Ledger(conf.state_dir),
-        writer=writer or manager.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir),
+        writer=writer,
         domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
         remove_timeout=conf.remove_timeout,
         on_step=on_step,
+        backends=_backends(build_vf_pools(conf, writer, net)),
     )
+
+
+def _backends(vf_pools):
+    """The built-in backends, the SR-IOV VF one with the host's pool service."""
+    from types import MappingProxyType
+
+    from accel_agent import backends
+    from accel_agent.backends.sriov_vf import BACKEND, SriovVfBackend
+
+    return MappingProxyType({**backends.builtin(), BACKEND: SriovVfBackend(vf_pools)})
 
 
 @dataclass(frozen=True)
@@ -265,6 +300,9 @@ def check(
         raise  # not the configuration: the caller says what it is (a corrupt ledger)
     except exception.AccelAgentException as exc:
         return [*errors, exc.message], warnings, None
+    pool_errors, pool_warnings = _check_vf_pools(conf)
+    errors += pool_errors
+    warnings += pool_warnings
     warnings += list(state.policy.warnings)
     warnings += policy_mod.host_warnings(state.policy, state.snapshot)
     warnings += list(state.notes)
@@ -275,3 +313,23 @@ def check(
         errors += warnings
         warnings = []
     return errors, warnings, state
+
+
+def _check_vf_pools(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
+    """The VF pools' configuration (errors) and each configured PF that is not
+    a usable SR-IOV PF on this host (warnings: a card may be added later)."""
+    from accel_agent.sriov.pools import build_pools
+    from accel_agent.sysfs import sriov as sriov_sysfs
+
+    try:
+        pools = build_pools(conf)
+    except exception.InvalidConfig as exc:
+        return [exc.message], []
+    warnings = []
+    for pool in pools.values():
+        for pf in pool.device_addresses:
+            try:
+                sriov_sysfs.read_pf(conf.sysfs_root, pf)
+            except sriov_sysfs.NotAPf as why:
+                warnings.append(f"[vf_pool_{pool.name}] device_addresses: {pf}: {why}")
+    return [], warnings

@@ -33,7 +33,7 @@ from accel_agent.api import errors
 
 if TYPE_CHECKING:
     from accel_agent.mdev.ledger import MdevRecord
-    from accel_agent.mdev.manager import Allocation, RecoveryReport, TakeoverPlan
+    from accel_agent.mdev.manager import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
 
 LOG = logging.getLogger(__name__)
@@ -78,6 +78,10 @@ class Backend(Protocol):
     ) -> Allocation: ...
 
     def release(self, instance: str, remove: bool) -> list[str]: ...
+
+    def attachment(self, instance: str) -> Attachment: ...
+
+    def attach(self, instance: str, raw_requests: Any) -> Attachment: ...
 
     def adopt(self, uuid: str) -> MdevRecord: ...
 

@@ -205,6 +205,18 @@ class ApiClient:
         query = "?remove=true" if remove else ""
         return self.call("DELETE", f"/v1/instances/{quote(instance)}/allocation{query}")
 
+    def attachment(self, instance: str) -> dict[str, Any]:
+        return self.call("GET", f"/v1/instances/{quote(instance)}/attachments")
+
+    def attach(self, instance: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.call(
+            "POST", f"/v1/instances/{quote(instance)}/attachments", {"requests": requests}
+        )
+
+    def detach(self, instance: str, remove: bool = False) -> dict[str, Any]:
+        query = "?remove=true" if remove else ""
+        return self.call("DELETE", f"/v1/instances/{quote(instance)}/attachments{query}")
+
     def domain_xml(self, instance: str) -> str:
         return self.call("GET", f"/v1/instances/{quote(instance)}/domain-xml")
 

@@ -31,6 +31,8 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.NonInjectiveMapping: 400,
     exception.InvalidMigrationRequest: 400,
     exception.MigrationPostCopyRefused: 400,
+    exception.UnknownVfPool: 400,
+    exception.VfNotInPool: 400,
     # 404: it does not exist
     exception.ApiNotFound: 404,
     exception.MdevNotFound: 404,
@@ -55,6 +57,10 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.MigrationTypesUnsupported: 409,
     exception.MigrationNotPossible: 409,
     exception.TakeoverRefused: 409,
+    exception.NoFreeVf: 409,
+    exception.VfSettingRefused: 409,
+    exception.VfSettingNotApplied: 409,
+    exception.PfNetdevNotFound: 409,
     # 503: cannot answer now, retry later
     exception.LedgerError: 503,
     exception.SysfsRootNotFound: 503,

@@ -48,15 +48,40 @@ def put_allocation(req: Request) -> Response:
     return Response.json(allocation.to_dict())
 
 
-def delete_allocation(req: Request) -> Response:
-    instance = req.params["instance"]
+def _remove_flag(req: Request) -> bool:
+    """``remove`` from the query or the body (the same value if both)."""
     from_query = req.query.get("remove")
     from_body = (req.body or {}).get("remove")
     if from_query is not None and from_body is not None and from_query != from_body:
         raise exception.ApiRequestInvalid(
             reason="remove given in the query and in the body with different values"
         )
-    remove = bool(from_query if from_query is not None else from_body)
+    return bool(from_query if from_query is not None else from_body)
+
+
+def delete_allocation(req: Request) -> Response:
+    instance = req.params["instance"]
+    remove = _remove_flag(req)
+    released = req.backend.release(instance, remove)
+    return Response.json({"instance": instance, "released": released, "removed": remove})
+
+
+# Attach (os-acc, DESIGN.md §11): every accelerator of an instance in one call.
+
+
+def get_attachments(req: Request) -> Response:
+    return Response.json(req.backend.attachment(req.params["instance"]).to_dict())
+
+
+def post_attachments(req: Request) -> Response:
+    body = req.body
+    requests = body["requests"] if isinstance(body, dict) else body
+    return Response.json(req.backend.attach(req.params["instance"], requests).to_dict())
+
+
+def delete_attachments(req: Request) -> Response:
+    instance = req.params["instance"]
+    remove = bool(req.query.get("remove", False))
     released = req.backend.release(instance, remove)
     return Response.json({"instance": instance, "released": released, "removed": remove})
 
@@ -159,6 +184,9 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", f"{INSTANCE}/allocation", put_allocation),
     Route("DELETE", f"{INSTANCE}/allocation", delete_allocation),
     Route("GET", f"{INSTANCE}/domain-xml", domain_xml),
+    Route("GET", f"{INSTANCE}/attachments", get_attachments),
+    Route("POST", f"{INSTANCE}/attachments", post_attachments),
+    Route("DELETE", f"{INSTANCE}/attachments", delete_attachments),
     Route("POST", "/v1/mdevs/{uuid}/adopt", adopt),
     Route("POST", "/v1/recover", recover),
     Route("POST", "/v1/takeover/libvirt", takeover),

@@ -15,9 +15,11 @@ A backend imports the sysfs reader and the privileged writer (through the
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from accel_agent import exception
 from accel_agent.sysfs.model import HostSnapshot, Parent
 
 if TYPE_CHECKING:
@@ -33,6 +35,9 @@ class DeviceRef:
     parent: str
     device_type: str
     backend: str
+    # What the device was made with for its instance (a VF's network
+    # settings); None for a device that has none.
+    settings: Mapping[str, Any] | None = None
 
 
 class Discoverer(Protocol):
@@ -85,6 +90,52 @@ class DeviceBackend(abc.ABC):
 
     #: True when a parent holds at most one device, whose UUID it fixes.
     device_uuid_is_fixed: ClassVar[bool] = False
+
+    #: True for a backend whose parents come from configured pools, not from
+    #: the host scan (SR-IOV VF pools): it says itself which devices exist
+    #: (:meth:`outside_devices`) and which parent a request gets (:meth:`pick`).
+    outside_snapshot: ClassVar[bool] = False
+
+    #: True when a released device is always unmade, never kept free for
+    #: reuse (a VF carries its tenant's network settings).
+    unmade_on_release: ClassVar[bool] = False
+
+    def device_uuid_of(self, parent: str) -> str:
+        """The UUID of the one device parent ``parent`` holds (a fixed-UUID
+        backend whose parents are not in the snapshot)."""
+        raise NotImplementedError(f"backend {self.name} has no parent-fixed device UUIDs")
+
+    def make(
+        self,
+        writer: DeviceWriter,
+        parent: str,
+        device_type: str,
+        uuid: str,
+        settings: Mapping[str, Any] | None,
+    ) -> None:
+        """Make (or re-make) a device with its per-instance ``settings``; a
+        backend whose devices have none just creates it."""
+        self.create(writer, parent, device_type, uuid)
+
+    def pick(self, pool: str, where: str | None, exclude: Collection[str]) -> str:
+        """A free parent of ``pool`` (of physical device ``where`` when given),
+        none of ``exclude`` (an ``outside_snapshot`` backend)."""
+        raise exception.UnknownVfPool(pool=pool, enabled="none")
+
+    def outside_devices(self) -> Mapping[str, tuple[str, bool]]:
+        """Every parent of an ``outside_snapshot`` backend now:
+        {parent: (its pool, whether it holds a device)}."""
+        return {}
+
+    def prepare_host(self) -> None:
+        """What the host needs before devices are made or re-made (recovery
+        runs it first): enabling a pool's VFs.  Nothing by default."""
+        return None
+
+    def handle(self, device: DeviceRef) -> dict[str, Any]:
+        """What an attach handle says of ``device`` beyond its UUID, parent,
+        type, address and XML."""
+        return {}
 
     @abc.abstractmethod
     def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:

@@ -12,13 +12,20 @@ per instance: they are not part of the device's identity.
 The pools are not in the mdev snapshot (no discoverer): their inventory is
 one provider per PF of a configured pool, which ``vfpool.VfPools.inventory``
 builds, and the mdev policy, which walks mdev types, has nothing to say
-about them.
+about them.  The backend is built with the host's pool service
+(``vfpool.VfPools``, ``wiring.build_manager``): it picks free VFs, says
+which VFs exist and which are handed over (for recovery), and makes and
+unmakes a device through the pool service, which sets a VF's network settings
+before the hand-over and resets them on the way back.  Without pools (a
+listing, a host with none configured) it can still give a recorded VF back
+to its driver.
 """
 
 from __future__ import annotations
 
 import uuid as uuid_mod
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
@@ -26,6 +33,7 @@ from accel_agent.sysfs.model import Parent
 
 if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import DeviceDescription
+    from accel_agent.sriov.vfpool import VfPools
 
 BACKEND = "sriov_vf"
 # A fixed namespace: device UUIDs must be the same in every process and release.
@@ -40,9 +48,54 @@ def device_uuid(vf: str) -> str:
 class SriovVfBackend(DeviceBackend):
     name = BACKEND
     device_uuid_is_fixed = True
+    outside_snapshot = True
+    unmade_on_release = True
+
+    def __init__(self, pools: VfPools | None = None) -> None:
+        self.pools = pools
 
     def new_device_uuid(self, parent: Parent) -> str:
         return device_uuid(parent.name)
+
+    def device_uuid_of(self, parent: str) -> str:
+        return device_uuid(parent)
+
+    def pick(self, pool: str, where: str | None, exclude: Collection[str]) -> str:
+        if self.pools is None:
+            raise exception.UnknownVfPool(pool=pool, enabled="none")
+        free = [
+            vf.address
+            for pf, vf in self.pools.free_vfs(pool, exclude=exclude)
+            if where is None or pf.address == where
+        ]
+        if not free:
+            raise exception.NoFreeVf(pool=pool, reason=self.pools.usage(pool))
+        return free[0]
+
+    def outside_devices(self) -> Mapping[str, tuple[str, bool]]:
+        if self.pools is None:
+            return {}
+        return self.pools.members()
+
+    def prepare_host(self) -> None:
+        if self.pools is not None:
+            self.pools.ensure_num_vfs()
+
+    def make(
+        self,
+        writer: DeviceWriter,
+        parent: str,
+        device_type: str,
+        uuid: str,
+        settings: Mapping[str, Any] | None,
+    ) -> None:
+        if self.pools is None:
+            self.create(writer, parent, device_type, uuid)
+            return
+        if uuid != device_uuid(parent):
+            raise exception.LedgerError(reason=f"device {uuid} is not the UUID of VF {parent}")
+        # Settings first, then the hand-over (vfpool's docstring says why).
+        self.pools.prepare(device_type, settings or {}, vf=parent)
 
     def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
         """Hand VF ``parent`` to vfio-pci; ``device_type`` is its pool's name."""
@@ -51,8 +104,31 @@ class SriovVfBackend(DeviceBackend):
         writer.bind_vfio(parent)
 
     def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
-        # VfInUse (an MdevInUse) when its group is held: nothing done.
-        writer.unbind_vfio(device.parent)
+        # VfInUse (an MdevInUse) when its group is held: nothing done.  Through
+        # the pool service when there is one: the settings are reset too, and
+        # whatever step a prepare reached is undone (idempotent).
+        if self.pools is not None:
+            try:
+                self.pools.unprepare(device.parent)
+                return
+            except exception.VfNotInPool:
+                pass  # its pool left the config: still given back below
+        try:
+            writer.unbind_vfio(device.parent)
+        except exception.PciDeviceNotFound:
+            raise exception.MdevNotFound(uuid=device.uuid) from None  # the VF is gone
+
+    def handle(self, device: DeviceRef) -> dict[str, Any]:
+        return {"pool": device.device_type, "settings": dict(device.settings or {})}
+
+    def guest_xml(self, device: DeviceRef) -> str:
+        if device.settings:
+            # A network VF with settings as <interface type='hostdev'>: libvirt
+            # programs the same MAC and VLAN when the domain starts.
+            from accel_agent.sriov.vfpool import interface_xml
+
+            return interface_xml(device.parent, device.settings)
+        return super().guest_xml(device)
 
     def pci_address(self, device: DeviceRef) -> str | None:
         return device.parent

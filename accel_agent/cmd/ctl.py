@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import logging
 import os
 import sys
@@ -205,6 +206,90 @@ def cmd_allocate(args: argparse.Namespace) -> int:
         manager = wiring.build_manager(conf)
         allocation = manager.allocate(args.instance, args.count, args.parent, args.type).to_dict()
     _print_allocation(args, allocation)
+    return EXIT_OK
+
+
+def _vf_request(text: str) -> dict[str, Any]:
+    """``--vf POOL[,KEY=VALUE...]``: a VF request; integers and on/off/true/false
+    as JSON would give them (the agent checks each field)."""
+    pool, _, rest = text.partition(",")
+    request: dict[str, Any] = {"pool": pool}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=VALUE")
+        lowered = value.lower()
+        if lowered in ("on", "true", "yes"):
+            request[key] = True
+        elif lowered in ("off", "false", "no"):
+            request[key] = False
+        elif value.isdigit():
+            request[key] = int(value)
+        else:
+            request[key] = value
+    return request
+
+
+def _vgpu_request(text: str) -> dict[str, Any]:
+    """``--vgpu CLASS[:COUNT]`` (CUSTOM_* and VGPU are resource classes, anything
+    else an mdev type)."""
+    name, _, count = text.partition(":")
+    if count and not count.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: COUNT must be a number")
+    key = "resource_class" if name == "VGPU" or name.startswith("CUSTOM_") else "mdev_type"
+    return {key: name, "count": int(count) if count else 1}
+
+
+def _json_request(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+def _print_attachment(args: argparse.Namespace, attachment: dict[str, Any]) -> None:
+    if args.json:
+        output.emit_json(attachment)
+        return
+    output.table(
+        ("request", "backend", "uuid", "parent", "type", "address"),
+        [
+            (h["request"], h["backend"], h["uuid"], h["parent"], h["type"], h["address"] or "-")
+            for h in attachment["attachments"]
+        ],
+    )
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    requests = list(args.request or [])
+    if not requests:
+        raise exception.InvalidAttachRequest(
+            field="requests", reason="give at least one --vgpu, --vf or --request"
+        )
+    conf = _load_for_writes(args)
+    answer = _via_api(args, conf.api.socket_path, lambda api: api.attach(args.instance, requests))
+    if answer is _OFFLINE:
+        parsed = wiring.attach_requests(conf, requests)
+        answer = wiring.build_manager(conf).attach(args.instance, parsed).to_dict()
+    _print_attachment(args, answer)
+    return EXIT_OK
+
+
+def cmd_detach(args: argparse.Namespace) -> int:
+    conf = _load_for_writes(args)
+    answer = _via_api(
+        args, conf.api.socket_path, lambda api: api.detach(args.instance, remove=args.remove)
+    )
+    if answer is _OFFLINE:
+        released = wiring.build_manager(conf).release(args.instance, remove=args.remove)
+    else:
+        released = answer["released"]
+    if args.json:
+        output.emit_json({"instance": args.instance, "released": released, "removed": args.remove})
+    elif released:
+        print(f"detached {len(released)} device(s) of {args.instance}: {', '.join(released)}")
+    else:
+        print(f"instance {args.instance} holds no device; nothing to do")
     return EXIT_OK
 
 
@@ -559,6 +644,51 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--remove", action="store_true", help="also remove the mdevs")
     release.add_argument("--json", action="store_true")
     release.set_defaults(func=cmd_release)
+
+    attach = subparsers.add_parser(
+        "attach",
+        help="give an instance all its accelerators in one call (vGPUs and VFs), all or nothing",
+        description="Prepare every device INSTANCE asks for: vGPUs (mdevs or vendor-VFIO "
+        "VFs) by resource class or type, SR-IOV VFs of a configured pool with their network "
+        "settings (set through rtnetlink before the VF is handed to vfio-pci). If any device "
+        "fails, every device this call prepared is undone before the error is printed; "
+        "nothing is checked half: a bad field names itself (requests[1].vlan) and nothing is "
+        "prepared. Asking again with the same requests prints the same handles. Each handle "
+        "carries its guest XML (--json).",
+        epilog="examples: accelctl attach vm1 --vgpu VGPU --vf "
+        "nic_a,mac=52:54:00:12:34:56,vlan=100 --json; "
+        "accelctl attach vm1 --request '{\"resource_class\": \"VGPU\", \"count\": 2}'",
+    )
+    attach.add_argument("instance", metavar="INSTANCE", help="instance id (e.g. its UUID)")
+    attach.add_argument(
+        "--vgpu", dest="request", action="append", type=_vgpu_request, metavar="CLASS[:N]",
+        help="N (default 1) vGPUs of resource class CLASS (VGPU, CUSTOM_*) or of mdev type CLASS",
+    )
+    attach.add_argument(
+        "--vf", dest="request", action="append", type=_vf_request, metavar="POOL[,K=V...]",
+        help="one VF of pool POOL; K=V: pf, mac, vlan, qos, spoofchk, trust, link_state, "
+        "max_tx_rate, min_tx_rate (e.g. nic_a,mac=52:54:00:12:34:56,vlan=100,trust=on)",
+    )
+    attach.add_argument(
+        "--request", dest="request", action="append", type=_json_request, metavar="JSON",
+        help="one device request as the API takes it (repeatable, in order with the others)",
+    )
+    attach.add_argument("--json", action="store_true", help="the handles with their XML")
+    attach.set_defaults(func=cmd_attach)
+
+    detach = subparsers.add_parser(
+        "detach",
+        help="unprepare every device of an instance (VFs reset and returned to their driver)",
+        description="Release every device of INSTANCE: SR-IOV VFs go back to their own "
+        "driver with their network settings reset; mdevs stay free for reuse unless "
+        "--remove. A VF whose VFIO group a VM still holds is kept with its settings (exit 1, "
+        "accelctl recover returns it once free). Detaching an instance that holds nothing "
+        "succeeds.",
+    )
+    detach.add_argument("instance", metavar="INSTANCE")
+    detach.add_argument("--remove", action="store_true", help="also remove the mdevs")
+    detach.add_argument("--json", action="store_true")
+    detach.set_defaults(func=cmd_detach)
 
     adopt = subparsers.add_parser(
         "adopt",

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import logging
 import os
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,10 @@ class MdevRecord:
     source_uuid: str | None = None
     # The backend that made it (accel_agent.backends): mdev, nvidia_vfio, ...
     backend: str = "mdev"
+    # What the device was prepared with for its instance (an SR-IOV VF's MAC,
+    # VLAN, ...): recovery prepares it again the same way, and the guest XML
+    # repeats it.  None for a device that has no such settings (an mdev).
+    settings: dict[str, Any] | None = None
 
     @property
     def assigned(self) -> bool:
@@ -184,14 +189,39 @@ def _migrate_v2_to_v3(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
+    # A device's per-instance settings (issue 15: an SR-IOV VF's network
+    # settings), as JSON: what recovery re-applies after a reboot.
+    conn.execute(
+        "ALTER TABLE mdevs ADD COLUMN settings TEXT "
+        "CHECK (settings IS NULL OR (length(settings) <= 4096 AND json_valid(settings)))"
+    )
+    # What an instance's attach call asked for and which device answers which
+    # request (DESIGN.md §11): written in the transaction that assigns the
+    # devices, dropped with them, so a repeated call is recognised after a
+    # restart and gets the same handles.
+    conn.execute(
+        """CREATE TABLE attach_requests (
+            owner TEXT PRIMARY KEY NOT NULL CHECK (length(owner) BETWEEN 1 AND 255),
+            document TEXT NOT NULL CHECK (length(document) <= 65536 AND json_valid(document)),
+            created_at REAL NOT NULL
+        )"""
+    )
+
+
 # MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
-MIGRATIONS: tuple[Migration, ...] = (_migrate_v0_to_v1, _migrate_v1_to_v2, _migrate_v2_to_v3)
+MIGRATIONS: tuple[Migration, ...] = (
+    _migrate_v0_to_v1,
+    _migrate_v1_to_v2,
+    _migrate_v2_to_v3,
+    _migrate_v3_to_v4,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SELECT = """
     SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind,
            a.claim_expires_at, m.intent_id, m.adopted, m.created_at, m.updated_at,
-           a.source_uuid, m.backend
+           a.source_uuid, m.backend, m.settings
     FROM mdevs m LEFT JOIN assignments a ON a.uuid = m.uuid
 """
 _ORDER = " ORDER BY m.created_at, m.uuid"
@@ -486,6 +516,7 @@ class Ledger:
             updated_at=row[10],
             source_uuid=row[11],
             backend=row[12],
+            settings=json.loads(row[13]) if row[13] is not None else None,
         )
 
     def _select(self, where: str = "", params: Sequence[Any] = ()) -> list[MdevRecord]:
@@ -589,10 +620,13 @@ class Ledger:
         *,
         intent_id: int | None = None,
         backend: str = "mdev",
+        settings: Mapping[str, Any] | None = None,
     ) -> MdevRecord:
-        """Before the sysfs create write: a ``creating`` row."""
+        """Before the sysfs create write: a ``creating`` row (with the
+        device's per-instance ``settings``, when it has any)."""
         return self._insert(uuid, parent, mdev_type, MdevState.CREATING, False, intent_id,
-                            action="record a create intent for", backend=backend)
+                            action="record a create intent for", backend=backend,
+                            settings=settings)
 
     def adopt(self, uuid: str, parent: str, mdev_type: str, backend: str = "mdev") -> MdevRecord:
         """Take ownership of an existing (foreign) mdev: it may then be reused or removed."""
@@ -610,8 +644,10 @@ class Ledger:
         *,
         action: str,
         backend: str = "mdev",
+        settings: Mapping[str, Any] | None = None,
     ) -> MdevRecord:
         _validate_uuid(uuid)
+        encoded = None if settings is None else json.dumps(dict(settings), sort_keys=True)
         _validate_name("parent", parent)
         _validate_name("mdev type", mdev_type)
         _validate_name("backend", backend)
@@ -625,9 +661,9 @@ class Ledger:
             now = self._clock()
             self._execute(
                 "INSERT INTO mdevs (uuid, parent, mdev_type, state, intent_id, adopted, "
-                "created_at, updated_at, backend) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "created_at, updated_at, backend, settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (uuid, parent, mdev_type, state.value, intent_id, int(adopted), now, now,
-                 backend),
+                 backend, encoded),
             )
             return self._require(uuid)
 
@@ -723,9 +759,29 @@ class Ledger:
             return self._require(uuid)
 
     def release_owner(self, owner: str, owner_kind: OwnerKind | None = None) -> list[MdevRecord]:
-        """Release everything ``owner`` holds; returns the released rows."""
+        """Release everything ``owner`` holds; returns the released rows.  An
+        instance's attach request goes with its devices."""
         with self.transaction():
+            if owner_kind is not OwnerKind.CLAIM:
+                self._execute("DELETE FROM attach_requests WHERE owner = ?", (owner,))
             return [self.release(r.uuid) for r in self.by_owner(owner, owner_kind)]
+
+    # --- attach requests (DESIGN.md §11) ---------------------------------------------
+
+    def record_attach_request(self, owner: str, document: Mapping[str, Any]) -> None:
+        """What ``owner``'s attach call asked for (see the v4 migration)."""
+        validate_instance_id(owner)
+        with self.transaction():
+            self._execute(
+                "INSERT OR REPLACE INTO attach_requests (owner, document, created_at) "
+                "VALUES (?, ?, ?)",
+                (owner, json.dumps(dict(document), sort_keys=True), self._clock()),
+            )
+
+    def attach_request(self, owner: str) -> dict[str, Any] | None:
+        with self._lock:
+            rows = self._rows("SELECT document FROM attach_requests WHERE owner = ?", (owner,))
+        return json.loads(rows[0][0]) if rows else None
 
     def commit_claim(self, owner: str) -> list[MdevRecord]:
         """A migration claim becomes the instance's allocation (no expiry)."""

@@ -25,7 +25,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
 from accel_agent.backends.host import HostRescanner
 from accel_agent.mdev import inventory as inventory_mod
+from accel_agent.mdev import requests as requests_mod
 from accel_agent.mdev.domains import DomainReferences, NoDomains
 from accel_agent.mdev.ledger import (
     IntentKind,
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger(__name__)
 
-MAX_COUNT = 64
+MAX_COUNT = requests_mod.MAX_COUNT
 LOCK_NAME = "accel-agent-mdevs"
 
 
@@ -264,13 +266,51 @@ def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
 
 
 def _device_ref(record: MdevRecord) -> DeviceRef:
-    return DeviceRef(record.uuid, record.parent, record.mdev_type, record.backend)
+    return DeviceRef(
+        record.uuid, record.parent, record.mdev_type, record.backend, record.settings
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class _Slot:
     parent: str
     reuse: str | None  # uuid of a free owned mdev, or None: create one
+    # A pool VF (not in the snapshot): its backend and network settings.
+    backend: str | None = None
+    settings: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Devices:
+    """What exists now, for recovery: the snapshot's mdevs and parents, and
+    the parents of each backend outside the snapshot (pool VFs),
+    {backend: {parent: (pool, holds a device)}}."""
+
+    snapshot: HostSnapshot
+    outside: Mapping[str, Mapping[str, tuple[str, bool]]]
+
+    def exists(self, record: MdevRecord) -> bool:
+        if record.backend in self.outside:
+            found = self.outside[record.backend].get(record.parent)
+            return bool(found and found[1])
+        return record.uuid in self.snapshot.mdevs
+
+    def has_parent(self, record: MdevRecord) -> bool:
+        if record.backend in self.outside:
+            return record.parent in self.outside[record.backend]
+        return record.parent in self.snapshot.parents
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """An instance's attach handles (DESIGN.md §11): one per device, in the
+    order of the requests that asked for them, each with its guest XML."""
+
+    instance: str
+    handles: tuple[dict[str, Any], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instance": self.instance, "attachments": [dict(h) for h in self.handles]}
 
 
 class MdevManager:
@@ -466,23 +506,127 @@ class MdevManager:
                 for r in self.ledger.by_owner(owner, OwnerKind.CLAIM)
             }
 
+    # --- attach (DESIGN.md §11) -------------------------------------------------------
+
+    def attach(
+        self, instance: str, requests: Sequence[requests_mod.AttachRequest]
+    ) -> Attachment:
+        """Prepare every device ``requests`` (checked by ``attach_requests``) ask
+        for, all or nothing, as one operation of the ledger: one intent with
+        every reservation and create intent (a pool VF's with its settings),
+        the devices made, then one transaction that assigns them all and
+        records the request.  A failure undoes what this call made before it
+        raises; a crash leaves an intent that ``recover`` undoes.
+
+        Idempotent: the same requests again get the same handles; different
+        ones while the instance holds devices are refused."""
+        validate_instance_id(instance)
+        wanted = requests_mod.document(requests)
+        with self._locked():
+            held = self.ledger.by_owner(instance, OwnerKind.INSTANCE)
+            if held:
+                recorded = self.ledger.attach_request(instance)
+                if recorded is not None and recorded["requests"] == wanted:
+                    return self._attachment(instance, recorded)
+                raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
+            snapshot = self.scan()
+            items, request_of = self._plan_attach(snapshot, requests)
+
+            def record(uuids: list[str]) -> None:
+                devices = [[uuid, index] for uuid, index in zip(uuids, request_of, strict=True)]
+                self.ledger.record_attach_request(
+                    instance, {"requests": wanted, "devices": devices}
+                )
+
+            self._execute(snapshot, instance, items, on_settle=record)
+            document = self.ledger.attach_request(instance)
+            assert document is not None
+            return self._attachment(instance, document)
+
+    def attachment(self, instance: str) -> Attachment:
+        """The instance's attach handles; an instance that holds devices from
+        ``allocate`` gets one handle per device, request index 0."""
+        validate_instance_id(instance)
+        document = self.ledger.attach_request(instance) or {
+            "devices": [[r.uuid, 0] for r in self.ledger.by_owner(instance, OwnerKind.INSTANCE)]
+        }
+        return self._attachment(instance, document)
+
+    def _plan_attach(
+        self, snapshot: HostSnapshot, requests: Sequence[requests_mod.AttachRequest]
+    ) -> tuple[list[tuple[_Slot, str, str | None]], list[int]]:
+        """Every request's slots, each request planned around the ones before it."""
+        items: list[tuple[_Slot, str, str | None]] = []
+        request_of: list[int] = []
+        planned: Counter[str] = Counter()
+        # A pool's parents the ledger records, whatever their state, are taken.
+        taken = {r.parent for r in self.ledger.all() if self._backend(r.backend).outside_snapshot}
+        for index, request in enumerate(requests):
+            if isinstance(request, requests_mod.DeviceRequest):
+                mdev_type, slots = self._plan(
+                    snapshot, request.count, request.parent, request.mdev_type,
+                    request.resource_class, planned,
+                )
+                for slot in slots:
+                    planned[slot.reuse or slot.parent] += 1
+                items += [(slot, mdev_type, None) for slot in slots]
+                request_of += [index] * len(slots)
+                continue
+            parent = self._backend(request.backend).pick(request.pool, request.where, taken)
+            taken.add(parent)
+            slot = _Slot(parent, None, backend=request.backend, settings=request.settings)
+            items.append((slot, request.pool, None))
+            request_of.append(index)
+        return items, request_of
+
+    def _attachment(self, instance: str, document: Mapping[str, Any]) -> Attachment:
+        handles = []
+        for uuid, index in document["devices"]:
+            record = self.ledger.get(uuid)
+            if record is None or record.owner != instance:
+                continue  # a device recovery could not bring back (reported there)
+            handles.append(self._handle(record, index))
+        return Attachment(instance, tuple(handles))
+
+    def _handle(self, record: MdevRecord, index: int) -> dict[str, Any]:
+        """One attach handle: the device, and what its guest is given."""
+        backend = self._backend(record.backend)
+        ref = _device_ref(record)
+        return {
+            "request": index,
+            "backend": record.backend,
+            "uuid": record.uuid,
+            "parent": record.parent,
+            "type": record.mdev_type,
+            "address": backend.pci_address(ref),
+            **backend.handle(ref),
+            "xml": backend.guest_xml(ref),
+        }
+
     def _plan(
         self,
         snapshot: HostSnapshot,
         count: int,
         wanted_parent: str | None,
         wanted_type: str | None,
+        wanted_class: str | None = None,
+        planned: Counter[str] | None = None,
     ) -> tuple[str, list[_Slot]]:
+        """Where ``count`` devices go.  ``planned``: what earlier requests of
+        the same call took (reused UUIDs, creates per parent), left alone."""
+        planned = planned if planned is not None else Counter()
         inventory = self.inventory(snapshot)
         free_by_parent: dict[str, list[str]] = {}
         recorded: set[str] = set()
         for record in self.ledger.all():
             recorded.add(record.uuid)
-            if record.free and record.uuid in snapshot.mdevs:
+            if record.free and record.uuid in snapshot.mdevs and not planned[record.uuid]:
                 free_by_parent.setdefault(record.parent, []).append(record.uuid)
         candidates = []
         for provider in inventory.providers:
             if wanted_type and provider.mdev_type != wanted_type:
+                continue
+            if wanted_class and provider.resource_class != wanted_class:
                 continue
             members = list(provider.parent_devices)
             if wanted_parent:
@@ -493,7 +637,8 @@ class MdevManager:
             candidates.append((provider, members))
         if not candidates:
             raise exception.InsufficientCapacity(
-                mdev_type=wanted_type or "any configured type",
+                mdev_type=wanted_type
+                or (f"any type of class {wanted_class}" if wanted_class else "any configured type"),
                 parents=wanted_parent or "any configured parent",
                 reason="no configured parent offers it",
             )
@@ -506,7 +651,7 @@ class MdevManager:
             )
             per_provider = [
                 self._provider_slots(
-                    snapshot, provider, members, mdev_type, free_by_parent, recorded
+                    snapshot, provider, members, mdev_type, free_by_parent, recorded, planned
                 )
                 for provider, members in ranked
             ]
@@ -537,14 +682,17 @@ class MdevManager:
         mdev_type: str,
         free_by_parent: dict[str, list[str]],
         recorded: set[str],
+        planned: Counter[str],
     ) -> list[_Slot]:
         slots = [_Slot(p, u) for p in members for u in sorted(free_by_parent.get(p, []))]
-        existing = sum(len(snapshot.mdevs_on(p, mdev_type)) for p in provider.parent_devices)
+        existing = sum(
+            len(snapshot.mdevs_on(p, mdev_type)) + planned[p] for p in provider.parent_devices
+        )
         # ``total`` already holds the per-GPU caps (max_instances, VF budget).
         creatable = provider.total - existing
         for parent_name in members:
             parent = snapshot.parents[parent_name]
-            offered = parent.types[mdev_type].available_instances
+            offered = parent.types[mdev_type].available_instances - planned[parent_name]
             backend = self._backend(parent.backend)
             if backend.device_uuid_is_fixed and backend.new_device_uuid(parent) in recorded:
                 # Its one device is recorded but missing (a VF untyped behind
@@ -562,9 +710,11 @@ class MdevManager:
         items: list[tuple[_Slot, str, str | None]],
         owner_kind: OwnerKind = OwnerKind.INSTANCE,
         expires_at: float | None = None,
-    ) -> None:
+        on_settle: Callable[[list[str]], None] | None = None,
+    ) -> list[str]:
         """Reserve or create every slot, then assign them all, or undo what
-        this call did.
+        this call did.  Returns the devices' UUIDs in the items' order;
+        ``on_settle`` is told them inside the transaction that assigns them.
 
         Two ledger commits whatever the count, one fsync: the intent with
         every reservation and create intent before the first sysfs write,
@@ -574,15 +724,18 @@ class MdevManager:
         """
         kind = IntentKind.CLAIM if owner_kind is OwnerKind.CLAIM else IntentKind.ALLOCATE
         chosen: list[tuple[str, str | None]] = []
-        to_create: list[tuple[str, str, str, DeviceBackend]] = []
+        to_create: list[tuple[str, str, str, DeviceBackend, Mapping[str, Any] | None]] = []
         if all(slot.reuse for slot, _, _ in items):
+            reused = [slot.reuse for slot, _, _ in items]
             with self.ledger.transaction():
                 for slot, _type, source in items:
                     assert slot.reuse is not None
                     self._assign(slot.reuse, owner, owner_kind, expires_at, None, source)
+                if on_settle is not None:
+                    on_settle(reused)  # type: ignore[arg-type]
             self._step("allocate.assigned")
-            self._log_assigned(owner, owner_kind, [slot.reuse for slot, _, _ in items])
-            return
+            self._log_assigned(owner, owner_kind, reused)  # type: ignore[arg-type]
+            return reused  # type: ignore[return-value]
         # The intent needs no fsync: the settlement's below covers it (Ledger.transaction).
         with self.ledger.transaction(durable=False):
             intent = self.ledger.begin_intent(kind, owner)
@@ -591,19 +744,25 @@ class MdevManager:
                     self.ledger.reserve(slot.reuse, intent)
                     chosen.append((slot.reuse, source))
                     continue
-                parent = snapshot.parents[slot.parent]
-                backend = self._backend(parent.backend)
-                new = backend.new_device_uuid(parent)
+                if slot.backend is not None:
+                    # A pool's parent: its backend fixes the device's UUID.
+                    backend = self._backend(slot.backend)
+                    new = backend.device_uuid_of(slot.parent)
+                else:
+                    parent = snapshot.parents[slot.parent]
+                    backend = self._backend(parent.backend)
+                    new = backend.new_device_uuid(parent)
                 self.ledger.record_create_intent(
-                    new, slot.parent, mdev_type, intent_id=intent, backend=backend.name
+                    new, slot.parent, mdev_type, intent_id=intent, backend=backend.name,
+                    settings=slot.settings,
                 )
-                to_create.append((new, slot.parent, mdev_type, backend))
+                to_create.append((new, slot.parent, mdev_type, backend, slot.settings))
                 chosen.append((new, source))
         self._step("allocate.intent")
         created: list[str] = []
         try:
-            for new, parent_name, mdev_type, backend in to_create:
-                backend.create(self.writer, parent_name, mdev_type, new)
+            for new, parent_name, mdev_type, backend, settings in to_create:
+                backend.make(self.writer, parent_name, mdev_type, new, settings)
                 created.append(new)
                 self._step("allocate.created")
             with self.ledger.transaction():
@@ -611,12 +770,15 @@ class MdevManager:
                     self.ledger.settle_created(new)
                 for uuid, source in chosen:
                     self._assign(uuid, owner, owner_kind, expires_at, intent, source)
+                if on_settle is not None:
+                    on_settle([uuid for uuid, _ in chosen])
                 self.ledger.finish_intent(intent)
             self._step("allocate.assigned")
         except BaseException:
             self._roll_back(intent, created)
             raise
         self._log_assigned(owner, owner_kind, [uuid for uuid, _ in chosen])
+        return [uuid for uuid, _ in chosen]
 
     def _assign(
         self,
@@ -652,6 +814,10 @@ class MdevManager:
             if record.intent_id != intent:
                 continue
             if record.state is MdevState.CREATING and record.uuid not in created:
+                if self._backend(record.backend).outside_snapshot:
+                    # Its make failed part-way (a VF's settings set, the
+                    # hand-over refused): undo whatever step it reached.
+                    self._unmake_quietly(record.uuid)
                 self.ledger.forget(record.uuid)  # the create write never succeeded
         for uuid in created:
             try:
@@ -681,6 +847,13 @@ class MdevManager:
         if record is None:
             raise exception.MdevNotFound(uuid=uuid)
         self._backend(record.backend).destroy(self.writer, _device_ref(record), self.remove_timeout)
+
+    def _unmake_quietly(self, uuid: str) -> None:
+        try:
+            with contextlib.suppress(exception.MdevNotFound):
+                self._destroy(uuid)
+        except exception.AccelAgentException as exc:
+            LOG.error("device %s: undoing a failed make failed: %s", uuid, exc)
 
     def _remove_owned(self, uuid: str) -> bool:
         """Remove one owned, unassigned mdev (rollback and recovery paths).
@@ -720,13 +893,18 @@ class MdevManager:
             if not records:
                 return []
             kept: list[str] = []
-            removable: list[str] = []
+            # A pool VF always goes back to its driver, its settings reset: it
+            # is never kept as a free device (its MAC belonged to a tenant).
+            unmade = {r.uuid for r in records if self._backend(r.backend).unmade_on_release}
+            removable = [r.uuid for r in records if r.uuid in unmade]
             if remove:
                 referenced = self.domains.referenced_uuids()
                 if referenced is None:
                     LOG.warning("cannot ask libvirt which mdevs domains use; removing anyway")
                     referenced = set()
                 for record in records:
+                    if record.uuid in unmade:
+                        continue
                     if record.uuid in referenced:
                         LOG.warning(
                             "not removing mdev %s: a libvirt domain still references it",
@@ -762,7 +940,7 @@ class MdevManager:
                 instance,
                 " (removed)" if remove else "",
             )
-            if remove and kept:
+            if kept and (remove or unmade & set(kept)):
                 raise exception.MdevInUse(
                     uuid=", ".join(kept),
                     reason="released but not removed: a domain or a VM still holds it",
@@ -996,11 +1174,17 @@ class MdevManager:
         if full_check:
             self.ledger.verify(full=True)
         with self._locked():
+            self._prepare_hosts()
             snapshot = self.scan()
-            self._check_recreatable(snapshot)
-            self._settle_interrupted(snapshot, report)
+            devices = _Devices(
+                snapshot,
+                {n: b.outside_devices() for n, b in self.backends.items() if b.outside_snapshot},
+            )
+            self._check_recreatable(devices)
+            self._settle_interrupted(devices, report)
             report.released_claims += self._release_expired_claims()
-            self._recreate_missing(snapshot, report)
+            self._return_free_vfs(report)
+            self._recreate_missing(devices, report)
             owned = {r.uuid for r in self.ledger.all()}
             # What this recovery removed is in the snapshot it started from,
             # and recorded nowhere now: gone, not foreign.
@@ -1038,17 +1222,31 @@ class MdevManager:
                 found.append(uuid)
         return found
 
-    def _check_recreatable(self, snapshot: HostSnapshot) -> None:
+    def _prepare_hosts(self) -> None:
+        """What each backend needs first (a pool's VFs enabled after a reboot)."""
+        for backend in self.backends.values():
+            try:
+                backend.prepare_host()
+            except exception.AccelAgentException as exc:
+                LOG.warning("backend %s cannot prepare the host: %s", backend.name, exc)
+
+    def _configured_type(self, record: MdevRecord, devices: _Devices) -> str | None:
+        if record.backend in devices.outside:
+            found = devices.outside[record.backend].get(record.parent)
+            return found[0] if found else None
+        return self.policy.type_for_name(record.parent, devices.snapshot.parents)
+
+    def _check_recreatable(self, devices: _Devices) -> None:
         errors: list[exception.AccelAgentException] = []
         for record in self.ledger.assigned():
-            if record.uuid in snapshot.mdevs or record.state is not MdevState.PRESENT:
+            if devices.exists(record) or record.state is not MdevState.PRESENT:
                 continue
-            if record.backend != "mdev" and record.parent not in snapshot.parents:
-                # A VF's configured type is its GPU's; with the VF gone (SR-IOV
-                # disabled) it cannot be told: it waits for its parent, and is
-                # checked when that comes back.
+            if record.backend != "mdev" and not devices.has_parent(record):
+                # A VF's configured type is its GPU's (its pool's); with the VF
+                # gone (SR-IOV disabled) it cannot be told: it waits for its
+                # parent, and is checked when that comes back.
                 continue
-            if self.policy.type_for_name(record.parent, snapshot.parents) != record.mdev_type:
+            if self._configured_type(record, devices) != record.mdev_type:
                 errors.append(
                     exception.RecoveryTypeNotConfigured(
                         uuid=record.uuid,
@@ -1060,9 +1258,18 @@ class MdevManager:
         if errors:
             raise exception.ConfigErrors(errors)
 
-    def _settle_interrupted(self, snapshot: HostSnapshot, report: RecoveryReport) -> None:
+    def _settle_interrupted(self, devices: _Devices, report: RecoveryReport) -> None:
         for record in self.ledger.unsettled():
-            exists = record.uuid in snapshot.mdevs
+            exists = devices.exists(record)
+            if self._backend(record.backend).unmade_on_release:
+                # A pool VF is never kept free: whatever step its prepare or
+                # unprepare reached (settings set, on vfio-pci or not), it goes
+                # back to its driver with its settings reset (idempotent).
+                if self._remove_owned(record.uuid):
+                    (report.removed if exists else report.forgotten).append(record.uuid)
+                else:
+                    report.kept_in_use.append(record.uuid)
+                continue
             if record.state is MdevState.CREATING:
                 if exists:
                     # The write happened, the process died before recording it:
@@ -1086,26 +1293,33 @@ class MdevManager:
             # still here never assigned anything: ending it frees its rows.
             self.ledger.finish_intent(intent.id)
 
-    def _recreate_missing(self, snapshot: HostSnapshot, report: RecoveryReport) -> None:
+    def _return_free_vfs(self, report: RecoveryReport) -> None:
+        """Pool VFs recorded free (a release that found one in use): back to
+        their driver now if nothing holds them any more."""
         for record in self.ledger.all():
-            if record.uuid in snapshot.mdevs or record.state is not MdevState.PRESENT:
+            if record.free and self._backend(record.backend).unmade_on_release:
+                if self._remove_owned(record.uuid):
+                    report.removed.append(record.uuid)
+                else:
+                    report.kept_in_use.append(record.uuid)
+
+    def _recreate_missing(self, devices: _Devices, report: RecoveryReport) -> None:
+        for record in self.ledger.all():
+            if devices.exists(record) or record.state is not MdevState.PRESENT:
                 continue
-            if record.parent not in snapshot.parents:
+            if not devices.has_parent(record):
                 LOG.warning("mdev %s waits for parent %s to come back", record.uuid, record.parent)
                 report.waiting_for_parent.append(record.uuid)
                 continue
-            if (
-                not record.assigned
-                and self.policy.type_for_name(record.parent, snapshot.parents)
-                != record.mdev_type
-            ):
+            if not record.assigned and self._configured_type(record, devices) != record.mdev_type:
                 # A free mdev of a type the config dropped: nobody needs it back.
                 self.ledger.forget(record.uuid)
                 report.forgotten.append(record.uuid)
                 continue
-            # Same UUID, same parent, same type, by the backend that made it.
-            self._backend(record.backend).create(
-                self.writer, record.parent, record.mdev_type, record.uuid
+            # Same UUID, same parent, same type (a VF: same settings), by the
+            # backend that made it.
+            self._backend(record.backend).make(
+                self.writer, record.parent, record.mdev_type, record.uuid, record.settings
             )
             report.recreated.append(record.uuid)
             LOG.info(

@@ -97,6 +97,27 @@ class LocalNet:
         return privileged_net.reset_local(pf_netdev, vf, pf)
 
 
+def interface_xml(vf: str, settings: Mapping[str, Any]) -> str:
+    """``<interface type='hostdev' managed='no'>`` for VF ``vf`` (canonical
+    address) prepared with ``settings``: the VF is on vfio-pci already, libvirt
+    must not rebind it."""
+    dom, bus, rest = vf.split(":")
+    slot, fn = rest.split(".")
+    lines = [
+        "<interface type='hostdev' managed='no'>",
+        f"  <source><address type='pci' domain='0x{dom}' bus='0x{bus}' slot='0x{slot}'"
+        f" function='0x{fn}'/></source>",
+    ]
+    mac = settings.get("mac")
+    if mac:
+        # re-validated: six hex pairs, nothing to escape
+        lines.append(f"  <mac address='{vfconfig.validate_mac(mac)}'/>")
+    if settings.get("vlan"):
+        lines.append(f"  <vlan><tag id='{int(settings['vlan'])}'/></vlan>")
+    lines.append("</interface>")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True, slots=True)
 class PreparedVf:
     """One VF handed to an instance: the attach handle's device half."""
@@ -111,22 +132,7 @@ class PreparedVf:
     state: Mapping[str, Any] = field(default_factory=dict)  # as read back
 
     def interface_xml(self) -> str:
-        """``<interface type='hostdev' managed='no'>`` for the guest: the VF is
-        on vfio-pci already, libvirt must not rebind it."""
-        dom, bus, rest = self.vf.split(":")
-        slot, fn = rest.split(".")
-        lines = [
-            "<interface type='hostdev' managed='no'>",
-            f"  <source><address type='pci' domain='0x{dom}' bus='0x{bus}' slot='0x{slot}'"
-            f" function='0x{fn}'/></source>",
-        ]
-        if self.settings.get("mac"):
-            # validated: six hex pairs, nothing to escape
-            lines.append(f"  <mac address='{self.settings['mac']}'/>")
-        if self.settings.get("vlan"):
-            lines.append(f"  <vlan><tag id='{int(self.settings['vlan'])}'/></vlan>")
-        lines.append("</interface>")
-        return "\n".join(lines)
+        return interface_xml(self.vf, self.settings)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -212,6 +218,19 @@ class VfPools:
                 )
         return sorted(providers, key=lambda p: p["name"])
 
+    def members(self) -> dict[str, tuple[str, bool]]:
+        """Every VF of a configured pool now: {address: (pool, on vfio-pci)}."""
+        found: dict[str, tuple[str, bool]] = {}
+        for pool in self.pools.values():
+            for pf in pool.device_addresses:
+                try:
+                    info = sriov_sysfs.read_pf(self.sysfs_root, pf)
+                except sriov_sysfs.NotAPf:
+                    continue
+                for vf in info.vfs:
+                    found[vf.address] = (pool.name, vf.handed_over)
+        return found
+
     def locate(self, vf: str) -> tuple[Pool, PfInfo, VfInfo]:
         """The pool, PF and VF of VF address ``vf`` (VfNotInPool otherwise)."""
         try:
@@ -285,7 +304,7 @@ class VfPools:
         done, NoFreeVf, PfNetdevNotFound, VfSettingRefused (rolled back) and
         friends from the netlink half, PciRebindFailed (settings reset)."""
         wanted = vfconfig.validate_settings(settings or {})
-        target = self.pool(pool)
+        self.pool(pool)  # UnknownVfPool before anything is done
         if vf is not None:
             where, pf_info, vf_info = self.locate(vf)
             if where.name != pool:
@@ -293,7 +312,7 @@ class VfPools:
         else:
             free = self.free_vfs(pool, exclude)
             if not free:
-                raise exception.NoFreeVf(pool=pool, reason=self._why_none(target))
+                raise exception.NoFreeVf(pool=pool, reason=self.usage(pool))
             pf_info, vf_info = free[0]
         state: dict[str, Any] = {}
         netdev = pf_info.netdev
@@ -355,9 +374,11 @@ class VfPools:
         except exception.AccelAgentException as err:
             LOG.error("PF %s VF %d: reset after a failed hand-over failed: %s", pf, index, err)
 
-    def _why_none(self, pool: Pool) -> str:
+    def usage(self, pool: str) -> str:
+        """Each PF of ``pool``: its VFs and how many are handed over (for the
+        NoFreeVf message)."""
         counts = []
-        for pf in pool.device_addresses:
+        for pf in self.pool(pool).device_addresses:
             try:
                 info = sriov_sysfs.read_pf(self.sysfs_root, pf)
             except sriov_sysfs.NotAPf as why:

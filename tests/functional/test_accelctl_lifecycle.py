@@ -122,3 +122,32 @@ def test_adopt_and_refusals(host):
     assert "--sysfs-root" in proc.stderr
     assert ctl(config, "allocate", "vm", rc=2).returncode == 2
     assert not os.path.exists("/tmp/class")
+
+
+def test_attach_and_detach_through_the_cli(host):
+    """accelctl attach/detach (issue 15): two kinds of vGPU request in one call,
+    the handles with their XML, the same answer again, a bad field named with
+    nothing made, detach giving everything back."""
+    config = host.config(CONF)
+    answer = json.loads(
+        ctl(config, "attach", "vm-1", "--vgpu", "VGPU:2", "--vgpu", "mtty-2", "--json").stdout
+    )
+    handles = answer["attachments"]
+    assert [h["request"] for h in handles] == [0, 0, 1]
+    assert [h["type"] for h in handles] == ["nvidia-35", "nvidia-35", "mtty-2"]
+    assert {h["uuid"]: (h["parent"], h["type"]) for h in handles} == sysfs_mdevs(host)
+    assert all(h["uuid"] in h["xml"] and h["address"] is None for h in handles)
+    again = ctl(config, "attach", "vm-1", "--request", '{"resource_class": "VGPU", "count": 2}',
+                "--request", '{"mdev_type": "mtty-2"}', "--json")
+    assert json.loads(again.stdout) == answer
+    table = ctl(config, "attach", "vm-1", "--vgpu", "VGPU:2", "--vgpu", "mtty-2").stdout
+    assert all(h["uuid"] in table for h in handles)
+    refused = ctl(config, "attach", "vm-2", "--vgpu", "mtty-2", "--vf", "nic_a,vlan=9000", rc=1)
+    assert "requests[1].pool" in refused.stderr, refused.stderr
+    assert len(sysfs_mdevs(host)) == 3
+    usage = ctl(config, "attach", "vm-2", "--vf", "nic_a,vlan", rc=2)
+    assert "KEY=VALUE" in usage.stderr
+    detached = json.loads(ctl(config, "detach", "vm-1", "--remove", "--json").stdout)
+    assert sorted(detached["released"]) == sorted(h["uuid"] for h in handles)
+    assert sysfs_mdevs(host) == {}
+    assert "holds no device" in ctl(config, "detach", "vm-1").stdout

@@ -107,7 +107,7 @@ def test_existing_state_dir_is_not_chmodded(tmp_path: Path) -> None:
 
 
 def test_new_ledger_has_current_schema(ledger: Ledger) -> None:
-    assert ledger.schema_version == SCHEMA_VERSION == 3
+    assert ledger.schema_version == SCHEMA_VERSION == 4
     tables = {
         r[0] for r in raw(ledger).execute("SELECT name FROM sqlite_master WHERE type='table'")
     }
@@ -332,7 +332,7 @@ def test_database_constraints_hold_against_raw_sql(ledger: Ledger, clock: Clock)
         conn.execute("DELETE FROM mdevs WHERE uuid = ?", (uid(1),))
     with pytest.raises(sqlite3.IntegrityError):  # UUIDs are lowercase: CHECK
         conn.execute(
-            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0, 'mdev')",
+            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0, 'mdev', NULL)",
             (uid(0xABC).upper(), PCI, NV),
         )
     conn.close()
@@ -627,6 +627,8 @@ def test_v1_ledger_is_migrated_to_the_current_schema_keeping_assignments(
         record = led.get(uid(1))
         assert record is not None and record.owner == "inst-a" and record.source_uuid is None
         assert record.backend == "mdev"  # v3: every row before it was an mdev
+        assert record.settings is None  # v4: an mdev has no per-instance settings
+        assert led.attach_request("inst-a") is None
         present(led, 2)
         led.assign(uid(2), "inst-b", owner_kind="claim", claim_expires_at=1e12, source_uuid=uid(9))
         assert led.get(uid(2)).source_uuid == uid(9)
@@ -638,3 +640,26 @@ def test_the_backend_of_a_row_is_kept(ledger: Ledger) -> None:
     assert [(r.uuid, r.backend) for r in ledger.all()] == [
         (uid(1), "nvidia_vfio"), (uid(2), "mdev")
     ]
+
+
+def test_settings_and_the_attach_request_are_kept_and_go_with_the_release(
+    ledger: Ledger,
+) -> None:
+    """Schema v4 (issue 15): a device's settings (a VF's MAC and VLAN) and the
+    instance's attach request, dropped with the instance's devices."""
+    ledger.record_create_intent(
+        uid(1), "0000:10:10.0", "nic_a", backend="sriov_vf",
+        settings={"vlan": 100, "mac": "52:54:00:00:00:01"},
+    )
+    ledger.settle_created(uid(1))
+    with ledger.transaction():
+        ledger.assign(uid(1), "inst-a")
+        ledger.record_attach_request("inst-a", {"requests": [{"pool": "nic_a"}]})
+    assert ledger.get(uid(1)).settings == {"mac": "52:54:00:00:00:01", "vlan": 100}
+    assert ledger.attach_request("inst-a") == {"requests": [{"pool": "nic_a"}]}
+    ledger.release_owner("inst-b")  # another instance: nothing of inst-a goes
+    assert ledger.attach_request("inst-a") is not None
+    ledger.release_owner("inst-a")
+    assert ledger.attach_request("inst-a") is None and ledger.get(uid(1)).owner is None
+    with pytest.raises(sqlite3.IntegrityError):  # settings are JSON: CHECK
+        ledger._conn.execute("UPDATE mdevs SET settings = 'not json' WHERE uuid = ?", (uid(1),))
