@@ -502,7 +502,9 @@ class AgentCore:
         # Ledger first: a row settled as present was created before it was
         # read, so only a concurrent remove can make it look missing, and
         # recover() re-checks under the manager's lock anyway.
-        records = self.manager.ledger.all()
+        # A pool's VFs are not in the snapshot: left out here (their backend
+        # and recovery account for them).
+        records = self.manager.scanned_records(self.manager.ledger.all())
         # The periodic rescan reads every counter and mdev again: the bound on
         # what no mdev change announces (accel_agent.sysfs.rescan).
         snapshot = self.manager.scan_full() if full else self.manager.scan()
@@ -510,7 +512,9 @@ class AgentCore:
         if recoverable:
             # Look twice: an mdev removed by a release between our two reads
             # looks missing once; a vanished one stays missing.
-            again, _ = self._missing(self.manager.ledger.all(), self.manager.scan())
+            again, _ = self._missing(
+                self.manager.scanned_records(self.manager.ledger.all()), self.manager.scan()
+            )
             gone = {r.uuid for r in again}
             recoverable = [r for r in recoverable if r.uuid in gone]
         if recoverable:
@@ -519,11 +523,11 @@ class AgentCore:
                 ", ".join(r.uuid for r in recoverable),
             )
             self._run_recover()
-            records = self.manager.ledger.all()
+            records = self.manager.scanned_records(self.manager.ledger.all())
             snapshot = self.manager.scan()
             recoverable, waiting = self._missing(records, snapshot)
         if self._release_expired_claims():
-            records = self.manager.ledger.all()
+            records = self.manager.scanned_records(self.manager.ledger.all())
         counts = count_mdevs(records, snapshot)
         recorded = {r.uuid for r in records}
         unrecorded = tuple(
@@ -647,6 +651,15 @@ class AgentCore:
             for group, name in RESTART_LATER
             if _opt(self.conf, group, name) != _opt(new_conf, group, name)
         ]
+        from accel_agent.sriov.pools import build_pools
+
+        # validate() above refused a bad pool config; a changed one needs the
+        # pool service rebuilt with its privileged writers: at the next start.
+        if build_pools(new_conf) != build_pools(self.conf):
+            notes.append(
+                "the VF pools ([devices] enabled_vf_pools, [vf_pool_*]) changed; "
+                "they apply at the next restart"
+            )
         try:
             policy = policy_mod.build_policy(new_conf)
         except exception.ConfigErrors as exc:
@@ -663,7 +676,8 @@ class AgentCore:
         # NOTE: the check and the switch happen under the manager's lock, so
         # that no allocation made with the old policy slips in between.
         with self.manager.locked():
-            orphans = orphaned(self.manager.ledger.assigned(), policy, self.manager.scan().parents)
+            assigned = self.manager.scanned_records(self.manager.ledger.assigned())
+            orphans = orphaned(assigned, policy, self.manager.scan().parents)
             if orphans:
                 raise exception.ReloadRefused(reason="; ".join(orphans))
             self.manager.set_policy(policy)

@@ -394,6 +394,15 @@ class MdevManager:
         with self._thread_lock:
             self.policy = policy
 
+    def scanned_records(self, records: Iterable[MdevRecord]) -> list[MdevRecord]:
+        """The records of devices the host scan sees: not a pool's VFs, which
+        their backend reports (they are never "missing" from the snapshot)."""
+        return [
+            r
+            for r in records
+            if not getattr(self.backends.get(r.backend), "outside_snapshot", False)
+        ]
+
     def free_uuids(self) -> frozenset[str]:
         return frozenset(r.uuid for r in self.ledger.all() if r.free)
 

@@ -301,13 +301,13 @@ def _api(env: Env):
     conf = make_conf(CONF + f"\n[DEFAULT]\nstate_dir = {env.host.state_dir}\n",
                      sysfs_root=env.host.root)
     core = AgentCore(conf, manager=env.manager)
-    return ApiApplication(core)
+    return ApiApplication(core), core
 
 
 def test_the_api_attaches_detaches_and_names_a_bad_field_with_400(env: Env) -> None:
     from tests.unit.test_api_app import call
 
-    app = _api(env)
+    app, core = _api(env)
     uri = "/v1/instances/vm-1/attachments"
     bad = [VGPU, {"pool": "nic_a", "mac": MAC0, "vlan": 5000}]
     status, _, body = call(app, "POST", uri, json.dumps(bad).encode())
@@ -326,6 +326,15 @@ def test_the_api_attaches_detaches_and_names_a_bad_field_with_400(env: Env) -> N
     assert [h["backend"] for h in body["attachments"]] == ["mdev", "sriov_vf"]
     assert call(app, "POST", uri, {"requests": good})[2] == body  # idempotent, either form
     assert call(app, "GET", uri)[2] == body
+    # the daemon's rescan does not take the VF (outside the mdev scan) for a
+    # missing mdev, and a reload of the same config is not refused for it
+    view = core.rescan()
+    assert (view.missing, view.waiting, view.error) == ((), (), None)
+    assert view.counts["assigned"] == 1  # the mdev; the VF is its backend's
+    same = CONF + f"\n[DEFAULT]\nstate_dir = {env.host.state_dir}\n"
+    assert core.reload(make_conf(same, sysfs_root=env.host.root)) == []
+    fewer = same.replace(f"{PF0}, {PF1}", PF0)
+    assert any("VF pools" in n for n in core.reload(make_conf(fewer, sysfs_root=env.host.root)))
     status, _, refused = call(app, "POST", uri, {"requests": good[:1]})
     assert (status, refused["error"]["code"]) == (409, "InstanceAlreadyAllocated")
     # the driver refuses a setting: 409, the message names it, nothing left
