@@ -285,10 +285,10 @@ class AgentCore:
         free = self.manager.free_uuids()
         return self._listing_body(
             "inventory",
-            (snapshot, policy, free),
+            (snapshot, policy, free, self.manager.outside_state()),
             lambda: views.inventory_document(
-                inventory_mod.compute_inventory(
-                    snapshot, policy, self.host, frozenset(u for u in free if u in snapshot.mdevs)
+                self.manager.reported_inventory(
+                    snapshot, frozenset(u for u in free if u in snapshot.mdevs)
                 )
             ),
         )
@@ -534,9 +534,7 @@ class AgentCore:
             sorted(u for u in self._unrecorded if u in snapshot.mdevs and u not in recorded)
         )
         free = {r.uuid for r in records if r.free and r.uuid in snapshot.mdevs}
-        inventory = inventory_mod.compute_inventory(
-            snapshot, self.manager.policy, self.host, free
-        )
+        inventory = self.manager.reported_inventory(snapshot, free)
         self.metrics.set_mdev_counts(counts)
         self.metrics.set_mdevs(mdev_infos(records, snapshot))
         self.metrics.set_providers(

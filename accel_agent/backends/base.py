@@ -24,6 +24,7 @@ from accel_agent.sysfs.model import HostSnapshot, Parent
 
 if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import DeviceDescription
+    from accel_agent.mdev.inventory import Provider
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,11 @@ class DeviceBackend(abc.ABC):
         """Every parent of an ``outside_snapshot`` backend now:
         {parent: (its pool, whether it holds a device)}."""
         return {}
+
+    def providers(self, host: str) -> list[Provider]:
+        """The resource providers of an ``outside_snapshot`` backend (one per
+        physical device of its pools), beside the GPUs' from the scan."""
+        return []
 
     def prepare_host(self) -> None:
         """What the host needs before devices are made or re-made (recovery

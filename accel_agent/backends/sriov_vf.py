@@ -33,6 +33,7 @@ from accel_agent.sysfs.model import Parent
 
 if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import DeviceDescription
+    from accel_agent.mdev.inventory import Provider
     from accel_agent.sriov.vfpool import VfPools
 
 BACKEND = "sriov_vf"
@@ -76,6 +77,31 @@ class SriovVfBackend(DeviceBackend):
         if self.pools is None:
             return {}
         return self.pools.members()
+
+    def providers(self, host: str) -> list[Provider]:
+        """One provider per PF with VFs, Nova's naming, the pool's resource
+        class and traits (plus the agent's owner trait)."""
+        if self.pools is None:
+            return []
+        from accel_agent.mdev.inventory import OWNER_TRAIT, Provider
+
+        return [
+            Provider(
+                name=p["name"],
+                parent_provider=host,
+                parent_device=p["pci_address"],
+                parent_devices=(p["pci_address"],),
+                pci_address=p["pci_address"],
+                physical_gpu=p["pci_address"],
+                numa_node=None,
+                mdev_type=p["pool"],
+                resource_class=p["resource_class"],
+                total=p["inventory"]["total"],
+                used=p["used"],
+                traits=tuple(sorted({*p["traits"], OWNER_TRAIT})),
+            )
+            for p in self.pools.inventory()
+        ]
 
     def prepare_host(self) -> None:
         if self.pools is not None:

@@ -21,6 +21,7 @@ them with sysfs; the tests kill a real process at every step to prove it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -410,6 +411,38 @@ class MdevManager:
         snapshot = snapshot or self.scan()
         return inventory_mod.compute_inventory(
             snapshot, self.policy, self.host, self._free_present(snapshot)
+        )
+
+    def reported_inventory(
+        self, snapshot: HostSnapshot, free: Iterable[str] | None = None
+    ) -> inventory_mod.Inventory:
+        """What the agent reports (``/v1/inventory``, Placement): the GPUs'
+        providers from the scan, and those of the backends outside it (one per
+        PF of a VF pool).  Allocation plans with :meth:`inventory` alone."""
+        base = inventory_mod.compute_inventory(
+            snapshot,
+            self.policy,
+            self.host,
+            self._free_present(snapshot) if free is None else free,
+        )
+        extra = [
+            p
+            for b in self.backends.values()
+            if b.outside_snapshot
+            for p in b.providers(self.host)
+        ]
+        if not extra:
+            return base
+        providers = tuple(sorted((*base.providers, *extra), key=lambda p: p.name))
+        return dataclasses.replace(base, providers=providers)
+
+    def outside_state(self) -> tuple[Any, ...]:
+        """The parents of the backends outside the scan and whether each holds
+        a device, as a value (a listing built from it is still right)."""
+        return tuple(
+            (name, tuple(sorted(b.outside_devices().items())))
+            for name, b in sorted(self.backends.items())
+            if b.outside_snapshot
         )
 
     def _free_present(self, snapshot: HostSnapshot) -> frozenset[str]:

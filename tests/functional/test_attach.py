@@ -347,3 +347,37 @@ def test_the_api_attaches_detaches_and_names_a_bad_field_with_400(env: Env) -> N
     assert status == 200 and len(body["released"]) == 2 and body["removed"] is True
     assert env.host.sysfs_uuids() == set() and env.on_vfio() == set() and env.owners() == {}
     assert call(app, "GET", uri)[2] == {"instance": "vm-1", "attachments": []}
+
+
+def test_each_pool_pf_is_one_provider_in_the_json_and_in_a_real_placement(
+    env: Env, tmp_path: Path
+) -> None:
+    """Issue 15, item 1: one provider per PF of a pool, Nova's naming, the
+    pool's resource class and traits; ``used`` counts the VFs on vfio-pci.
+    Expectations are literals, and Placement's own view is read back."""
+    from tests.functional.placement_fixture import PlacementServer, placement_available
+    from tests.functional.test_placement_sync import Admin, reporter_for
+
+    env.attach("vm-1", [{"pool": "nic_a", "mac": MAC0}])
+    inventory = env.manager.reported_inventory(env.manager.scan())
+    by_name = {p.name: p.to_dict() for p in inventory.providers}
+    pf0, pf1 = "testhost_pci_0000_10_00_0", "testhost_pci_0000_10_00_1"
+    assert set(by_name) == {pf0, pf1, "testhost_mtty_mtty"}
+    assert (by_name[pf0]["resource_class"], by_name[pf0]["inventory"]["total"],
+            by_name[pf0]["used"], by_name[pf0]["mdev_type"]) == ("CUSTOM_NIC_A", 2, 1, "nic_a")
+    assert (by_name[pf1]["inventory"]["total"], by_name[pf1]["used"]) == (2, 0)
+    assert by_name[pf0]["traits"] == ["CUSTOM_OWNER_ACCEL_AGENT"]
+    if not placement_available():
+        pytest.skip("openstack-placement is not installed")
+    with PlacementServer(tmp_path / "placement") as server:
+        admin = Admin(server.endpoint)
+        admin.create_provider("testhost", traits=["COMPUTE_NODE"])
+        reporter, _ = reporter_for(server.endpoint, "testhost")
+        assert reporter.sync(inventory).ok
+        view = {p["name"]: p for p in admin.view("testhost")["providers"]}
+        assert view[pf0]["inventories"] == {
+            "CUSTOM_NIC_A": {"total": 2, "reserved": 0, "min_unit": 1, "max_unit": 2,
+                             "step_size": 1, "allocation_ratio": 1.0}
+        }
+        assert view[pf1]["parent_provider"] == "testhost"
+        assert view[pf0]["traits"] == ["CUSTOM_OWNER_ACCEL_AGENT"]
