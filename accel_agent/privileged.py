@@ -841,22 +841,31 @@ def helper_command(
     return shlex.join(cmd)
 
 
-def start_privsep(
-    config_files: Sequence[str] | None = None, config_dirs: Sequence[str] | None = None
+def start_context(
+    context: priv_context.PrivContext,
+    section: str,
+    config_files: Sequence[str] | None = None,
+    config_dirs: Sequence[str] | None = None,
 ) -> None:
-    """Start the privsep daemon now (ROOTWRAP method: exec privsep-helper).
+    """Start one of the agent's privsep daemons now (ROOTWRAP method: exec
+    privsep-helper), the same way for each context.
 
     Without arguments, the files CONF was parsed from are passed on.  An
-    operator's ``[accel_agent_privileged] helper_command`` wins over ours.
+    operator's ``[<section>] helper_command`` wins over ours.
     """
     if config_files is None:
         config_files = _conf_list("config_file")
     if config_dirs is None:
         config_dirs = _conf_list("config_dir")
-    cfg.CONF.set_default(
-        "helper_command", helper_command(config_files, config_dirs), group=CFG_SECTION
-    )
-    sysfs_admin.start(priv_context.Method.ROOTWRAP)
+    cfg.CONF.set_default("helper_command", helper_command(config_files, config_dirs), group=section)
+    context.start(priv_context.Method.ROOTWRAP)
+
+
+def start_privsep(
+    config_files: Sequence[str] | None = None, config_dirs: Sequence[str] | None = None
+) -> None:
+    """Start the sysfs writer's daemon (no capability): :func:`start_context`."""
+    start_context(sysfs_admin, CFG_SECTION, config_files, config_dirs)
 
 
 def stop_privsep() -> None:

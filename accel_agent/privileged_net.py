@@ -32,7 +32,7 @@ from oslo_config import cfg
 from accel_agent import exception
 
 # The wire format for errors is the sysfs context's, shared, not copied.
-from accel_agent.privileged import _call, _conf_list, _daemon_side, helper_command
+from accel_agent.privileged import _call, _daemon_side, start_context
 
 # As in accel_agent.privileged: oslo.privsep pulls in eventlet, which warns on import.
 warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category=Warning)
@@ -144,16 +144,9 @@ def read_vf(pf_netdev: str, vf: int, *, pf: str | None = None) -> dict[str, Any]
 def start_net_privsep(
     config_files: Sequence[str] | None = None, config_dirs: Sequence[str] | None = None
 ) -> None:
-    """Start the CAP_NET_ADMIN daemon now (as ``privileged.start_privsep``);
-    an operator's ``[accel_agent_net_privileged] helper_command`` wins."""
-    if config_files is None:
-        config_files = _conf_list("config_file")
-    if config_dirs is None:
-        config_dirs = _conf_list("config_dir")
-    cfg.CONF.set_default(
-        "helper_command", helper_command(config_files, config_dirs), group=CFG_SECTION
-    )
-    net_admin.start(priv_context.Method.ROOTWRAP)
+    """Start the CAP_NET_ADMIN daemon now (``privileged.start_context``); an
+    operator's ``[accel_agent_net_privileged] helper_command`` wins."""
+    start_context(net_admin, CFG_SECTION, config_files, config_dirs)
 
 
 def ensure_net_privsep() -> None:
