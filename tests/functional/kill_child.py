@@ -21,7 +21,8 @@ harness on stdout, one line each:
     the operation refused (an AccelAgentException): it must have changed
     nothing that a client was told about.
 
-Operations and their arguments: ``allocate {instance, count}``, ``release
+Operations and their arguments: ``allocate {instance, count}``, ``attach
+{instance, requests}``, ``release
 {instance, remove}``, ``claim {owner, sources: {src uuid: type}}``, ``commit
 {owner}``, ``abort {owner}``, ``adopt {uuid}``, ``recover {}``.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import sys
 import time
@@ -83,9 +85,12 @@ def disarm(timer: ctypes.c_void_p) -> None:
     _set(timer, 0.0)
 
 
-def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
+def run(manager: Any, operation: str, args: dict[str, Any], conf: Any = None) -> Any:
     if operation == "allocate":
         return manager.allocate(args["instance"], int(args["count"])).uuids
+    if operation == "attach":
+        requests = wiring.attach_requests(conf, args["requests"])
+        return [h["uuid"] for h in manager.attach(args["instance"], requests).handles]
     if operation == "release":
         return manager.release(args["instance"], remove=bool(args["remove"]))
     if operation == "claim":
@@ -105,7 +110,13 @@ def main() -> None:
     config, operation, arguments = sys.argv[1:4]
     delay = float(sys.argv[4]) if len(sys.argv) > 4 else None
     conf = wiring.load_config([config], [], prog="kill-child")
-    manager = wiring.build_manager(conf)
+    net = None
+    if os.environ.get("ACCEL_TEST_VFNET"):
+        # The simulator has no netlink: a VF's settings go to this file.
+        from tests.functional.vfnet import StateFileNet
+
+        net = StateFileNet(os.environ["ACCEL_TEST_VFNET"])
+    manager = wiring.build_manager(conf, net=net)
     privileged.start_privsep([config], [])
     # Warm, as the daemon is: imports done, static sysfs attributes cached,
     # the ledger open.  The kill clock then covers the operation's own work
@@ -119,7 +130,7 @@ def main() -> None:
     timer = sigkill_after(delay) if delay is not None else None
     started = time.monotonic()
     try:
-        result = run(manager, operation, parsed)
+        result = run(manager, operation, parsed, conf)
     except exception.AccelAgentException as exc:
         result, refusal = None, exc
     else:

@@ -69,7 +69,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel_agent.backends import sriov_vf
 from accel_agent.sysfs import nvidia_vfio
+from tests.functional.vfnet import RESET, StateFileNet
 
 REPO = Path(__file__).resolve().parents[2]
 TYPE = "nvidia-15"  # GRID M60-1Q: 8 per GPU
@@ -86,6 +88,12 @@ SCHEDULE = (
     "allocate", "release", "claim", "release --remove", "recover",
     "allocate", "commit", "claim", "abort", "release --remove", "adopt",
 )
+# The attach model (issue 15): mdevs and SR-IOV VFs of one pool, attached
+# together; its operations are the ones an attach can meet.
+POOL = "nic_a"
+POOL_PF = "0000:10:00.0"  # the igb-sriov profile's first port
+ATTACH_OPERATIONS = ("attach", "release", "release --remove", "adopt", "recover")
+ATTACH_SCHEDULE = ("attach", "release", "attach", "release --remove", "recover", "attach", "adopt")
 # Most allocations and claims start from an empty free pool, so that they
 # create (a reuse-only one is a single transaction: nothing to interrupt).
 DRAIN = 0.8
@@ -109,6 +117,7 @@ class Row:
     source_uuid: str | None
     intent_id: int | None
     adopted: bool
+    settings: str | None = None  # JSON, as the ledger keeps it
 
 
 def read_ledger(state_dir: str) -> tuple[list[Row], int]:
@@ -121,13 +130,13 @@ def read_ledger(state_dir: str) -> tuple[list[Row], int]:
     try:
         rows = conn.execute(
             "SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind, "
-            "a.source_uuid, m.intent_id, m.adopted FROM mdevs m "
+            "a.source_uuid, m.intent_id, m.adopted, m.settings FROM mdevs m "
             "LEFT JOIN assignments a ON a.uuid = m.uuid"
         ).fetchall()
         intents = conn.execute("SELECT count(*) FROM intents").fetchone()[0]
     finally:
         conn.close()
-    return [Row(*r[:8], bool(r[8])) for r in rows], int(intents)
+    return [Row(*r[:8], bool(r[8]), r[9]) for r in rows], int(intents)
 
 
 def read_sysfs(root: str) -> dict[str, tuple[str, str]]:
@@ -143,7 +152,28 @@ def read_sysfs(root: str) -> dict[str, tuple[str, str]]:
     for vf, type_id in typed_vfs(root).items():
         if type_id:
             found[nvidia_vfio.device_uuid(vf)] = (vf, f"nvidia-{type_id}")
+    for vf in pool_vfs(root):
+        if pci_driver(root, vf) == "vfio-pci":
+            found[sriov_vf.device_uuid(vf)] = (vf, POOL)  # handed over: the pool's device
     return found
+
+
+def pool_vfs(root: str) -> list[str]:
+    """The VFs of the attach model's pool PF (none when SR-IOV is off)."""
+    pf = os.path.join(root, "bus", "pci", "devices", POOL_PF)
+    if not os.path.isdir(pf):
+        return []
+    links = sorted((n for n in os.listdir(pf) if n.startswith("virtfn")), key=lambda n: int(n[6:]))
+    return [os.path.basename(os.readlink(os.path.join(pf, n))) for n in links]
+
+
+def pci_driver(root: str, address: str) -> str | None:
+    try:
+        return os.path.basename(
+            os.readlink(os.path.join(root, "bus", "pci", "devices", address, "driver"))
+        )
+    except OSError:
+        return None
 
 
 def _vgpu_file(root: str, vf: str, name: str) -> str:
@@ -180,14 +210,23 @@ class DeviceModel:
     profiles: tuple[str, ...]
     host_options: dict[str, int]
     mdev_type: str
+    operations: tuple[str, ...] = OPERATIONS
+    schedule: tuple[str, ...] = SCHEDULE
+    pool_vfs: int = 0  # the attach model: VFs of its pool
 
     @property
     def conf(self) -> str:
-        return f"[devices]\nenabled_mdev_types = {self.mdev_type}\n[libvirt]\nuri =\n"
+        text = f"[devices]\nenabled_mdev_types = {self.mdev_type}\n"
+        if self.pool_vfs:
+            text += (
+                f"enabled_vf_pools = {POOL}\n[vf_pool_{POOL}]\ndevice_addresses = {POOL_PF}\n"
+                f"num_vfs = {self.pool_vfs}\n"
+            )
+        return text + "[libvirt]\nuri =\n"
 
     def create_foreign(self, host: Any, rng: random.Random) -> str:
         """Another tool's device on a random parent with room; its UUID."""
-        if self.name == "mdev":
+        if self.name in ("mdev", "attach"):
             uuid = str(uuid_mod.uuid4())
             parents = sorted(os.listdir(os.path.join(host.root, "class", "mdev_bus")))
             for parent in rng.sample(parents, len(parents)):
@@ -208,8 +247,14 @@ class DeviceModel:
         raise RuntimeError(f"no {self.name} parent has room for a foreign device")
 
     def vanish(self, host: Any, uuid: str) -> None:
-        """The device goes behind the agent's back (``remove``; a VF untyped)."""
-        if self.name == "mdev":
+        """The device goes behind the agent's back (``remove``; a VF untyped,
+        or a pool VF taken off vfio-pci)."""
+        for vf in pool_vfs(host.root):
+            if sriov_vf.device_uuid(vf) == uuid:
+                unbind = os.path.join(host.root, "bus", "pci", "drivers", "vfio-pci", "unbind")
+                _write(unbind, vf.encode())
+                return
+        if self.name in ("mdev", "attach"):
             _write(os.path.join(host.root, "bus", "mdev", "devices", uuid, "remove"), b"1")
             return
         (vf,) = [v for v in typed_vfs(host.root) if nvidia_vfio.device_uuid(v) == uuid]
@@ -217,9 +262,14 @@ class DeviceModel:
 
 
 MDEV = DeviceModel("mdev", ("nvidia-pf",), {"gpus": GPUS}, TYPE)
+# An mdev GPU and one igb port of 4 VFs: attach calls of mdevs and VFs together.
+ATTACH = DeviceModel(
+    "attach", ("nvidia-pf", "igb-sriov"), {"gpus": 2, "nics": 1}, TYPE,
+    ATTACH_OPERATIONS, ATTACH_SCHEDULE, pool_vfs=4,
+)
 # Two L40S GPUs of 8 VFs (L40S-4Q: 12 per GPU, so the VFs are the limit).
 VFIO = DeviceModel("nvidia_vfio", ("nvidia-vfio",), {"gpus": 2, "vfs": 8}, "nvidia-1150")
-MODELS = {m.name: m for m in (MDEV, VFIO)}
+MODELS = {m.name: m for m in (MDEV, VFIO, ATTACH)}
 
 
 # --- what the clients were told -----------------------------------------------------------
@@ -296,7 +346,12 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 
 def run_child(
-    config: str, operation: str, args: dict[str, Any], delay: float | None, kill_helper: bool
+    config: str,
+    operation: str,
+    args: dict[str, Any],
+    delay: float | None,
+    kill_helper: bool,
+    env: dict[str, str] | None = None,
 ) -> Outcome:
     name = "release" if operation.startswith("release") else operation
     outcome = Outcome(operation, args, delay)
@@ -307,7 +362,7 @@ def run_child(
     # once the child said ready (it starts it first).
     helpers: list[int] = []
     proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     assert proc.stdout is not None
     try:
@@ -404,10 +459,35 @@ class KillHarness:
 
     # -- helpers ------------------------------------------------------------------------
 
+    @property
+    def _vfnet(self) -> str:
+        return str(self.host.work / "vfnet.json")
+
+    @property
+    def _env(self) -> dict[str, str] | None:
+        """The children's environment: the attach model's VF settings go to a
+        file (the simulator has no netlink; tests.functional.vfnet)."""
+        if not self.device_model.pool_vfs:
+            return None
+        return dict(os.environ, ACCEL_TEST_VFNET=self._vfnet)
+
     @contextlib.contextmanager
     def _manager(self) -> Iterator[Any]:
         """An in-process manager for setting the scene (not under test)."""
-        manager = self.host.manager(self.device_model.conf)
+        kwargs: dict[str, Any] = {}
+        if self.device_model.pool_vfs:
+            from accel_agent.backends import builtin
+            from accel_agent.mdev.manager import DirectWriter
+            from accel_agent.sriov.pools import build_pools
+            from accel_agent.sriov.vfpool import VfPools
+            from tests.configutil import make_conf
+
+            conf = make_conf(self.device_model.conf, sysfs_root=self.host.root)
+            writer = DirectWriter(self.host.root)
+            pools = VfPools(self.host.root, build_pools(conf), writer, StateFileNet(self._vfnet))
+            kwargs = {"writer": writer,
+                      "backends": {**builtin(), "sriov_vf": sriov_vf.SriovVfBackend(pools)}}
+        manager = self.host.manager(self.device_model.conf, **kwargs)
         try:
             yield manager
         finally:
@@ -443,9 +523,24 @@ class KillHarness:
         if instance is None:
             return None
         with self._manager() as manager:
-            uuids = manager.allocate(instance, 1 + self.rng.randrange(2)).uuids
+            if self.device_model.pool_vfs:
+                from accel_agent.attach_requests import parse
+
+                pools = manager.backends["sriov_vf"].pools.pools
+                handles = manager.attach(instance, parse(self._requests(), pools)).handles
+                uuids = [h["uuid"] for h in handles]
+            else:
+                uuids = manager.allocate(instance, 1 + self.rng.randrange(2)).uuids
         self.model.holdings[instance] = Holding("instance", frozenset(uuids), len(uuids))
         return instance
+
+    def _requests(self) -> list[dict[str, Any]]:
+        """An attach call: 1-2 mdevs and one VF with a MAC and a VLAN."""
+        tag = self.rng.randrange(1, 255)
+        return [
+            {"mdev_type": self.device_model.mdev_type, "count": 1 + self.rng.randrange(2)},
+            {"pool": POOL, "mac": f"52:54:00:00:00:{tag:02x}", "vlan": tag},
+        ]
 
     def _setup_claim(self) -> str | None:
         owner = self._free_name(CLAIMS)
@@ -495,6 +590,15 @@ class KillHarness:
 
     def prepare(self, operation: str) -> dict[str, Any]:
         """Arguments for ``operation``, after making it possible."""
+        if operation == "attach":
+            instance = self._free_name(INSTANCES)
+            if instance is None:
+                self._release_some(INSTANCES)
+                instance = self._free_name(INSTANCES)
+            assert instance is not None
+            requests = self._requests()
+            return {"instance": instance, "requests": requests,
+                    "count": requests[0]["count"] + 1}
         if operation == "allocate":
             instance = self._free_name(INSTANCES)
             if instance is None:
@@ -534,6 +638,9 @@ class KillHarness:
             if self.rng.random() < 0.5:
                 self.host.sim.reboot()  # every mdev is gone: recover re-creates them all
                 self.model.foreign.clear()
+                # ... and every VF, with what its PF's driver held for it
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._vfnet)
             else:
                 owned = sorted(u for h in self.model.holdings.values() for u in h.uuids)
                 if owned:  # one vanishes behind the agent's back
@@ -552,13 +659,13 @@ class KillHarness:
                 self._create_foreign()  # another tool's mdev, never to be touched
         args = self.prepare(operation)
         timing = operation
-        if operation in ("allocate", "claim") and self.rng.random() < DRAIN:
+        if operation in ("allocate", "claim", "attach") and self.rng.random() < DRAIN:
             self._drain_free()
             timing += " (creates)"  # timed apart: creates take longer than reuse
         before = dict(self.model.holdings)
         delay = self._delay(timing)
         kill_helper = delay is not None and self.rng.random() < 0.5
-        outcome = run_child(self.config, operation, args, delay, kill_helper)
+        outcome = run_child(self.config, operation, args, delay, kill_helper, self._env)
         if outcome.result == "acked":
             assert outcome.duration is not None
             self.durations[timing].append(outcome.duration)
@@ -584,12 +691,19 @@ class KillHarness:
     def _recover(self, outcome: Outcome) -> None:
         if self.durations.get("recover") and self.rng.random() < 0.25:
             first = run_child(
-                self.config, "recover", {}, self._delay("recover"), self.rng.random() < 0.5
+                self.config, "recover", {}, self._delay("recover"), self.rng.random() < 0.5,
+                self._env,
             )
             if first.result == "killed":
                 self.stats.recover_kills += 1
             elif first.result == "refused":
                 self._violation(f"a recover refused: {first.answer}", outcome)
+        if self._env is not None:
+            # The same recover, in a child whose VF settings go to the file.
+            done = run_child(self.config, "recover", {}, None, False, self._env)
+            if done.result != "acked":
+                self._violation(f"recover failed: {done.answer}", outcome)
+            return
         proc = subprocess.run(
             [sys.executable, "-m", "accel_agent.cmd.ctl", "--config-file", self.config,
              "recover", "--json"],
@@ -649,6 +763,8 @@ class KillHarness:
             self._violation(f"UUIDs with two owners: {per_uuid}", outcome)
         ledger = holdings_of(rows)
         self._check_owners(outcome, before, ledger)
+        if self.device_model.pool_vfs:
+            self._check_vf_settings(outcome, recorded)
         # ... and in the answers the clients hold: no UUID told to two owners
         told: dict[str, str] = {}
         for owner, holding in self.model.holdings.items():
@@ -656,6 +772,21 @@ class KillHarness:
                 if uuid in told:
                     self._violation(f"mdev {uuid} was given to {told[uuid]} and {owner}", outcome)
                 told[uuid] = owner
+
+    def _check_vf_settings(self, outcome: Outcome, recorded: dict[str, Row]) -> None:
+        """What the PF's "driver" holds for each VF: the recorded settings for
+        a VF handed over, the reset values for any other (nothing a tenant
+        set survives a VF's return, however it was interrupted)."""
+        net = StateFileNet(self._vfnet)
+        for index, vf in enumerate(pool_vfs(self.host.root)):
+            held = net.settings(POOL_PF, index)
+            row = recorded.get(sriov_vf.device_uuid(vf))
+            if pci_driver(self.host.root, vf) == "vfio-pci" and row is not None:
+                wanted = {**RESET, **json.loads(row.settings or "{}")}
+            else:
+                wanted = dict(RESET)
+            if held != wanted:
+                self._violation(f"VF {vf} holds {held}, should hold {wanted}", outcome)
 
     def _check_owners(
         self, outcome: Outcome, before: dict[str, Holding], ledger: dict[str, Holding]
@@ -704,7 +835,7 @@ class KillHarness:
         unchanged = [was]
         if result == "refused":
             return unchanged
-        if op == "allocate":
+        if op in ("allocate", "attach"):
             count = args["count"]
             if result == "acked":
                 return [Holding("instance", frozenset(answer), count)]
@@ -738,12 +869,13 @@ class KillHarness:
         """Round-robin over :data:`SCHEDULE` until ``kills`` children died
         before answering and every operation was killed at least once
         (calibration runs first)."""
-        limit = max_iterations or kills * 4 + 4 * len(SCHEDULE)
         index = 0
+        schedule, operations = self.device_model.schedule, self.device_model.operations
+        limit = max_iterations or kills * 4 + 4 * len(schedule)
         while (
-            self.stats.total_kills < kills or set(self.stats.kills) != set(OPERATIONS)
+            self.stats.total_kills < kills or set(self.stats.kills) != set(operations)
         ) and self.stats.iterations < limit:
-            self.iteration(SCHEDULE[index % len(SCHEDULE)])
+            self.iteration(schedule[index % len(schedule)])
             index += 1
             if stop_on_violation and self.stats.violations:
                 break
@@ -763,7 +895,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the summary as JSON here")
     parser.add_argument(
         "--model", choices=sorted(MODELS), default="mdev",
-        help="the device model under test (default mdev; nvidia_vfio: vGPU 17+ VFs)",
+        help="the device model under test (default mdev; nvidia_vfio: vGPU 17+ VFs; "
+        "attach: mdevs and SR-IOV VFs attached together)",
     )
     args = parser.parse_args(argv)
     model = MODELS[args.model]
