@@ -94,8 +94,8 @@ def _parse_vf(where: str, item: Mapping[str, Any], pools: Mapping[str, Pool]) ->
     if pool is None:
         raise _bad(
             f"{where}.pool",
-            f"no VF pool {name!r} (enabled: {', '.join(pools) or 'none'}: "
-            "[devices] enabled_vf_pools)",
+            f"no VF pool {name!r} (enabled pools: {', '.join(pools) or 'none'}; "
+            "see [devices] enabled_vf_pools)",
         )
     pf = item.get("pf")
     if pf is not None:

@@ -87,6 +87,13 @@ step "A vGPU on the NVIDIA vGPU 17+ GPU: the agent types one of its VFs"
 run "${CTL[@]}" --config-file "$CONF" allocate demo-vm-2 --count 1 --type nvidia-1150
 run "${CTL[@]}" --config-file "$CONF" nova-pci-config
 
+step "Attach all of an instance's accelerators in one call: an mdev and a vGPU VF, all or nothing"
+run "${CTL[@]}" --config-file "$CONF" attach demo-vm-3 --vgpu mtty-2 --vgpu nvidia-1150
+echo "(a request with a bad field is refused whole, naming the field; nothing is made:)"
+"${CTL[@]}" --config-file "$CONF" attach demo-vm-4 --vgpu mtty-2 --vf nic_a,vlan=5000 ||
+	echo "(exit $?)"
+run "${CTL[@]}" --config-file "$CONF" detach demo-vm-3 --remove
+
 step "Simulated host reboot: every mdev is gone, every VF untyped; the daemon re-creates them by itself"
 run "${CTL[@]}" simulate reboot "$SYSFS"
 count_mdevs() {
