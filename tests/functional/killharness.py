@@ -345,6 +345,29 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     return pids
 
 
+def start_child(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """The child with unbuffered pipes (see :func:`read_line`)."""
+    return subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=env
+    )
+
+
+def read_line(proc: subprocess.Popen[bytes]) -> str:
+    """One line of the child's stdout, read a byte at a time: nothing past
+    the newline is taken from the pipe.  A buffered readline would read
+    ahead ("ready", "begin" and "ack" arrive together when a loaded machine
+    lets the harness read late), and ``communicate`` then reads the pipe's
+    file descriptor past that buffer: the ack was lost and the child looked
+    as if it had died on its own (seen under load, exit status 0)."""
+    assert proc.stdout is not None
+    return proc.stdout.readline().decode(errors="replace")  # a raw FileIO: byte by byte
+
+
+def finish_child(proc: subprocess.Popen[bytes]) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+    return out.decode(errors="replace"), err.decode(errors="replace")
+
+
 def run_child(
     config: str,
     operation: str,
@@ -361,18 +384,15 @@ def run_child(
     # The helper's pids, for a kill "of the whole unit": the helper exists
     # once the child said ready (it starts it first).
     helpers: list[int] = []
-    proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    assert proc.stdout is not None
+    proc = start_child(argv, env)
     try:
-        ready = proc.stdout.readline()
+        ready = read_line(proc)
         if ready != "ready\n":
             proc.kill()
-            _, err = proc.communicate(timeout=CHILD_TIMEOUT)
+            _, err = finish_child(proc)
             raise RuntimeError(f"child for {operation} did not start: {ready!r} {err}")
         helpers = _helper_pids(config)
-        out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+        out, err = finish_child(proc)
     except BaseException:
         proc.kill()
         proc.wait()
