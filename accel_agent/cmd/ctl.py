@@ -651,10 +651,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prepare every device INSTANCE asks for: vGPUs (mdevs or vendor-VFIO "
         "VFs) by resource class or type, SR-IOV VFs of a configured pool with their network "
         "settings (set through rtnetlink before the VF is handed to vfio-pci). If any device "
-        "fails, every device this call prepared is undone before the error is printed; "
-        "nothing is checked half: a bad field names itself (requests[1].vlan) and nothing is "
-        "prepared. Asking again with the same requests prints the same handles. Each handle "
-        "carries its guest XML (--json).",
+        "fails, every device this call prepared is undone before the error is printed. "
+        "Every field is checked before anything is prepared: a bad one is named "
+        "(requests[1].vlan) and nothing changes. Asking again with the same requests prints "
+        "the same handles. Each handle carries its guest XML (--json).",
         epilog="examples: accelctl attach vm1 --vgpu VGPU --vf "
         "nic_a,mac=52:54:00:12:34:56,vlan=100 --json; "
         "accelctl attach vm1 --request '{\"resource_class\": \"VGPU\", \"count\": 2}'",
