@@ -147,24 +147,21 @@ class SriovVfBackend(DeviceBackend):
     def handle(self, device: DeviceRef) -> dict[str, Any]:
         return {"pool": device.device_type, "settings": dict(device.settings or {})}
 
-    def guest_xml(self, device: DeviceRef) -> str:
-        if device.settings:
-            # A network VF with settings as <interface type='hostdev'>: libvirt
-            # programs the same MAC and VLAN when the domain starts.
-            from accel_agent.sriov.vfpool import interface_xml
-
-            return interface_xml(device.parent, device.settings)
-        return super().guest_xml(device)
-
     def pci_address(self, device: DeviceRef) -> str | None:
         return device.parent
 
     def guest_device(self, device: DeviceRef) -> DeviceDescription:
-        # The VF as plain PCI passthrough, managed='no': the agent put it on
-        # vfio-pci already, and libvirt must not rebind it.  A network VF with
-        # its MAC and VLAN (<interface type='hostdev'>) needs the settings the
-        # device was prepared with, which the ledger does not keep: VfPools'
-        # PreparedVf.interface_xml() gives that form.
-        from accel_agent.libvirt_xml.devices import PciHostdev
+        return guest_device(device.parent, device.settings or {})
 
-        return PciHostdev(device.parent, managed=False)
+
+def guest_device(vf: str, settings: Mapping[str, Any]) -> DeviceDescription:
+    """What a guest is given for VF ``vf`` prepared with ``settings``, always
+    managed='no' (the agent put it on vfio-pci; libvirt must not rebind it): a
+    network VF with a MAC as ``<interface type='hostdev'>``, whose MAC and VLAN
+    libvirt programs again when the domain starts (the same ones: the
+    ledger keeps them), any other VF as a plain PCI ``<hostdev>``."""
+    from accel_agent.libvirt_xml.devices import NetworkVf, PciHostdev
+
+    if settings.get("mac"):
+        return NetworkVf(vf, settings["mac"], vlan=settings.get("vlan"))
+    return PciHostdev(vf, managed=False)

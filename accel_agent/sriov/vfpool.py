@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from accel_agent import exception
 from accel_agent.backends.sriov_vf import device_uuid
+from accel_agent.backends.sriov_vf import guest_device as sriov_guest_device
 from accel_agent.sriov import vfconfig
 from accel_agent.sriov.pools import Pool
 from accel_agent.sysfs import address
@@ -97,27 +98,6 @@ class LocalNet:
         return privileged_net.reset_local(pf_netdev, vf, pf)
 
 
-def interface_xml(vf: str, settings: Mapping[str, Any]) -> str:
-    """``<interface type='hostdev' managed='no'>`` for VF ``vf`` (canonical
-    address) prepared with ``settings``: the VF is on vfio-pci already, libvirt
-    must not rebind it."""
-    dom, bus, rest = vf.split(":")
-    slot, fn = rest.split(".")
-    lines = [
-        "<interface type='hostdev' managed='no'>",
-        f"  <source><address type='pci' domain='0x{dom}' bus='0x{bus}' slot='0x{slot}'"
-        f" function='0x{fn}'/></source>",
-    ]
-    mac = settings.get("mac")
-    if mac:
-        # re-validated: six hex pairs, nothing to escape
-        lines.append(f"  <mac address='{vfconfig.validate_mac(mac)}'/>")
-    if settings.get("vlan"):
-        lines.append(f"  <vlan><tag id='{int(settings['vlan'])}'/></vlan>")
-    lines.append("</interface>")
-    return "\n".join(lines)
-
-
 @dataclass(frozen=True, slots=True)
 class PreparedVf:
     """One VF handed to an instance: the attach handle's device half."""
@@ -132,7 +112,10 @@ class PreparedVf:
     state: Mapping[str, Any] = field(default_factory=dict)  # as read back
 
     def interface_xml(self) -> str:
-        return interface_xml(self.vf, self.settings)
+        """The guest's element for this VF (``sriov_vf.guest_device``)."""
+        from accel_agent.libvirt_xml.devices import device_xml
+
+        return device_xml(sriov_guest_device(self.vf, self.settings))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -381,3 +381,36 @@ def test_each_pool_pf_is_one_provider_in_the_json_and_in_a_real_placement(
         }
         assert view[pf1]["parent_provider"] == "testhost"
         assert view[pf0]["traits"] == ["CUSTOM_OWNER_ACCEL_AGENT"]
+
+
+def test_the_handles_xml_is_valid_for_libvirt_and_accepted_by_it(env: Env) -> None:
+    """The guest XML of every handle (an mdev, a network VF with MAC and VLAN,
+    a VF without a MAC) in one domain: valid against libvirt's RNG schemas
+    and defined by libvirt's test driver, which keeps each device."""
+    from tests.functional.test_libvirt_xml_libvirt import SCHEMA, minimal_domain
+
+    libvirt = pytest.importorskip("libvirt", reason="libvirt-python not installed")
+    if not SCHEMA.is_file():
+        pytest.skip(f"libvirt RNG schemas not installed ({SCHEMA} missing)")
+    answer = env.attach("vm-1", [VGPU, {"pool": "nic_a", "mac": MAC0, "vlan": 100},
+                                 {"pool": "nic_a"}])
+    mdev, network, plain = answer["attachments"]
+    assert plain["xml"].startswith('<hostdev mode="subsystem" type="pci" managed="no">')
+    xml = minimal_domain("\n".join(h["xml"] for h in answer["attachments"]))
+    rng = etree.RelaxNG(file=str(SCHEMA))
+    assert rng.validate(etree.fromstring(xml.encode())), str(rng.error_log)
+    conn = libvirt.open("test:///default")
+    try:
+        domain = conn.defineXML(xml)
+        described = etree.fromstring(domain.XMLDesc(0).encode())
+        domain.undefine()
+    finally:
+        conn.close()
+    assert described.find("devices/hostdev[@type='mdev']/source/address").get("uuid") == (
+        mdev["uuid"])
+    interface = described.find("devices/interface[@type='hostdev']")
+    assert interface.find("mac").get("address") == MAC0
+    assert interface.find("vlan/tag").get("id") == "100"
+    assert interface.find("source/address").get("slot") == "0x10"
+    pci = described.find("devices/hostdev[@type='pci']/source/address")
+    assert (pci.get("slot"), pci.get("function")) == ("0x10", "0x2")  # VF1: 10:10.2

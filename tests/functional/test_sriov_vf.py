@@ -152,8 +152,9 @@ def test_prepare_sets_the_network_first_then_hands_over(env) -> None:
     assert net.calls == [("apply", "enp16s0f0", 0, {"mac": MAC, "vlan": 100, "trust": True},
                           "igbvf")]
     xml = prepared.interface_xml()
-    assert "managed='no'" in xml and "bus='0x10' slot='0x10' function='0x0'" in xml
-    assert f"<mac address='{MAC}'/>" in xml and "<tag id='100'/>" in xml
+    assert xml.startswith('<interface type="hostdev" managed="no">'), xml
+    assert 'bus="0x10" slot="0x10" function="0x0"' in xml
+    assert f'<mac address="{MAC}"/>' in xml and '<tag id="100"/>' in xml
     # the next one is another VF; a used one counts in the inventory
     second = pools.prepare("nic_a", {"mac": "52:54:00:12:34:02"})
     assert second.vf == VF1
