@@ -395,6 +395,7 @@ def test_the_handles_xml_is_valid_for_libvirt_and_accepted_by_it(env: Env) -> No
     answer = env.attach("vm-1", [VGPU, {"pool": "nic_a", "mac": MAC0, "vlan": 100},
                                  {"pool": "nic_a"}])
     mdev, network, plain = answer["attachments"]
+    assert network["xml"].startswith('<interface type="hostdev" managed="no">')
     assert plain["xml"].startswith('<hostdev mode="subsystem" type="pci" managed="no">')
     xml = minimal_domain("\n".join(h["xml"] for h in answer["attachments"]))
     rng = etree.RelaxNG(file=str(SCHEMA))
