@@ -275,42 +275,35 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_detach(args: argparse.Namespace) -> int:
+def _release_all(args: argparse.Namespace, call: Callable[[Any], Any]) -> list[str]:
+    """What ``release``/``detach`` gave back: through the daemon's ``call``,
+    or offline through the manager (both release the same way)."""
     conf = _load_for_writes(args)
-    answer = _via_api(
-        args, conf.api.socket_path, lambda api: api.detach(args.instance, remove=args.remove)
-    )
+    answer = _via_api(args, conf.api.socket_path, call)
     if answer is _OFFLINE:
-        released = wiring.build_manager(conf).release(args.instance, remove=args.remove)
-    else:
-        released = answer["released"]
+        return wiring.build_manager(conf).release(args.instance, remove=args.remove)
+    return answer["released"]
+
+
+def _print_released(args: argparse.Namespace, released: list[str], verb: str, noun: str) -> int:
     if args.json:
         output.emit_json({"instance": args.instance, "released": released, "removed": args.remove})
     elif released:
-        print(f"detached {len(released)} device(s) of {args.instance}: {', '.join(released)}")
+        print(f"{verb} {len(released)} {noun}(s) of {args.instance}: {', '.join(released)}")
     else:
-        print(f"instance {args.instance} holds no device; nothing to do")
+        print(f"instance {args.instance} holds no {noun}; nothing to do")
     return EXIT_OK
+
+
+def cmd_detach(args: argparse.Namespace) -> int:
+    released = _release_all(args, lambda api: api.detach(args.instance, remove=args.remove))
+    return _print_released(args, released, "detached", "device")
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    conf = _load_for_writes(args)
-    answer = _via_api(
-        args, conf.api.socket_path, lambda api: api.release(args.instance, remove=args.remove)
-    )
-    if answer is _OFFLINE:
-        manager = wiring.build_manager(conf)
-        released = manager.release(args.instance, remove=args.remove)
-    else:
-        released = answer["released"]
-    if args.json:
-        output.emit_json({"instance": args.instance, "released": released, "removed": args.remove})
-    elif released:
-        verb = "released and removed" if args.remove else "released"
-        print(f"{verb} {len(released)} mdev(s) of {args.instance}: {', '.join(released)}")
-    else:
-        print(f"instance {args.instance} holds no mdev; nothing to do")
-    return EXIT_OK
+    released = _release_all(args, lambda api: api.release(args.instance, remove=args.remove))
+    verb = "released and removed" if args.remove else "released"
+    return _print_released(args, released, verb, "mdev")
 
 
 def _destination(conf):

@@ -28,7 +28,7 @@ same MAC and VLAN as the request (:meth:`PreparedVf.interface_xml` does).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -201,18 +201,22 @@ class VfPools:
                 )
         return sorted(providers, key=lambda p: p["name"])
 
-    def members(self) -> dict[str, tuple[str, bool]]:
-        """Every VF of a configured pool now: {address: (pool, on vfio-pci)}."""
-        found: dict[str, tuple[str, bool]] = {}
+    def _usable_pfs(self) -> Iterator[tuple[Pool, PfInfo]]:
+        """Each configured PF that is an SR-IOV PF now, with its pool."""
         for pool in self.pools.values():
             for pf in pool.device_addresses:
                 try:
-                    info = sriov_sysfs.read_pf(self.sysfs_root, pf)
+                    yield pool, sriov_sysfs.read_pf(self.sysfs_root, pf)
                 except sriov_sysfs.NotAPf:
                     continue
-                for vf in info.vfs:
-                    found[vf.address] = (pool.name, vf.handed_over)
-        return found
+
+    def members(self) -> dict[str, tuple[str, bool]]:
+        """Every VF of a configured pool now: {address: (pool, on vfio-pci)}."""
+        return {
+            vf.address: (pool.name, vf.handed_over)
+            for pool, info in self._usable_pfs()
+            for vf in info.vfs
+        }
 
     def locate(self, vf: str) -> tuple[Pool, PfInfo, VfInfo]:
         """The pool, PF and VF of VF address ``vf`` (VfNotInPool otherwise)."""
@@ -220,15 +224,10 @@ class VfPools:
             vf = address.parse_pci_address(vf)
         except exception.InvalidPciAddress:
             raise exception.VfNotInPool(vf=vf, reason="not a PCI address") from None
-        for pool in self.pools.values():
-            for pf in pool.device_addresses:
-                try:
-                    info = sriov_sysfs.read_pf(self.sysfs_root, pf)
-                except sriov_sysfs.NotAPf:
-                    continue
-                found = info.vf(vf)
-                if found is not None:
-                    return pool, info, found
+        for pool, info in self._usable_pfs():
+            found = info.vf(vf)
+            if found is not None:
+                return pool, info, found
         raise exception.VfNotInPool(vf=vf, reason=f"pools: {', '.join(self.pools) or 'none'}")
 
     def free_vfs(self, pool: str, exclude: Collection[str] = ()) -> list[tuple[PfInfo, VfInfo]]:
