@@ -24,7 +24,14 @@ from typing import Any
 
 from accel_agent import exception
 from accel_agent.backends.sriov_vf import BACKEND as SRIOV_VF
-from accel_agent.mdev.requests import MAX_COUNT, AttachRequest, DeviceRequest, PoolRequest
+from accel_agent.mdev.requests import (
+    MAX_COUNT,
+    TYPE_NAME_RULE,
+    AttachRequest,
+    DeviceRequest,
+    PoolRequest,
+    is_type_name,
+)
 from accel_agent.sriov import vfconfig
 from accel_agent.sriov.pools import Pool
 from accel_agent.sysfs import address
@@ -32,7 +39,6 @@ from accel_agent.sysfs import address
 MAX_REQUESTS = 16
 # Placement's resource class names: standard ones and CUSTOM_*.
 _RESOURCE_CLASS = re.compile(r"[A-Z0-9_]{1,255}")
-_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _DEVICE_FIELDS = frozenset({"resource_class", "mdev_type", "parent", "count"})
 _VF_FIELDS = frozenset({"pool", "pf"})
 
@@ -72,10 +78,8 @@ def _parse_one(where: str, item: Any, pools: Mapping[str, Pool]) -> AttachReques
     ):
         raise _bad(f"{where}.resource_class", f"{resource_class!r} is no resource class name")
     mdev_type = item.get("mdev_type")
-    if mdev_type is not None and not (
-        isinstance(mdev_type, str) and _TYPE_NAME.fullmatch(mdev_type)
-    ):
-        raise _bad(f"{where}.mdev_type", f"{mdev_type!r} must match [A-Za-z0-9_.-]{{1,64}}")
+    if mdev_type is not None and not is_type_name(mdev_type):
+        raise _bad(f"{where}.mdev_type", f"{mdev_type!r} must match {TYPE_NAME_RULE}")
     parent = item.get("parent")
     if parent is not None:
         if not (

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -233,9 +232,6 @@ class TakeoverPlan:
         }
 
 
-_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
 def _check_request_names(parent: str | None, mdev_type: str | None) -> None:
     """A parent and a type as a caller may name them: no control character
     (``"mtty\\n"`` must not quietly become ``mtty``), a PCI address or parent
@@ -249,11 +245,9 @@ def _check_request_names(parent: str | None, mdev_type: str | None) -> None:
         raise exception.InvalidAllocationRequest(
             reason=f"parent {parent!r} is neither a PCI address nor an mdev parent name"
         )
-    if mdev_type is not None and not (
-        isinstance(mdev_type, str) and _TYPE_NAME.fullmatch(mdev_type)
-    ):
+    if mdev_type is not None and not requests_mod.is_type_name(mdev_type):
         raise exception.InvalidAllocationRequest(
-            reason=f"mdev type {mdev_type!r} must match [A-Za-z0-9_.-]{{1,64}}"
+            reason=f"mdev type {mdev_type!r} must match {requests_mod.TYPE_NAME_RULE}"
         )
 
 

@@ -10,11 +10,20 @@ turned into these by ``accel_agent.attach_requests``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_COUNT = 64  # devices of one request (and of one allocate)
+_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+TYPE_NAME_RULE = "[A-Za-z0-9_.-]{1,64}"
+
+
+def is_type_name(value: Any) -> bool:
+    """A type id as sysfs spells them (fullmatch: ``$`` would take a trailing
+    newline)."""
+    return isinstance(value, str) and _TYPE_NAME.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)
