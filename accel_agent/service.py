@@ -344,7 +344,7 @@ class AgentCore:
     def attach(self, instance: str, raw_requests: Any) -> Attachment:
         """Every accelerator of the instance in one call (DESIGN.md §11);
         the requests are checked whole before anything is prepared."""
-        requests = wiring.attach_requests(self.conf, raw_requests)
+        requests = wiring.attach_requests(self.manager, raw_requests)
         try:
             attachment = self.manager.attach(instance, requests)
         finally:

@@ -136,13 +136,16 @@ def build_vf_pools(conf: cfg.ConfigOpts, writer, net=None):
     return VfPools(conf.sysfs_root, pools, pci=writer, net=net or PrivsepNet(), host=conf.host)
 
 
-def attach_requests(conf: cfg.ConfigOpts, raw: Any) -> list:
-    """An attach call's requests checked against the configured pools
-    (InvalidAttachRequest naming the field); nothing is done."""
+def attach_requests(manager, raw: Any) -> list:
+    """An attach call's requests checked against the pools ``manager`` serves
+    (InvalidAttachRequest naming the field); nothing is done.  The pools are
+    the ones its SR-IOV backend was built with: a reloaded config's pools
+    apply at the next start, so requests are not checked against them."""
     from accel_agent import attach_requests as parser
-    from accel_agent.sriov.pools import build_pools
+    from accel_agent.backends.sriov_vf import BACKEND
 
-    return parser.parse(raw, build_pools(conf))
+    vf_pools = getattr(manager.backends.get(BACKEND), "pools", None)
+    return parser.parse(raw, vf_pools.pools if vf_pools is not None else {})
 
 
 def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None, net=None):

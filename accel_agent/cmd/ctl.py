@@ -269,8 +269,9 @@ def cmd_attach(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
     answer = _via_api(args, conf.api.socket_path, lambda api: api.attach(args.instance, requests))
     if answer is _OFFLINE:
-        parsed = wiring.attach_requests(conf, requests)
-        answer = wiring.build_manager(conf).attach(args.instance, parsed).to_dict()
+        manager = wiring.build_manager(conf)
+        parsed = wiring.attach_requests(manager, requests)
+        answer = manager.attach(args.instance, parsed).to_dict()
     _print_attachment(args, answer)
     return EXIT_OK
 

@@ -41,7 +41,7 @@ def main() -> None:
     if operation == "allocate":
         manager.allocate(instance, int(count))
     elif operation == "attach":
-        manager.attach(instance, wiring.attach_requests(conf, json.loads(count)))
+        manager.attach(instance, wiring.attach_requests(manager, json.loads(count)))
         print("attached", flush=True)
     elif operation == "recover":
         print(json.dumps(manager.recover().to_dict()), flush=True)

@@ -85,11 +85,11 @@ def disarm(timer: ctypes.c_void_p) -> None:
     _set(timer, 0.0)
 
 
-def run(manager: Any, operation: str, args: dict[str, Any], conf: Any = None) -> Any:
+def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
     if operation == "allocate":
         return manager.allocate(args["instance"], int(args["count"])).uuids
     if operation == "attach":
-        requests = wiring.attach_requests(conf, args["requests"])
+        requests = wiring.attach_requests(manager, args["requests"])
         return [h["uuid"] for h in manager.attach(args["instance"], requests).handles]
     if operation == "release":
         return manager.release(args["instance"], remove=bool(args["remove"]))
@@ -130,7 +130,7 @@ def main() -> None:
     timer = sigkill_after(delay) if delay is not None else None
     started = time.monotonic()
     try:
-        result = run(manager, operation, parsed, conf)
+        result = run(manager, operation, parsed)
     except exception.AccelAgentException as exc:
         result, refusal = None, exc
     else:

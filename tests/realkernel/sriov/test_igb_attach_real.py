@@ -61,14 +61,11 @@ def state(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def manager(lab: Lab, state: Path, tmp_path: Path) -> MdevManager:
     conf = make_conf(_config(lab, state), directory=str(tmp_path))
-    built = wiring.build_manager(conf)  # the session's privsep daemons, both
-    built.conf = conf  # type: ignore[attr-defined]  # for attach() below
-    return built
+    return wiring.build_manager(conf)  # the session's privsep daemons, both
 
 
 def attach(manager: MdevManager, requests: list[dict]) -> dict:
-    conf = manager.conf  # type: ignore[attr-defined]
-    return manager.attach("vm-1", wiring.attach_requests(conf, requests)).to_dict()
+    return manager.attach("vm-1", wiring.attach_requests(manager, requests)).to_dict()
 
 
 def test_one_call_gives_an_mtty_mdev_and_an_igb_vf_set_through_the_driver(
