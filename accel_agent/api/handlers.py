@@ -59,11 +59,14 @@ def _remove_flag(req: Request) -> bool:
     return bool(from_query if from_query is not None else from_body)
 
 
-def delete_allocation(req: Request) -> Response:
+def _released(req: Request, remove: bool) -> Response:
     instance = req.params["instance"]
-    remove = _remove_flag(req)
     released = req.backend.release(instance, remove)
     return Response.json({"instance": instance, "released": released, "removed": remove})
+
+
+def delete_allocation(req: Request) -> Response:
+    return _released(req, _remove_flag(req))
 
 
 # Attach (os-acc, DESIGN.md §11): every accelerator of an instance in one call.
@@ -80,10 +83,7 @@ def post_attachments(req: Request) -> Response:
 
 
 def delete_attachments(req: Request) -> Response:
-    instance = req.params["instance"]
-    remove = bool(req.query.get("remove", False))
-    released = req.backend.release(instance, remove)
-    return Response.json({"instance": instance, "released": released, "removed": remove})
+    return _released(req, bool(req.query.get("remove", False)))
 
 
 def domain_xml(req: Request) -> Response:
