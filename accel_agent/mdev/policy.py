@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
+from accel_agent.mdev.requests import is_type_name
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
 from accel_agent.sysfs.scanner import MDEV_BUS
@@ -279,17 +279,13 @@ def resolve_policy(
     )
 
 
-# What the kernel names a type directory (mdev_supported_types/<type>).
-_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
 def _unusable_type_names(enabled: tuple[str, ...]) -> list[exception.AccelAgentException]:
     """Types that cannot be a sysfs directory name (``/``, ``..``, blanks,
     an empty item from ``a,,b``): no parent could offer them, and the
     name would become part of a path.  Each is named (escaped)."""
     errors: list[exception.AccelAgentException] = []
     for name in dict.fromkeys(enabled):
-        if name in (".", "..") or not _TYPE_NAME.fullmatch(name):
+        if name in (".", "..") or not is_type_name(name):
             what = "an empty item (a stray comma?)" if not name else f"type {name!r}"
             errors.append(
                 exception.InvalidMdevConfig(

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_COUNT = 64  # devices of one request (and of one allocate)
-_TYPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# What the kernel names a type directory (mdev_supported_types/<type>); the
+# rule is quoted as is in the refusals.
 TYPE_NAME_RULE = "[A-Za-z0-9_.-]{1,64}"
+_TYPE_NAME = re.compile(TYPE_NAME_RULE)
 
 
 def is_type_name(value: Any) -> bool:
