@@ -58,6 +58,18 @@ default_opts = [
         "holds the device; past this the mdev is kept (free) and the error reported.",
     ),
     cfg.FloatOpt(
+        "privileged_call_timeout",
+        default=30.0,
+        min=1.0,
+        max=3600.0,
+        help="Seconds every call of a privileged helper (the sysfs writer, the VF network "
+        "writer) may take, on top of what the call itself waits for (a remove's "
+        "remove_timeout). A helper that misses it, or dies, is killed and started again; "
+        "the request gets 503 PrivilegedHelperUnavailable, the operation's intent stays in "
+        "the ledger and the daemon's recovery settles it from sysfs. /v1/health is "
+        "degraded until a new helper answers.",
+    ),
+    cfg.FloatOpt(
         "rescan_interval",
         default=60.0,
         min=0.1,

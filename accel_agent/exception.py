@@ -162,6 +162,16 @@ class SysfsWriteFailed(AccelAgentException):
     msg_fmt = "writing %(path)s failed: %(error)s"
 
 
+class PrivilegedHelperUnavailable(AccelAgentException):
+    # The helper missed its deadline or died (accel_agent.privsep_guard): it
+    # was killed and a new one is starting.  The write may or may not have
+    # happened; the operation's intent stays for recovery.
+    msg_fmt = (
+        "the privileged helper (%(helper)s) is unavailable: %(reason)s; the operation's "
+        "intent is kept for recovery, retry later"
+    )
+
+
 # --- lifecycle / ledger ------------------------------------------------------------
 
 

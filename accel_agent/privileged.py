@@ -79,7 +79,7 @@ from typing import Any, TypeVar
 from oslo_config import cfg
 
 from accel_agent import conf as agent_conf
-from accel_agent import exception
+from accel_agent import exception, privsep_guard
 from accel_agent.sysfs import address
 
 # oslo.privsep's daemon module imports eventlet, which prints its own
@@ -771,9 +771,52 @@ def _priv_clear_vgpu_type(
     )
 
 
-def _call(entrypoint: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+@sysfs_admin.entrypoint
+def _priv_pid() -> int:
+    """The helper's own pid: the guard kills a helper that misses a deadline."""
+    return os.getpid()
+
+
+# One guard per privsep context (accel_agent.privsep_guard): every call has a
+# deadline, a helper that misses one or dies is killed and started again.
+_guards: dict[int, privsep_guard.Guard] = {}
+# [DEFAULT] privileged_call_timeout, as the agent runs with it (set_call_timeout).
+_call_timeout = [privsep_guard.DEFAULT_CALL_TIMEOUT]
+
+
+def set_call_timeout(seconds: float) -> None:
+    """The deadline of every privileged call from now on (start and reload)."""
+    _call_timeout[0] = float(seconds)
+
+
+def register_guard(
+    context: priv_context.PrivContext, name: str, section: str, pid_entrypoint: Callable[..., int]
+) -> privsep_guard.Guard:
+    guard = privsep_guard.Guard(
+        context,
+        name,
+        start=lambda: _start_raw(context, section),
+        pid_entrypoint=pid_entrypoint,
+        call_timeout=lambda: _call_timeout[0],
+    )
+    _guards[id(context)] = guard
+    return guard
+
+
+def guard_of(context: priv_context.PrivContext) -> privsep_guard.Guard:
+    return _guards[id(context)]
+
+
+def guards() -> list[privsep_guard.Guard]:
+    return list(_guards.values())
+
+
+def _call(entrypoint: Callable[..., Any], *args: Any, wait: float = 0.0, **kwargs: Any) -> Any:
+    """``entrypoint`` through its context's guard (a deadline of the call
+    timeout plus ``wait``, what the call itself may wait for in the helper)."""
+    context = getattr(entrypoint, priv_context._ENTRYPOINT_ATTR)
     try:
-        return entrypoint(*args, **kwargs)
+        return guard_of(context).call(entrypoint, *args, wait=wait, **kwargs)
     except _WireError as wire:
         raise _from_wire(wire) from None
 
@@ -799,7 +842,8 @@ def remove_mdev(
     written), MdevNotFound (ENOENT), ParentGone (ENODEV), MdevRemoveTimeout (the
     write is still blocked: a VM holds the device), SysfsWriteFailed (other).
     """
-    _call(_priv_remove_mdev, uuid, timeout, sysfs_root=sysfs_root, vfio_dir=vfio_dir)
+    _call(_priv_remove_mdev, uuid, timeout, sysfs_root=sysfs_root, vfio_dir=vfio_dir,
+          wait=validate_timeout(timeout))
 
 
 def set_vgpu_type(vf: str, type_id: int, *, sysfs_root: str | None = None) -> None:
@@ -812,7 +856,8 @@ def clear_vgpu_type(
     vf: str, timeout: float, *, sysfs_root: str | None = None, vfio_dir: str | None = None
 ) -> None:
     """Destroy the vGPU of VF ``vf`` in the privsep daemon (:func:`write_vgpu_clear`)."""
-    _call(_priv_clear_vgpu_type, vf, timeout, sysfs_root=sysfs_root, vfio_dir=vfio_dir)
+    _call(_priv_clear_vgpu_type, vf, timeout, sysfs_root=sysfs_root, vfio_dir=vfio_dir,
+          wait=validate_timeout(timeout))
 
 
 # --- starting the daemon ---------------------------------------------------------
@@ -853,11 +898,32 @@ def start_context(
     Without arguments, the files CONF was parsed from are passed on.  An
     operator's ``[<section>] helper_command`` wins over ours.
     """
+    _set_helper_command(section, config_files, config_dirs)
+    guard_of(context).start()
+
+
+def _set_helper_command(
+    section: str, config_files: Sequence[str] | None, config_dirs: Sequence[str] | None
+) -> None:
     if config_files is None:
         config_files = _conf_list("config_file")
     if config_dirs is None:
         config_dirs = _conf_list("config_dir")
     cfg.CONF.set_default("helper_command", helper_command(config_files, config_dirs), group=section)
+    _commands_set.add(section)
+
+
+# The sections whose helper command start_context set (else a first start by
+# a call sets it from the files CONF was parsed from).
+_commands_set: set[str] = set()
+
+
+def _start_raw(context: priv_context.PrivContext, section: str) -> None:
+    """What a guard runs to start its helper: oslo.privsep's start, with the
+    command :func:`start_context` set (or, for a first start by a call, the
+    files CONF was parsed from)."""
+    if section not in _commands_set:
+        _set_helper_command(section, None, None)
     context.start(priv_context.Method.ROOTWRAP)
 
 
@@ -869,8 +935,11 @@ def start_privsep(
 
 
 def stop_privsep() -> None:
-    """Close the channel; the daemon exits when it sees EOF."""
-    sysfs_admin.stop()
+    """Tell the daemon to exit (EOF on its channel); killed if it lingers."""
+    guard_of(sysfs_admin).stop()
+
+
+register_guard(sysfs_admin, "sysfs", CFG_SECTION, _priv_pid)
 
 
 def _conf_list(name: str) -> list[str]:

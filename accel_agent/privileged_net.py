@@ -22,6 +22,7 @@ do (class name, message, kwargs).
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from oslo_config import cfg
 from accel_agent import exception
 
 # The wire format for errors is the sysfs context's, shared, not copied.
-from accel_agent.privileged import _call, _daemon_side, start_context
+from accel_agent.privileged import _call, _daemon_side, guard_of, register_guard, start_context
 
 # As in accel_agent.privileged: oslo.privsep pulls in eventlet, which warns on import.
 warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category=Warning)
@@ -93,6 +94,12 @@ def reset_local(pf_netdev: str, vf: int, pf: str | None = None) -> dict[str, dic
 
 
 @net_admin.entrypoint
+def _priv_pid() -> int:
+    """The helper's own pid (accel_agent.privsep_guard)."""
+    return os.getpid()
+
+
+@net_admin.entrypoint
 def _priv_apply(
     pf_netdev: str, vf: int, settings: dict[str, Any], pf: str | None = None, clean: bool = False
 ) -> dict[str, dict[str, Any]]:
@@ -150,13 +157,15 @@ def start_net_privsep(
 
 
 def ensure_net_privsep() -> None:
-    """Start the daemon unless it runs (the first VF setting of a process)."""
-    if net_admin.channel is None:
-        start_net_privsep()
+    """Nothing to do any more: the guard starts the daemon on the first call
+    (with the command :func:`start_net_privsep` set, else from CONF's files)."""
 
 
 def stop_net_privsep() -> None:
-    net_admin.stop()
+    guard_of(net_admin).stop()
+
+
+register_guard(net_admin, "net", CFG_SECTION, _priv_pid)
 
 
 def list_opts() -> list[tuple[str, list[cfg.Opt]]]:

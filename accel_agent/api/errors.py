@@ -65,6 +65,7 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.LedgerError: 503,
     exception.SysfsRootNotFound: 503,
     exception.LibvirtUnavailable: 503,
+    exception.PrivilegedHelperUnavailable: 503,
 }
 
 INTERNAL = 500

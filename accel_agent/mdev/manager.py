@@ -79,11 +79,10 @@ class PrivsepWriter:
     @staticmethod
     def _started() -> Any:
         # Imported on the first write: oslo.privsep is heavy, and read-only
-        # commands build a manager too.
+        # commands build a manager too.  The helper is started (and started
+        # again after a failure) by its guard, on the first call.
         from accel_agent import privileged
 
-        if privileged.sysfs_admin.channel is None:
-            privileged.start_privsep()
         return privileged
 
     def create(self, parent: str, mdev_type: str, uuid: str) -> None:
@@ -810,6 +809,13 @@ class MdevManager:
                     on_settle([uuid for uuid, _ in chosen])
                 self.ledger.finish_intent(intent)
             self._step("allocate.assigned")
+        except exception.PrivilegedHelperUnavailable:
+            # The write in flight may or may not have happened: leave the
+            # intent as a crash would, for recovery to settle from sysfs (the
+            # daemon runs it once a new helper answers).  Nothing is assigned.
+            LOG.error("operation %d for %s interrupted: the privileged helper failed; "
+                      "recovery settles it", intent, owner)
+            raise
         except BaseException:
             self._roll_back(intent, created)
             raise
@@ -845,7 +851,17 @@ class MdevManager:
         )
 
     def _roll_back(self, intent: int, created: list[str]) -> None:
-        """Undo a failed allocate: remove what it created, free what it reserved."""
+        """Undo a failed allocate: remove what it created, free what it reserved.
+
+        A privileged helper that fails meanwhile stops the rollback where it
+        is: the intent stays with the rows left, for recovery."""
+        try:
+            self._undo(intent, created)
+        except exception.PrivilegedHelperUnavailable as exc:
+            LOG.error("rollback of operation %d interrupted (%s); recovery settles the rest",
+                      intent, exc.message)
+
+    def _undo(self, intent: int, created: list[str]) -> None:
         for record in self.ledger.all():
             if record.intent_id != intent:
                 continue
@@ -858,6 +874,8 @@ class MdevManager:
         for uuid in created:
             try:
                 self._remove_owned(uuid)
+            except exception.PrivilegedHelperUnavailable:
+                raise
             except exception.AccelAgentException as exc:
                 # It stays recorded (free, owned): reusable, never leaked.
                 LOG.error("rollback could not remove mdev %s: %s", uuid, exc)
@@ -888,6 +906,8 @@ class MdevManager:
         try:
             with contextlib.suppress(exception.MdevNotFound):
                 self._destroy(uuid)
+        except exception.PrivilegedHelperUnavailable:
+            raise  # not undone: its record must stay for recovery
         except exception.AccelAgentException as exc:
             LOG.error("device %s: undoing a failed make failed: %s", uuid, exc)
 

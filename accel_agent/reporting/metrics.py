@@ -50,6 +50,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 MDEV_STATES = ("assigned", "claimed", "free", "foreign", "missing", "transient")
 SYNC_STATES = ("disabled", "ok", "failing")
+HELPERS = ("sysfs", "net")  # the privsep contexts (accel_agent.privsep_guard)
 # Local calls over a unix socket: most answer in milliseconds, a create or a
 # remove through privsep in tens, a remove blocked by a VM in seconds.
 LATENCY_BUCKETS = (
@@ -309,6 +310,15 @@ class AgentMetrics:
             ["result"],
             registry=r,
         )
+        self.helper_restarts = Counter(
+            f"{PREFIX}_privileged_helper_restarts",
+            "Privileged helpers killed and started again because they missed a call's "
+            "deadline or died, by helper (sysfs, net).",
+            ["helper"],
+            registry=r,
+        )
+        for helper in HELPERS:
+            self.helper_restarts.labels(helper=helper)
         self.placement_state.state("disabled")
         for state in MDEV_STATES:
             self.mdevs.labels(state=state).set(0)
