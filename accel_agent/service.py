@@ -123,6 +123,32 @@ class ReloadView:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class ReloadOutcome:
+    """What one reload did: applied (with notes for the operator) or refused."""
+
+    applied: bool
+    reason: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "result": "applied" if self.applied else "refused",
+            "reason": self.reason,
+            "notes": list(self.notes),
+        }
+
+
+def refusal_reason(exc: exception.ReloadRefused) -> str:
+    """Why a reload was refused, without the "reload refused" preamble the
+    exception's message adds (health and the API say that themselves)."""
+    return str(exc.kwargs.get("reason") or exc.message)
+
+
+def _no_reload() -> ReloadOutcome:
+    raise exception.ReloadRefused(reason="this agent runs without its daemon's service loop")
+
+
 def record_state(record: MdevRecord, present: bool) -> str:
     """The ``state`` label of a recorded mdev (accel_agent_mdevs, _mdev_info)."""
     if record.state is not MdevState.PRESENT or record.intent_id is not None:
@@ -203,6 +229,8 @@ class AgentCore:
         self._clock = clock
         self.manager = manager or wiring.build_manager(conf, writer=writer)
         self.manager.on_kept_in_use = lambda uuid: self.metrics.kept_in_use.inc()
+        for guard in _helper_guards():
+            guard.on_event = self._helper_event
         if reporter is None:
             from accel_agent.reporting.placement import PlacementReporter
 
@@ -223,11 +251,19 @@ class AgentCore:
         # Wired by AgentService; plain calls (no threads) by default.
         self.request_rescan: Callable[[str], None] = lambda reason: None
         self.wake_placement: Callable[[], None] = lambda: None
+        self.reload_requested: Callable[[], ReloadOutcome] = _no_reload
         self.metrics.set_placement(self.reporter.health())
 
     @property
     def host(self) -> str:
         return self.manager.host
+
+    def _helper_event(self, helper: str, event: str) -> None:
+        if event == "restart":
+            self.metrics.helper_restarts.labels(helper=helper).inc()
+        self.metrics.error("PrivilegedHelperUnavailable")
+        # Work the failed helper left half-done is settled by the next rescan.
+        self.request_rescan("helper")
 
     @property
     def qemu_globals(self) -> list[str]:
@@ -498,7 +534,20 @@ class AgentCore:
         waiting = [r for r in gone if r.parent not in snapshot.parents]
         return recoverable, waiting
 
+    def _settle_interrupted_work(self) -> None:
+        """Run recovery when the ledger holds work no operation is doing any
+        more: an intent or a half-done row that a failed privileged helper
+        left (an operation in flight has one too; recovery then waits for its
+        lock, finds it finished, and changes nothing).  A failed helper is
+        started again first."""
+        for guard in _helper_guards():
+            guard.ensure()
+        ledger = self.manager.ledger
+        if ledger.pending_intents() or ledger.unsettled():
+            self._run_recover()
+
     def _rescan_once(self, full: bool = False) -> RescanView:
+        self._settle_interrupted_work()
         # Ledger first: a row settled as present was created before it was
         # read, so only a concurrent remove can make it look missing, and
         # recover() re-checks under the manager's lock anyway.
@@ -604,6 +653,14 @@ class AgentCore:
 
     # --- reload ---------------------------------------------------------------------------
 
+    def request_reload(self) -> ReloadOutcome:
+        """``POST /v1/reload``: re-read the config files, as SIGHUP does;
+        ReloadRefused (409) when the reload was refused."""
+        outcome = self.reload_requested()
+        if not outcome.applied:
+            raise exception.ReloadRefused(reason=outcome.reason or "see the agent's log")
+        return outcome
+
     def reload_failed(self, reason: str) -> None:
         """A reload that failed before it reached :meth:`reload` (the files
         could not be read or parsed, or a bug): health says so too."""
@@ -623,7 +680,7 @@ class AgentCore:
             self.metrics.reloads.labels(result="refused").inc()
             with self._state_lock:
                 self._reload_view = ReloadView(
-                    self._reload_view.loaded_at, now, "refused", exc.message
+                    self._reload_view.loaded_at, now, "refused", refusal_reason(exc)
                 )
             raise
         self.metrics.reloads.labels(result="applied").inc()
@@ -732,6 +789,12 @@ class AgentCore:
             )
         if reload.result == "refused":
             problems.append(f"configuration reload refused: {reload.reason}")
+        helpers = [guard.health() for guard in _helper_guards()]
+        problems += [
+            f"privileged helper {h.name} is {h.state}: {h.last_error or 'no answer yet'}"
+            for h in helpers
+            if not h.ok
+        ]
         problems += self._ledger_problems(rescan)
         return {
             "status": "degraded" if problems else "ok",
@@ -757,8 +820,18 @@ class AgentCore:
                 "last_reload_result": reload.result,
                 "last_reload_error": reload.reason,
             },
+            "privileged_helpers": {h.name: h.to_dict() for h in helpers},
             "problems": problems,
         }
+
+
+def _helper_guards() -> list[Any]:
+    """The privileged helpers' guards, once accel_agent.privileged is loaded
+    (a core built with a test writer never loads it: no helper to watch)."""
+    import sys
+
+    privileged = sys.modules.get("accel_agent.privileged")
+    return privileged.guards() if privileged is not None else []
 
 
 def _no_space_left(directory: str) -> bool:
@@ -860,6 +933,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
         self.started = threading.Event()
         self._stopped = False
         self._started_privsep = False
+        self._reload_lock = threading.Lock()
 
     # --- life cycle ------------------------------------------------------------------
 
@@ -883,12 +957,14 @@ class AgentService(_service_base()):  # type: ignore[misc]
         if self._writer is None:
             from accel_agent import privileged
 
+            privileged.set_call_timeout(conf.privileged_call_timeout)
             if privileged.sysfs_admin.channel is None:
                 try:
                     privileged.start_privsep(self.config_files, self.config_dirs)
                 except Exception as exc:
+                    message = getattr(exc, "message", None) or str(exc)
                     raise exception.AccelAgentException(
-                        f"cannot start the privileged helper (privsep-helper): {exc}"
+                        f"cannot start the privileged helper (privsep-helper): {message}"
                     ) from exc
                 self._started_privsep = True
         core = AgentCore(conf, writer=self._writer)
@@ -911,7 +987,16 @@ class AgentService(_service_base()):  # type: ignore[misc]
         )
         core.request_rescan = self.scheduler.request
         core.wake_placement = self._placement_wake.set
+        core.reload_requested = self._reload_from_api
         self.server.prepare()
+
+    def _reload_from_api(self) -> ReloadOutcome:
+        """``POST /v1/reload`` (accelctl reload): as SIGHUP does, with systemd told."""
+        sd_notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            return self.reload_config()
+        finally:
+            sd_notify("READY=1")
 
     def start(self) -> None:
         assert self.core is not None and self.scheduler is not None, "prepare() first"
@@ -946,38 +1031,64 @@ class AgentService(_service_base()):  # type: ignore[misc]
             except Exception:  # the reporter never raises; a bug must not end the loop
                 LOG.exception("Placement sync failed unexpectedly")
 
-    def reload_config(self) -> bool:
-        """SIGHUP: re-read the config files; apply, or refuse and keep running as is."""
+    def reload_config(self) -> ReloadOutcome:
+        """SIGHUP, ``accelctl reload``: re-read the config files; apply, or
+        refuse and keep running as is.  Never raises: whatever goes wrong is
+        a refused reload (health degraded, counted, logged once)."""
+        with self._reload_lock:
+            return self._reload_config()
+
+    def _reload_config(self) -> ReloadOutcome:
         assert self.core is not None and self.scheduler is not None
-        LOG.info("SIGHUP: reloading the configuration from %s",
+        LOG.info("reloading the configuration from %s",
                  ", ".join(self.config_files + self.config_dirs) or "the default files")
         try:
             new_conf = load_new_config(self.config_files, self.config_dirs)
+            interval, debounce, call_timeout = self._service_settings(new_conf)
         except exception.ReloadRefused as exc:
-            # The files could not be read or parsed: core.reload never saw it.
+            # Refused before core.reload saw it (unreadable files, a bad value).
             LOG.error("%s", exc.message)
-            self.core.reload_failed(exc.message)
-            return False
+            self.core.reload_failed(refusal_reason(exc))
+            return ReloadOutcome(False, refusal_reason(exc))
         try:
-            notes = self.core.reload(new_conf)
+            notes = self.core.reload(new_conf)  # records a refusal itself
         except exception.ReloadRefused as exc:
             LOG.error("%s", exc.message)
-            return False
+            return ReloadOutcome(False, refusal_reason(exc))
         except Exception as exc:  # a bug must not take the running agent down
             LOG.exception("configuration reload failed; the running configuration is kept")
-            self.core.reload_failed(f"reload failed unexpectedly ({type(exc).__name__}); "
-                                    "see the agent's log")
-            return False
+            reason = (f"reload failed unexpectedly ({type(exc).__name__}); the running "
+                      "configuration is kept; see the agent's log")
+            self.core.reload_failed(reason)
+            return ReloadOutcome(False, reason)
         for note in notes:
             LOG.warning("%s", note)
         self.conf = new_conf
-        self.scheduler.configure(self._interval(new_conf), new_conf.event_debounce)
+        self.scheduler.configure(interval, debounce)
+        if self._writer is None:
+            from accel_agent import privileged
+
+            privileged.set_call_timeout(call_timeout)
         self._placement_wake.set()
         LOG.info(
             "configuration reloaded: %d mdev type(s) enabled",
             len(self.core.manager.policy.types),
         )
-        return True
+        return ReloadOutcome(True, None, tuple(notes))
+
+    def _service_settings(self, conf: cfg.ConfigOpts) -> tuple[float, float, float]:
+        """The rescan interval, event debounce and privileged call timeout of
+        ``conf``, read before anything is applied: oslo.config converts a
+        value when it is first read, so a bad one must fail here, not after
+        the switch."""
+        try:
+            return (
+                self._interval(conf),
+                float(conf.event_debounce),
+                float(conf.privileged_call_timeout),
+            )
+        except (cfg.Error, ValueError) as exc:
+            raise exception.ReloadRefused(reason=str(exc)) from None
 
     def stop(self, graceful: bool = True) -> None:
         if self._stopped:
@@ -997,20 +1108,27 @@ class AgentService(_service_base()):  # type: ignore[misc]
 
     def close(self) -> None:
         """Release what prepare() took (also after a failed prepare)."""
+        self.close_socket()
+        if self.core is not None:
+            with contextlib.suppress(Exception):
+                self.core.close()
+        if self._started_privsep:
+            self.stop_helpers()
+            self._started_privsep = False
+
+    def close_socket(self) -> None:
         from accel_agent.api.server import remove_socket
 
         if self._socket is not None:
             remove_socket(self._socket_path, self._socket, self._socket_identity)
             self._socket = None
-        if self.core is not None:
-            with contextlib.suppress(Exception):
-                self.core.close()
-        if self._started_privsep:
-            from accel_agent import privileged
 
+    def stop_helpers(self) -> None:
+        """Stop every privileged helper (the net one starts on first use):
+        calls still waiting on one fail at once."""
+        for guard in _helper_guards():
             with contextlib.suppress(Exception):
-                privileged.stop_privsep()
-            self._started_privsep = False
+                guard.stop()
 
 
 # --- systemd and signals -------------------------------------------------------------
@@ -1035,6 +1153,7 @@ def sd_notify(*fields: str) -> bool:
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FATAL = 0  # a byte on the wake-up pipe that is no signal number
+_PREPARED = 255  # start-up ended (the thread that ran it says so on the pipe)
 
 
 # Open files the daemon allows itself (soft limit, up to the hard one): every
@@ -1068,7 +1187,13 @@ def run(
     """Run the daemon until SIGTERM/SIGINT; returns the exit code.
 
     ``report_error``: how a refusal to start reaches the operator (the
-    console script passes its stderr printer: the CLI's error lines)."""
+    console script passes its stderr printer: the CLI's error lines).
+
+    Signals are honoured from the first instant: start-up (recovery, the
+    first scan: minutes on a host with thousands of parents) runs in a
+    thread while this one waits for it or for a signal.  SIGTERM then ends
+    the daemon within ``[api] shutdown_timeout`` whatever is stuck (see
+    :class:`_StopDeadline`)."""
     from oslo_service import service as os_service
 
     raise_open_files_limit()
@@ -1079,32 +1204,34 @@ def run(
         signal.signal(signum, lambda *_: None)  # the byte on the pipe is what counts
     previous_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
 
+    def wake(byte: int) -> None:
+        with contextlib.suppress(OSError):
+            os.write(wake_write, bytes([byte]))
+
     def fatal(reason: str) -> None:
         LOG.error("%s", reason)
-        with contextlib.suppress(OSError):
-            os.write(wake_write, bytes([_FATAL]))
+        wake(_FATAL)
 
     agent = AgentService(
         conf, config_files, config_dirs, rescan_interval=rescan_interval, on_fatal=fatal
     )
     try:
-        try:
-            agent.prepare()
-        except exception.ConfigErrors as exc:
-            report_error("refusing to start: recovery needs a configuration change")
-            for error in exc.errors:
-                report_error(error.message)
+        starting = _Start(agent, lambda: wake(_PREPARED))
+        starting.start()
+        early = _wait_for_start(wake_read, starting)
+        if early is not None:  # SIGTERM/SIGINT while starting
+            LOG.info("%s during start-up: stopping without finishing it",
+                     signal.Signals(early).name)
+            _StopDeadline(agent.conf.api.shutdown_timeout, agent).start()
+            agent.stop_helpers()
+            agent.close_socket()
+            starting.join(agent.conf.api.shutdown_timeout / 2)
+            if starting.is_alive():
+                _hard_exit(0)  # start-up cannot be interrupted; the ledger is crash-safe
             agent.close()
-            return 1
-        except exception.AccelAgentException as exc:
-            report_error(exc.message)
-            agent.close()
-            return 1
-        except Exception as exc:
-            LOG.exception("start-up failed")
-            report_error(f"start-up failed: {exc!r}")
-            agent.close()
-            return 1
+            return 0
+        if starting.error is not None:
+            return _refused_to_start(agent, starting.error, report_error)
         launcher = os_service.Launcher(conf, restart_method="mutate")
         launcher.launch_service(agent)
         if not agent.started.wait(60):
@@ -1115,11 +1242,16 @@ def run(
         sd_notify("READY=1", f"STATUS=serving the API on {socket_path}", f"MAINPID={os.getpid()}")
         LOG.info("accel-agent %s ready: API on %s, pid %d", accel_agent.__version__,
                  socket_path, os.getpid())
+        if starting.reload_pending:
+            agent.reload_config()
         try:
             code = _signal_loop(agent, wake_read)
         except Exception:
             LOG.exception("the daemon's main loop failed; stopping")
             code = 1
+        # From here the stop is bounded: whatever is stuck (a request in a
+        # privileged call, a scan of a huge host), the process ends in time.
+        _StopDeadline(agent.conf.api.shutdown_timeout, agent).start()
         sd_notify("STOPPING=1")
         launcher.stop()
         launcher.wait()
@@ -1131,6 +1263,91 @@ def run(
         os.close(wake_write)
 
 
+class _Start(threading.Thread):
+    """``agent.prepare()`` (privileged helper, recovery, first scan, socket)
+    in a thread of its own, so that the main thread keeps answering signals."""
+
+    def __init__(self, agent: AgentService, done: Callable[[], None]) -> None:
+        super().__init__(name="start-up", daemon=True)
+        self._agent = agent
+        self._done = done
+        self.error: BaseException | None = None
+        self.reload_pending = False
+
+    def run(self) -> None:
+        try:
+            self._agent.prepare()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+        finally:
+            self._done()
+
+
+def _wait_for_start(wake_read: int, starting: _Start) -> int | None:
+    """Wait until start-up ends (None) or SIGTERM/SIGINT arrives (its number).
+    A SIGHUP meanwhile is applied once the agent is ready."""
+    while True:
+        data = os.read(wake_read, 64)
+        for byte in data:
+            if byte in (signal.SIGTERM, signal.SIGINT):
+                return byte
+            if byte == signal.SIGHUP:
+                LOG.info("SIGHUP during start-up: the configuration is reloaded once ready")
+                starting.reload_pending = True
+            elif byte == _PREPARED:
+                starting.join()
+                return None
+
+
+def _refused_to_start(
+    agent: AgentService, error: BaseException, report_error: Callable[[str], None]
+) -> int:
+    if isinstance(error, exception.ConfigErrors):
+        report_error("refusing to start: recovery needs a configuration change")
+        for item in error.errors:
+            report_error(item.message)
+    elif isinstance(error, exception.AccelAgentException):
+        report_error(error.message)
+    else:
+        LOG.error("start-up failed", exc_info=error)
+        report_error(f"start-up failed: {error!r}")
+    agent.close()
+    return 1
+
+
+class _StopDeadline(threading.Thread):
+    """SIGTERM's promise: the process ends within ``shutdown_timeout``.
+
+    In-flight requests get most of it to finish; at 80 % the privileged
+    helpers are stopped, so that a request stuck in a privileged call fails
+    (503) instead of holding the stop; at 100 % the process exits whatever
+    still runs.  The ledger is crash-safe, so the hard exit loses nothing
+    that was acknowledged: what was in flight is settled at the next start."""
+
+    def __init__(self, timeout: float, agent: AgentService) -> None:
+        super().__init__(name="stop-deadline", daemon=True)
+        self._timeout = max(1.0, float(timeout))
+        self._agent = agent
+
+    def run(self) -> None:
+        time.sleep(0.8 * self._timeout)
+        LOG.warning("still stopping after %.0f s: stopping the privileged helpers",
+                    0.8 * self._timeout)
+        self._agent.stop_helpers()
+        time.sleep(0.2 * self._timeout)
+        LOG.error("accel-agent did not stop within [api] shutdown_timeout (%g s); exiting "
+                  "now (the ledger settles what was in flight at the next start)",
+                  self._timeout)
+        _hard_exit(1)
+
+
+def _hard_exit(code: int) -> None:
+    """End the process now, threads and all, after the logs are out."""
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    os._exit(code)
+
+
 def _signal_loop(agent: AgentService, wake_read: int) -> int:
     while True:
         data = os.read(wake_read, 64)  # PEP 475: retried after each signal handler
@@ -1138,7 +1355,7 @@ def _signal_loop(agent: AgentService, wake_read: int) -> int:
             if signum == signal.SIGHUP:
                 sd_notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
                 try:
-                    agent.reload_config()
+                    agent.reload_config()  # never raises: a failure is a refused reload
                 finally:
                     sd_notify("READY=1")
             elif signum in (signal.SIGTERM, signal.SIGINT):

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from accel_agent.mdev.ledger import MdevRecord
     from accel_agent.mdev.manager import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
+    from accel_agent.service import ReloadOutcome
 
 LOG = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class Backend(Protocol):
     def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan: ...
 
     def recover(self, check: bool = False) -> RecoveryReport: ...
+
+    def request_reload(self) -> ReloadOutcome: ...
 
 
 def load_openapi() -> dict[str, Any]:

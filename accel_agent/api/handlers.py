@@ -164,6 +164,10 @@ def rewrite_domain_xml(req: Request) -> Response:
     )
 
 
+def reload(req: Request) -> Response:
+    return Response.json(req.backend.request_reload().to_dict())
+
+
 def openapi(req: Request) -> Response:
     return Response.json(req.openapi)
 
@@ -189,6 +193,7 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", f"{INSTANCE}/attachments", delete_attachments),
     Route("POST", "/v1/mdevs/{uuid}/adopt", adopt),
     Route("POST", "/v1/recover", recover),
+    Route("POST", "/v1/reload", reload),
     Route("POST", "/v1/takeover/libvirt", takeover),
     Route("POST", "/v1/migrations/{instance}/claim", migration_claim),
     Route("POST", "/v1/migrations/{instance}/commit", migration_commit),
