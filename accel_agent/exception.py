@@ -167,8 +167,8 @@ class PrivilegedHelperUnavailable(AccelAgentException):
     # was killed and a new one is starting.  The write may or may not have
     # happened; the operation's intent stays for recovery.
     msg_fmt = (
-        "the privileged helper (%(helper)s) is unavailable: %(reason)s; the operation's "
-        "intent is kept for recovery, retry later"
+        "the privileged helper (%(helper)s) is unavailable: %(reason)s; a new one is "
+        "started, retry later"
     )
 
 

@@ -61,10 +61,12 @@ from accel_agent import exception
 LOG = logging.getLogger(__name__)
 
 DEFAULT_CALL_TIMEOUT = 30.0
-# A new helper must answer its first call within this many deadlines: its
-# start (an interpreter, oslo.config, dropping capabilities) takes a few
-# seconds on a loaded host, far more than one sysfs write.
+# A new helper must answer its first call within this many call deadlines,
+# and never less than START_FLOOR seconds: its start (an interpreter,
+# oslo.config, dropping capabilities) takes seconds on a loaded host (seen:
+# 3 s on a busy 2-core machine), far more than one sysfs write.
 START_DEADLINES = 2.0
+START_FLOOR = 60.0
 
 
 class HelperStartFailed(Exception):
@@ -185,7 +187,7 @@ class Guard:
             return channel
 
     def _start_budget(self) -> float:
-        return START_DEADLINES * self._call_timeout()
+        return max(START_FLOOR, START_DEADLINES * self._call_timeout())
 
     # --- starting -------------------------------------------------------------------
 
