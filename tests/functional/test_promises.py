@@ -20,6 +20,7 @@ code (``DirectWriter``), every outcome read back from the simulator:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -402,9 +403,25 @@ def test_offline_recover_frees_expired_claims_and_says_so(env: Env, as_json: boo
 
 # --- a config change and a reboot: free devices of a dropped type -------------------------
 
-# mtty-2 dropped for mtty-1, and the GPU's vGPU type changed to another size.
+# mtty-2 dropped for mtty-1, and the GPU's vGPU type changed to another size;
+# or both types dropped with no other in their place (the GPU unconfigured).
 VGPU_OTHER = "nvidia-1147"  # NVIDIA L40S-1Q
 DROPPED = CONF.replace("mtty-2", "mtty-1").replace(VGPU_TYPE, VGPU_OTHER)
+DROPPED_WHOLE = f"""
+[devices]
+enabled_mdev_types = mtty-1
+enabled_vf_pools = nic_a
+[mdev_mtty-1]
+device_addresses = mtty
+[vf_pool_nic_a]
+device_addresses = {PF0}
+resource_class = CUSTOM_NIC_A
+num_vfs = 2
+[libvirt]
+uri =
+"""
+CONFIG_CHANGES = [pytest.param(DROPPED, id="type-replaced"),
+                  pytest.param(DROPPED_WHOLE, id="type-removed")]
 
 
 def reboot_with(env: Env, conf: str) -> Env:
@@ -414,14 +431,19 @@ def reboot_with(env: Env, conf: str) -> Env:
     return Env(env.host, conf)
 
 
-def test_free_devices_of_a_dropped_type_are_forgotten_after_a_reboot(env: Env) -> None:
+@pytest.mark.parametrize("conf", CONFIG_CHANGES)
+def test_free_devices_of_a_dropped_type_are_forgotten_after_a_reboot(
+    env: Env, conf: str, caplog: pytest.LogCaptureFixture
+) -> None:
     mdev = env.manager.allocate("vm-1", 1, mdev_type="mtty-2").uuids[0]
-    vgpu = env.manager.allocate("vm-2", 1, mdev_type=VGPU_TYPE).uuids[0]
+    (vgpu_record,) = env.manager.allocate("vm-2", 1, mdev_type=VGPU_TYPE).mdevs
+    vgpu, vgpu_vf = vgpu_record.uuid, vgpu_record.parent
     kept = env.attach("vm-3", [{"pool": "nic_a", "mac": MAC}])["attachments"][0]["uuid"]
     env.manager.release("vm-1")
     env.manager.release("vm-2")
     assert set(env.rows()) == {mdev, vgpu, kept}
-    after = reboot_with(env, DROPPED)
+    after = reboot_with(env, conf)
+    caplog.set_level(logging.INFO, logger="accel_agent.mdev.manager")
     try:
         report = after.manager.recover()
         assert sorted(report.forgotten) == sorted([mdev, vgpu])
@@ -429,21 +451,52 @@ def test_free_devices_of_a_dropped_type_are_forgotten_after_a_reboot(env: Env) -
         assert after.host.sysfs_uuids() == set()  # no mtty-2 (nor mtty-1) made
         assert after.typed() == {}  # no VF typed, with the old type or the new one
         assert set(after.rows()) == {kept}  # no row left for what is gone
+        said = [r.getMessage() for r in caplog.records if "forgot free mdev" in r.getMessage()]
+        assert sorted(said) == sorted(  # what the operator reads in the journal
+            f"forgot free mdev {u}: gone from sysfs, and the config no longer gives {p} type {t}"
+            for u, p, t in ((mdev, "mtty", "mtty-2"), (vgpu, vgpu_vf, VGPU_TYPE))
+        )
         again = after.manager.recover()  # nothing waits, nothing comes back
         assert (again.recreated, again.forgotten, again.waiting_for_parent) == ([], [], [])
     finally:
         after.manager.ledger.close()
 
 
+def test_before_the_reboot_a_free_device_of_a_dropped_type_is_never_given_out(
+    env: Env,
+) -> None:
+    """A reload or a restart alone: the free devices still exist, stay
+    recorded, and an allocation of the type now configured does not get them
+    (it asked for mtty-1, not the free mtty-2; nvidia-1147, not the free
+    nvidia-1150 VF, which also keeps the card at its size: no room)."""
+    mdev = env.manager.allocate("vm-1", 1, mdev_type="mtty-2").uuids[0]
+    vgpu = env.manager.allocate("vm-2", 1, mdev_type=VGPU_TYPE).uuids[0]
+    env.manager.release("vm-1")
+    env.manager.release("vm-2")
+    env.manager.ledger.close()
+    after = Env(env.host, DROPPED)
+    try:
+        (got,) = after.manager.allocate("vm-3", 1, mdev_type="mtty-1").mdevs
+        assert got.uuid != mdev and got.mdev_type == "mtty-1"
+        with pytest.raises(exception.InsufficientCapacity):
+            after.manager.allocate("vm-4", 1, mdev_type=VGPU_OTHER)
+        rows = after.rows()
+        assert rows[mdev] == rows[vgpu] == (None, None, "present")  # recorded, free
+        assert mdev in after.host.sysfs_uuids() and VGPU_ID in after.typed().values()
+    finally:
+        after.manager.ledger.close()
+
+
+@pytest.mark.parametrize("conf", CONFIG_CHANGES)
 @pytest.mark.parametrize("mdev_type", ["mtty-2", VGPU_TYPE])
 def test_an_assigned_device_of_a_dropped_type_refuses_recovery(
-    env: Env, mdev_type: str
+    env: Env, mdev_type: str, conf: str
 ) -> None:
     uuid = env.manager.allocate("vm-1", 1, mdev_type=mdev_type).uuids[0]
     free = env.manager.allocate("vm-2", 1, mdev_type=mdev_type).uuids[0]
     env.manager.release("vm-2")
     before = env.rows()
-    after = reboot_with(env, DROPPED)
+    after = reboot_with(env, conf)
     try:
         with pytest.raises(exception.ConfigErrors) as info:
             after.manager.recover()
