@@ -651,12 +651,16 @@ class MdevManager:
         the same call took (reused UUIDs, creates per parent), left alone."""
         planned = planned if planned is not None else Counter()
         inventory = self.inventory(snapshot)
-        free_by_parent: dict[str, list[str]] = {}
+        # By parent and type: a free mdev of a type the config no longer gives
+        # its parent is never handed out as the type asked for.
+        free_by_parent: dict[tuple[str, str], list[str]] = {}
         recorded: set[str] = set()
         for record in self.ledger.all():
             recorded.add(record.uuid)
             if record.free and record.uuid in snapshot.mdevs and not planned[record.uuid]:
-                free_by_parent.setdefault(record.parent, []).append(record.uuid)
+                free_by_parent.setdefault((record.parent, record.mdev_type), []).append(
+                    record.uuid
+                )
         candidates = []
         for provider in inventory.providers:
             if wanted_type and provider.mdev_type != wanted_type:
@@ -715,11 +719,13 @@ class MdevManager:
         provider: inventory_mod.Provider,
         members: list[str],
         mdev_type: str,
-        free_by_parent: dict[str, list[str]],
+        free_by_parent: dict[tuple[str, str], list[str]],
         recorded: set[str],
         planned: Counter[str],
     ) -> list[_Slot]:
-        slots = [_Slot(p, u) for p in members for u in sorted(free_by_parent.get(p, []))]
+        slots = [
+            _Slot(p, u) for p in members for u in sorted(free_by_parent.get((p, mdev_type), []))
+        ]
         existing = sum(
             len(snapshot.mdevs_on(p, mdev_type)) + planned[p] for p in provider.parent_devices
         )
@@ -1368,9 +1374,14 @@ class MdevManager:
                 report.waiting_for_parent.append(record.uuid)
                 continue
             if not record.assigned and self._configured_type(record, devices) != record.mdev_type:
-                # A free mdev of a type the config dropped: nobody needs it back.
+                # A free mdev of a type the config dropped: nobody needs it back,
+                # and it is gone from sysfs already (a reboot): nothing leaks.
                 self.ledger.forget(record.uuid)
                 report.forgotten.append(record.uuid)
+                LOG.info(
+                    "forgot free mdev %s: gone from sysfs, and the config no longer gives "
+                    "%s type %s", record.uuid, record.parent, record.mdev_type,
+                )
                 continue
             # Same UUID, same parent, same type (a VF: same settings), by the
             # backend that made it.

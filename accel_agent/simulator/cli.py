@@ -12,6 +12,7 @@ accel_agent.simulator``, which is also how ``mount`` starts its server).
   simulate unregister DIR PARENT | register DIR PARENT
   simulate fail-next-create DIR ERRNO [--parent P] [--type T]
   simulate fail-next-vgpu-write DIR ERRNO [--vf ADDR] [--type-id N]
+  simulate accept-held-vgpu-destroy DIR [--refuse]
   simulate materialise DIR [profile options]      (static tree, no process)
   simulate spec [profile options]                 (print the JSON spec)
   simulate profiles                               (list profiles and their options)
@@ -157,6 +158,12 @@ def cmd_fail_next_create(args: argparse.Namespace) -> int:
 @_handled
 def cmd_fail_next_vgpu_write(args: argparse.Namespace) -> int:
     _client(args).fail_next_vgpu_write(args.errno, args.vf, args.type_id)
+    return 0
+
+
+@_handled
+def cmd_accept_held_vgpu_destroy(args: argparse.Namespace) -> int:
+    _client(args).accept_held_vgpu_destroy(not args.refuse)
     return 0
 
 
@@ -320,6 +327,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("errno")
     p.add_argument("--vf", help="only a write to this VF (PCI address)")
     p.add_argument("--type-id", type=int, help="only a write of this value (0: a destroy)")
+    p = action("accept-held-vgpu-destroy", cmd_accept_held_vgpu_destroy,
+               "until the next reboot, a 0 written to the current_vgpu_type of a VF a VM "
+               "holds destroys its vGPU instead of failing with EBUSY (a driver that does "
+               "not refuse)")
+    p.add_argument("--refuse", action="store_true", help="back to EBUSY")
     p = action("materialise", cmd_materialise, "write a static tree (no process, no FUSE)",
                directory="empty or new directory")
     _spec_args(p)

@@ -14,7 +14,8 @@ VFIO driver, ``after_probe``)/``release`` (``uuid``),
 ``unregister``/``register`` (``parent``),
 ``fail-next-create`` (``errno`` name such as ``"ENOSPC"``, optional ``parent``,
 ``type_id``), ``fail-next-vgpu-write`` (``errno``, optional ``vf`` address and
-``type_id``: the value written, 0 for a destroy), ``stop``.
+``type_id``: the value written, 0 for a destroy), ``accept-held-vgpu-destroy``
+(``accept``: bool; until the next reboot), ``stop``.
 """
 
 from __future__ import annotations
@@ -207,6 +208,9 @@ class SimulatorClient:
                              type_id: int | None = None) -> None:
         self.call("fail-next-vgpu-write", errno=errno_name, vf=vf, type_id=type_id)
 
+    def accept_held_vgpu_destroy(self, accept: bool = True) -> None:
+        self.call("accept-held-vgpu-destroy", accept=accept)
+
     def stop(self) -> None:
         self.call("stop")
 
@@ -297,6 +301,11 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             vf = req.get("vf")
             host.fail_next_vgpu_write(errno_from_name(req["errno"]),
                                       None if vf is None else str(vf), type_id)
+        elif op == "accept-held-vgpu-destroy":
+            accept = req.get("accept", True)
+            if not isinstance(accept, bool):
+                raise ValueError(f"accept must be true or false, got {accept!r}")
+            host.accept_held_vgpu_destroy(accept)
         elif op == "stop":
             return "stopping"
         else:

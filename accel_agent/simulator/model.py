@@ -526,6 +526,19 @@ class SimulatedHost:
                 self._pci.function(vf)
             self._vgpus.fail_next_write(code, vf, type_id)
 
+    def accept_held_vgpu_destroy(self, accept: bool = True) -> None:
+        """Make the ``nvidia`` driver destroy a vGPU whose VF a VM holds when
+        ``0`` is written (instead of EBUSY), until ``accept`` False or the next
+        reboot: a driver that does not refuse, so that only the agent's in-use
+        probe stands between the write and the VM."""
+        with self._lock:
+            self._vgpus.accept_held_destroy = bool(accept)
+
+    def vgpu_writes(self) -> list[dict[str, Any]]:
+        """The recorded ``nvidia/current_vgpu_type`` writes (see nvidia_vfio)."""
+        with self._lock:
+            return self._vgpus.writes()
+
     def _mdev(self, uuid: str) -> _Mdev:
         mdev = self._mdevs.get(uuid.lower())
         if mdev is None:
@@ -603,6 +616,7 @@ class SimulatedHost:
                 "blocked_removes": [vars(b).copy() for b in self.blocked_removes],
                 **self._pci_status(),
                 "vgpus": self._vgpus.vgpus(),
+                "vgpu_writes": self._vgpus.writes(),
             }
 
     # ---------------------------------------------------------------- file API

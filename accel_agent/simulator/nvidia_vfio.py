@@ -43,9 +43,20 @@ an id on a VF already typed            EINVAL   choice: nothing is creatable the
                                                 counts as done")
 ``0`` while the VF's ``vfio/<group>``  EBUSY    choice: the real driver's answer is
   is open or held (a VM uses it)                unknown; the agent probes first anyway
+                                       ok       after accept-held-vgpu-destroy: a
+                                                driver that does not refuse (the vGPU
+                                                is destroyed under the VM)
 fail-next-vgpu-write (control hook)    chosen   e.g. EIO as with a MIG-backed type
                                                 whose GPU instance is missing (§3)
 =====================================  =======  ===================================
+
+Every write to ``current_vgpu_type`` that reaches the driver is recorded
+(:meth:`NvidiaVgpus.writes`, the simulator's ``status``: ``vgpu_writes``), with
+whether the VF's group was held at that instant and the outcome, so a test
+can prove that no write reached a VF a VM holds, whatever the driver answers.
+The record is kept across reboots (like ``blocked_removes``), numbered by
+``seq``; ``accept-held-vgpu-destroy`` is forgotten at a reboot, like the
+injected faults.
 
 Writes to ``gpu_instance_id``, ``placement_id`` and ``vgpu_params`` are refused
 with EINVAL (their semantics on this route are unpublished; the simulated
@@ -56,6 +67,7 @@ directory (the driver's remove); a reboot starts every VF at ``0``.
 from __future__ import annotations
 
 import errno
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +80,7 @@ from accel_agent.simulator.tree import oserror
 
 HEADER = b"ID    : vGPU Name\n"
 NVIDIA_DIR = "nvidia"
+MAX_WRITES_KEPT = 4096  # a long test run's status stays small; tests compare by seq
 
 
 @dataclass(eq=False)
@@ -92,6 +105,10 @@ class NvidiaVgpus:
         self._vfs: dict[str, _VgpuVf] = {}
         self._by_pf: dict[str, list[_VgpuVf]] = {}  # a card's bound VFs: what the rule reads
         self._faults: list[tuple[int, str | None, int | None]] = []
+        self._writes: deque[dict[str, Any]] = deque(maxlen=MAX_WRITES_KEPT)
+        self._write_seq = 0
+        # A driver that destroys a vGPU a VM holds instead of answering EBUSY.
+        self.accept_held_destroy = False
 
     # ---------------------------------------------------------------- driver hooks
 
@@ -150,6 +167,26 @@ class NvidiaVgpus:
         return b"0\n"
 
     def _current_store(self, vf: _VgpuVf, data: bytes) -> int:
+        # Recorded before anything can refuse it: what matters to a test is
+        # that the write reached the driver, whatever the driver answered.
+        entry = self._record_write(vf, data)
+        try:
+            written = self._apply_current(vf, data)
+        except OSError as err:
+            entry["outcome"] = errno.errorcode.get(err.errno or 0, str(err.errno))
+            raise
+        entry["outcome"] = "ok"
+        return written
+
+    def _record_write(self, vf: _VgpuVf, data: bytes) -> dict[str, Any]:
+        self._write_seq += 1
+        entry: dict[str, Any] = {"seq": self._write_seq, "vf": vf.fn.address,
+                                 "data": data.decode("ascii", "replace"),
+                                 "held": vf.fn.busy, "outcome": None}
+        self._writes.append(entry)
+        return entry
+
+    def _apply_current(self, vf: _VgpuVf, data: bytes) -> int:
         value = kstrtoul(data)
         for i, (code, f_vf, f_type) in enumerate(self._faults):
             if f_vf in (None, vf.fn.address) and f_type in (None, value):
@@ -158,7 +195,7 @@ class NvidiaVgpus:
         if value == 0:
             if vf.type_id == 0:
                 return len(data)
-            if vf.fn.busy:
+            if vf.fn.busy and not self.accept_held_destroy:
                 raise oserror(errno.EBUSY, f"{vf.fn.address}: the vGPU is in use by a VM")
             vf.type_id = 0
         else:
@@ -178,6 +215,13 @@ class NvidiaVgpus:
 
     def reset(self) -> None:
         self._faults.clear()
+        self.accept_held_destroy = False
+
+    def writes(self) -> list[dict[str, Any]]:
+        """The last ``current_vgpu_type`` writes (oldest first): ``seq``, ``vf``,
+        ``data`` as written, ``held`` (the VF's group was open or held by a VM
+        at that instant) and ``outcome`` (``ok`` or the errno's name)."""
+        return [dict(w) for w in self._writes]
 
     def vgpus(self) -> list[dict[str, Any]]:
         """Every typed VF, by address."""

@@ -194,6 +194,21 @@ def test_cli_mounts_nvidia_vfio_and_shows_typed_vfs(tmp_path):
         assert res.returncode == 0, res.stderr
         assert write(os.path.join(gpu2, "virtfn15", "nvidia", "current_vgpu_type"),
                      b"0") == errno.ENOSPC
+        # A VM holds it: EBUSY, unless the driver is told to accept.
+        vgpu_type = os.path.join(gpu2, "virtfn15", "nvidia", "current_vgpu_type")
+
+        def simulate(*args: str) -> None:
+            res = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True,
+                                 timeout=30, check=False)
+            assert res.returncode == 0, res.stderr
+
+        simulate("hold", mp, "0000:c2:02.3")
+        assert write(vgpu_type, b"0") == errno.EBUSY
+        simulate("accept-held-vgpu-destroy", mp)
+        simulate("accept-held-vgpu-destroy", mp, "--refuse")
+        assert write(vgpu_type, b"0") == errno.EBUSY
+        simulate("accept-held-vgpu-destroy", mp)
+        assert write(vgpu_type, b"0") == 0 and read(vgpu_type) == b"0\n"
         res = subprocess.run([*cmd, "hold", mp, "0000:c2:00.4"], env=env, capture_output=True,
                              text=True, timeout=30, check=False)
         assert res.returncode == 0, res.stderr

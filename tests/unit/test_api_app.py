@@ -80,6 +80,8 @@ class FakeBackend:
         return self.allocation(instance)
 
     def release(self, instance: str, remove: bool) -> list[str]:
+        # A failure (a ledger write refused) changes nothing, as the agent's.
+        self._maybe_fail()
         self.calls.append(("release", instance, remove))
         return self.held.pop(instance, [])
 

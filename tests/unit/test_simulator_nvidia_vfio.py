@@ -208,6 +208,39 @@ def test_destroy_while_the_vm_holds_the_vf_is_ebusy(host):
     assert host.vgpus() == []
 
 
+def test_every_type_write_is_recorded_with_whether_a_vm_held_the_vf(host):
+    set_type(host, vf(2), Q4)
+    host.hold(vf(2))
+    assert errno_of(set_type, host, vf(2), 0) == errno.EBUSY
+    assert errno_of(set_type, host, vf(1), "x") == errno.EINVAL
+    host.release(vf(2))
+    set_type(host, vf(2), "0\n")
+    assert [(w["vf"], w["data"], w["held"], w["outcome"]) for w in host.vgpu_writes()] == [
+        (vf(2), str(Q4), False, "ok"),
+        (vf(2), "0", True, "EBUSY"),
+        (vf(1), "x", False, "EINVAL"),
+        (vf(2), "0\n", False, "ok"),
+    ]
+    seqs = [w["seq"] for w in host.vgpu_writes()]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    host.reboot()  # kept across reboots, like blocked_removes
+    assert [w["seq"] for w in host.vgpu_writes()] == seqs
+
+
+def test_a_driver_that_accepts_a_destroy_under_a_vm_until_the_next_reboot(host):
+    set_type(host, vf(2), Q4)
+    host.hold(vf(2))
+    host.accept_held_vgpu_destroy()
+    set_type(host, vf(2), 0)  # destroyed under the VM: no EBUSY to save it
+    assert current(host, vf(2)) == 0
+    assert host.vgpu_writes()[-1] | {"seq": 0} == {
+        "seq": 0, "vf": vf(2), "data": "0", "held": True, "outcome": "ok"}
+    host.reboot()
+    set_type(host, vf(2), Q4)
+    host.hold(vf(2))
+    assert errno_of(set_type, host, vf(2), 0) == errno.EBUSY  # the reboot forgot it
+
+
 def test_injected_failures_happen_once_and_match(host):
     host.fail_next_vgpu_write(errno.EIO, vf=vf(1), type_id=Q4)
     set_type(host, vf(0), Q4)  # another VF: not matched
