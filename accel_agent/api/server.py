@@ -32,7 +32,7 @@ from cheroot import server as cheroot_server
 from cheroot import wsgi
 
 from accel_agent import exception
-from accel_agent.api import connections
+from accel_agent.api import connections, framing
 
 LOG = logging.getLogger(__name__)
 
@@ -162,8 +162,22 @@ _PROTOCOL_CODES = {405: "ApiMethodNotAllowed", 503: "ServiceUnavailable"}
 
 
 class _JsonErrorRequest(cheroot_server.HTTPRequest):
-    """cheroot answers malformed requests itself (before the application);
-    give those answers the API's error format too."""
+    """cheroot's request, with the framing rules of :mod:`accel_agent.api.framing`;
+    the answers cheroot gives itself (before the application) are in the API's
+    error format too."""
+
+    def __init__(self, server: Any, conn: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(server, conn, *args, **kwargs)
+        # One per request: it keeps what it found wrong with this request's framing.
+        self.header_reader = framing.StrictHeaderReader()
+
+    def respond(self) -> None:
+        refusal = self.header_reader.refusal
+        if refusal is not None:
+            # Before the body is read, and never reaching the application.
+            self.simple_response("400 Bad Request", refusal)
+            return
+        super().respond()
 
     def simple_response(self, status: Any, msg: Any = "") -> None:
         status = str(status)
@@ -175,14 +189,16 @@ class _JsonErrorRequest(cheroot_server.HTTPRequest):
         body = json.dumps(
             {"error": {"code": _PROTOCOL_CODES.get(code, "ApiRequestInvalid"), "message": text}}
         ).encode("utf-8")
+        # An answer the server gives itself ends the connection: a request it
+        # refused may have a body it did not read (or whose end it cannot
+        # know), and nothing after that can be trusted to be a request.
+        self.close_connection = True
         lines = [
             f"{self.server.protocol} {status}",
             f"Content-Length: {len(body)}",
             "Content-Type: application/json",
+            "Connection: close",
         ]
-        if code in (413, 414):
-            self.close_connection = True
-            lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
             self.conn.wfile.write(head + body)
