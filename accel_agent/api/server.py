@@ -214,6 +214,11 @@ class _ApiConnection(connections.DeadlineConnection):
 # Request line and headers together: our clients send a few hundred bytes;
 # unbounded, a 200 MB header is held in memory (cheroot's default is 0: no limit).
 MAX_REQUEST_HEADER = 64 * 1024
+# How long a client may take to read one answer (each of its head and its
+# body) before the connection is closed; also how long a pipelining client's
+# next request waits for it to read the answers it has.  Our clients read at
+# once: a local answer of megabytes takes milliseconds.
+WRITE_TIMEOUT = 10.0
 # Connections waiting to be accepted: enough for a burst of clients (a listen
 # backlog that is full makes a unix-socket connect() fail with EAGAIN).
 LISTEN_BACKLOG = 1024
@@ -236,6 +241,7 @@ class ApiServer(wsgi.Server):
         shutdown_timeout: float = 30.0,
         request_timeout: float = 3.0,
         idle_timeout: float = 10.0,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         path = sock.getsockname()
         super().__init__(
@@ -255,6 +261,11 @@ class ApiServer(wsgi.Server):
         )
         # The whole of one request must arrive within this (DeadlineConnection).
         self.request_timeout = request_timeout
+        # Each answer must be taken by the client within this (DeadlineConnection).
+        self.write_timeout = write_timeout
+        self.unread_answers = connections.OncePerInterval(
+            "API server", connections.ACCEPT_ERROR_LOG_INTERVAL
+        )
         self.path = path
         self._bound = sock
         self.identity = socket_identity(path)
@@ -281,10 +292,15 @@ class ApiServer(wsgi.Server):
 
     def process_conn(self, conn: Any) -> None:
         """A new connection waits in the selector (no worker) until it sends
-        something; one that has, goes to a worker (cheroot's way)."""
+        something; one that has, goes to a worker (cheroot's way), unless its
+        client has not read the answers it was sent: then its next request
+        waits for that, without a worker (BoundedConnectionManager.park)."""
         if not conn.watched:
             conn.watched = True
             self._connections.put(conn)
+            return
+        if connections.unread_output(conn.socket):
+            self._connections.park(conn)
             return
         super().process_conn(conn)
 
