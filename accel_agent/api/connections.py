@@ -28,7 +28,7 @@ read the answers, hold every worker for as long as they like and
   ``write_timeout`` seconds later;
 * failures to accept a connection (``EMFILE`` when the daemon runs out of file
   descriptors, or any other ``OSError`` from ``accept``) never end the
-  server nor log a traceback: one warning per ``ACCEPT_ERROR_LOG_INTERVAL``
+  server nor log a traceback: one warning per ``WARNING_INTERVAL``
   seconds, counting the ones not logged; running out of descriptors closes
   the idle connections to make room.
 """
@@ -56,7 +56,7 @@ LOG = logging.getLogger(__name__)
 _TIMED_OUT = "timed out"
 # One warning per this many seconds for failing accepts and for clients that
 # do not read their answers, however many there are.
-ACCEPT_ERROR_LOG_INTERVAL = 10.0
+WARNING_INTERVAL = 10.0
 # After a failed accept: the listening socket stays readable, so without a
 # pause the selector loop would spin on accept() until a descriptor is free.
 ACCEPT_ERROR_PAUSE = 0.05
@@ -238,7 +238,7 @@ class BoundedConnectionManager(cheroot_connections.ConnectionManager):
         self._parked_lock = threading.Lock()
         self._make_room = False
         self.accept_errors = OncePerInterval(
-            "API server: cannot accept a connection", ACCEPT_ERROR_LOG_INTERVAL
+            "API server: cannot accept a connection", WARNING_INTERVAL
         )
 
     # --- connections whose answers are unread ------------------------------------------

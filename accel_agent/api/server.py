@@ -264,7 +264,7 @@ class ApiServer(wsgi.Server):
         # Each answer must be taken by the client within this (DeadlineConnection).
         self.write_timeout = write_timeout
         self.unread_answers = connections.OncePerInterval(
-            "API server", connections.ACCEPT_ERROR_LOG_INTERVAL
+            "API server", connections.WARNING_INTERVAL
         )
         self.path = path
         self._bound = sock
