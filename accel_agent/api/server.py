@@ -32,7 +32,7 @@ from cheroot import server as cheroot_server
 from cheroot import wsgi
 
 from accel_agent import exception
-from accel_agent.api import connections
+from accel_agent.api import connections, framing
 
 LOG = logging.getLogger(__name__)
 
@@ -162,8 +162,22 @@ _PROTOCOL_CODES = {405: "ApiMethodNotAllowed", 503: "ServiceUnavailable"}
 
 
 class _JsonErrorRequest(cheroot_server.HTTPRequest):
-    """cheroot answers malformed requests itself (before the application);
-    give those answers the API's error format too."""
+    """cheroot's request, with the framing rules of :mod:`accel_agent.api.framing`;
+    the answers cheroot gives itself (before the application) are in the API's
+    error format too."""
+
+    def __init__(self, server: Any, conn: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(server, conn, *args, **kwargs)
+        # One per request: it keeps what it found wrong with this request's framing.
+        self.header_reader = framing.StrictHeaderReader()
+
+    def respond(self) -> None:
+        refusal = self.header_reader.refusal
+        if refusal is not None:
+            # Before the body is read, and never reaching the application.
+            self.simple_response("400 Bad Request", refusal)
+            return
+        super().respond()
 
     def simple_response(self, status: Any, msg: Any = "") -> None:
         status = str(status)
@@ -175,14 +189,16 @@ class _JsonErrorRequest(cheroot_server.HTTPRequest):
         body = json.dumps(
             {"error": {"code": _PROTOCOL_CODES.get(code, "ApiRequestInvalid"), "message": text}}
         ).encode("utf-8")
+        # An answer the server gives itself ends the connection: a request it
+        # refused may have a body it did not read (or whose end it cannot
+        # know), and nothing after that can be trusted to be a request.
+        self.close_connection = True
         lines = [
             f"{self.server.protocol} {status}",
             f"Content-Length: {len(body)}",
             "Content-Type: application/json",
+            "Connection: close",
         ]
-        if code in (413, 414):
-            self.close_connection = True
-            lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
             self.conn.wfile.write(head + body)
@@ -198,6 +214,11 @@ class _ApiConnection(connections.DeadlineConnection):
 # Request line and headers together: our clients send a few hundred bytes;
 # unbounded, a 200 MB header is held in memory (cheroot's default is 0: no limit).
 MAX_REQUEST_HEADER = 64 * 1024
+# How long a client may take to read one answer (each of its head and its
+# body) before the connection is closed; also how long a pipelining client's
+# next request waits for it to read the answers it has.  Our clients read at
+# once: a local answer of megabytes takes milliseconds.
+WRITE_TIMEOUT = 10.0
 # Connections waiting to be accepted: enough for a burst of clients (a listen
 # backlog that is full makes a unix-socket connect() fail with EAGAIN).
 LISTEN_BACKLOG = 1024
@@ -220,6 +241,7 @@ class ApiServer(wsgi.Server):
         shutdown_timeout: float = 30.0,
         request_timeout: float = 3.0,
         idle_timeout: float = 10.0,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         path = sock.getsockname()
         super().__init__(
@@ -239,6 +261,11 @@ class ApiServer(wsgi.Server):
         )
         # The whole of one request must arrive within this (DeadlineConnection).
         self.request_timeout = request_timeout
+        # Each answer must be taken by the client within this (DeadlineConnection).
+        self.write_timeout = write_timeout
+        self.unread_answers = connections.OncePerInterval(
+            "API server", connections.WARNING_INTERVAL
+        )
         self.path = path
         self._bound = sock
         self.identity = socket_identity(path)
@@ -265,10 +292,15 @@ class ApiServer(wsgi.Server):
 
     def process_conn(self, conn: Any) -> None:
         """A new connection waits in the selector (no worker) until it sends
-        something; one that has, goes to a worker (cheroot's way)."""
+        something; one that has, goes to a worker (cheroot's way), unless its
+        client has not read the answers it was sent: then its next request
+        waits for that, without a worker (BoundedConnectionManager.park)."""
         if not conn.watched:
             conn.watched = True
             self._connections.put(conn)
+            return
+        if connections.unread_output(conn.socket):
+            self._connections.park(conn)
             return
         super().process_conn(conn)
 

@@ -8,9 +8,13 @@ requests got no answer at all (the workers were held) or a 500.
 
 from __future__ import annotations
 
+import configparser
 import contextlib
+import os
 import resource
+import select
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +22,13 @@ from collections.abc import Iterator
 import pytest
 
 from accel_agent import exception
-from tests.functional.daemon_fixture import BOTH, AgentDaemon, agent_config, short_dir
+from tests.functional.daemon_fixture import (
+    BOTH,
+    AgentDaemon,
+    agent_config,
+    short_dir,
+    wait_for,
+)
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -217,3 +227,142 @@ def test_a_trailing_newline_in_a_parent_never_allocates(agent):
 
 def test_the_log_holds_no_traceback(agent):
     assert "Traceback" not in agent.log()
+
+
+# --- framing (RFC 9112 §6) and clients that never read --------------------------------
+
+# An allocation right behind a request whose framing is ambiguous: a server
+# that misjudged where the first request ends would execute it.
+SMUGGLED = request("PUT", "/v1/instances/vm-smuggled/allocation", b'{"count": 1}')
+
+
+def state_dir_of(daemon: AgentDaemon) -> str:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(daemon.config_file)
+    return parser["DEFAULT"]["state_dir"]
+
+
+def assigned_to(daemon: AgentDaemon, *owners: str) -> list[tuple[str, str]]:
+    """(owner, uuid) of every mdev the ledger assigns to ``owners``, read with
+    plain SQL, not through the agent."""
+    path = os.path.join(state_dir_of(daemon), "ledger.sqlite3")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        marks = ",".join("?" * len(owners))
+        return conn.execute(
+            f"SELECT owner, uuid FROM assignments WHERE owner IN ({marks})", owners
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def put_head(*fields: str) -> bytes:
+    lines = "".join(f"{field}\r\n" for field in fields)
+    return (
+        "PUT /v1/instances/vm-front/allocation HTTP/1.1\r\nHost: localhost\r\n"
+        f"Content-Type: application/json\r\n{lines}\r\n"
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        # Content-Length says no body; chunked says the body runs on.
+        put_head("Content-Length: 0", "Transfer-Encoding: chunked"),
+        # The operator's: a chunked body that ends at once, with a Content-Length.
+        put_head("Content-Length: 12", "Transfer-Encoding: chunked") + b"0\r\n\r\n",
+        # Two lengths: the first says no body, the last takes the allocation as one.
+        put_head("Content-Length: 0", f"Content-Length: {len(SMUGGLED)}"),
+    ],
+    ids=["cl0-te", "cl-te-chunk-end", "two-cl"],
+)
+def test_a_request_with_ambiguous_framing_smuggles_nothing(agent, first):
+    mark = len(agent.log())
+    # Our side stays open: only the daemon closing the connection ends this.
+    answer = raw(agent, first + SMUGGLED, shut=False)
+    allocated = assigned_to(agent, "vm-front", "vm-smuggled")
+    assert allocated == [], f"allocated behind a refused request: {allocated}; {answer!r}"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert status_of(answer) == 400, answer[:300]
+    assert b"\r\nConnection: close" in head
+    assert b'"code": "ApiRequestInvalid"' in body
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+    assert "Traceback" not in log_since(agent, mark)
+
+
+PIPELINING_CLIENTS = 60  # [api] threads is 16
+PIPELINED = 200
+
+
+def test_health_answers_while_clients_pipeline_requests_and_never_read(agent):
+    mark = len(agent.log())
+    hogs: list[socket.socket] = []
+    try:
+        # One pipelines an allocation behind an answer it never reads (first:
+        # past cheroot's keep_alive_conn_limit of 10 connections held, answers
+        # say Connection: close and the connection ends after one).
+        mutator = socket.socket(socket.AF_UNIX)
+        hogs.append(mutator)
+        mutator.connect(agent.socket_path)
+        mutator.sendall(
+            b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            + request("PUT", "/v1/instances/vm-pipelined/allocation", b'{"count": 1}')
+        )
+        for _ in range(PIPELINING_CLIENTS):
+            hog = socket.socket(socket.AF_UNIX)
+            hogs.append(hog)
+            hog.connect(agent.socket_path)
+            # 64 KiB answers: a few fill the socket's buffer.
+            hog.sendall(b"GET /v1/openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n" * PIPELINED)
+        for _ in range(3):
+            health = agent.client(timeout=HEALTH_BOUND).health()
+            assert health["status"] in ("ok", "degraded")
+        # Its answer unread, the allocation is never served; the daemon closes
+        # the connection (after [api] write_timeout, 10 s).
+        poller = select.poll()
+        poller.register(mutator, select.POLLRDHUP)
+        assert poller.poll(60_000), "the daemon kept a connection whose answers stay unread"
+        assert assigned_to(agent, "vm-pipelined") == []
+    finally:
+        for hog in hogs:
+            hog.close()
+    assert agent.client(timeout=HEALTH_BOUND).health()
+    assert agent.running
+    assert "Traceback" not in log_since(agent, mark)
+
+
+def test_running_out_of_file_descriptors_logs_no_traceback(agent):
+    mark = len(agent.log())
+    # The daemon raises its own limit at start; lower it under its feet, just
+    # above what it holds now (at most the 64 of the operator's report).
+    held = len(os.listdir(f"/proc/{agent.pid}/fd"))
+    limit = max(64, held + 8)
+    saved = resource.prlimit(agent.pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(agent.pid, resource.RLIMIT_NOFILE, (limit, saved[1]))
+    clients: list[socket.socket] = []
+    started = time.monotonic()
+    try:
+        for i in range(200):
+            client = socket.socket(socket.AF_UNIX)
+            clients.append(client)
+            client.connect(agent.socket_path)  # the listen backlog takes them all
+            if i % 2:  # half-open: a request that never ends
+                client.sendall(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n")
+        wait_for(
+            lambda: len(os.listdir(f"/proc/{agent.pid}/fd")) >= limit - 1,
+            timeout=60,
+            what="the daemon to run out of file descriptors",
+        )
+        time.sleep(3)  # and stay out of them for a while
+    finally:
+        for client in clients:
+            client.close()
+        resource.prlimit(agent.pid, resource.RLIMIT_NOFILE, saved)
+    assert agent.client(timeout=HEALTH_BOUND).health()
+    elapsed = time.monotonic() - started
+    log = log_since(agent, mark)
+    assert "Traceback" not in log, log[-3000:]
+    lines = [line for line in log.splitlines() if "cannot accept a connection" in line]
+    # One a 10 s interval, and the count of the rest at most once more.
+    assert 1 <= len(lines) <= 2 + elapsed / 10, lines
+    assert agent.running

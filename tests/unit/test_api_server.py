@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import grp
+import json
+import logging
 import os
+import re
+import select
 import socket
 import stat
 import threading
@@ -13,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from accel_agent import exception
+from accel_agent.api import connections
 from accel_agent.api.app import ApiApplication
 from accel_agent.api.client import ApiClient
 from accel_agent.api.server import (
@@ -36,20 +42,32 @@ def sockdir(tmp_path_factory) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def served(sockdir) -> Iterator[tuple[str, FakeBackend, ApiServer]]:
-    backend = FakeBackend()
+@contextlib.contextmanager
+def serving(
+    sockdir: Path, backend: FakeBackend, threads: int = 4, **options: float
+) -> Iterator[tuple[str, ApiServer]]:
+    """The real cheroot server on a socket in ``sockdir``, in this process."""
     path = str(sockdir / "api.sock")
-    server = ApiServer(bind_socket(path), ApiApplication(backend), threads=4, shutdown_timeout=5)
+    server = ApiServer(
+        bind_socket(path), ApiApplication(backend), threads=threads, shutdown_timeout=5,
+        **options,
+    )
     server.prepare()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     try:
-        yield path, backend, server
+        yield path, server
     finally:
         server.stop()
         thread.join(10)
         remove_socket(path, None, server.identity)
+
+
+@pytest.fixture
+def served(sockdir) -> Iterator[tuple[str, FakeBackend, ApiServer]]:
+    backend = FakeBackend()
+    with serving(sockdir, backend) as (path, server):
+        yield path, backend, server
 
 
 # --- where the socket may live ---------------------------------------------------------
@@ -268,3 +286,228 @@ def test_an_early_error_answer_reaches_a_client_still_sending_its_body(served):
     path, _, _ = served
     status, content_type, _ = ApiClient(path).request("GET", "/v1/nowhere", {"x": "y" * 10})
     assert (status, content_type) == (404, "application/json")
+
+
+# --- framing (RFC 9112 §6): refused before the body, and the connection closed --------
+
+# An allocation sent on the same connection right behind the refused request:
+# a server that misjudged where the first one ends would execute it.
+SMUGGLED = (
+    b"PUT /v1/instances/smuggled/allocation HTTP/1.1\r\nHost: x\r\n"
+    b'Content-Type: application/json\r\nContent-Length: 12\r\n\r\n{"count": 1}'
+)
+
+
+def put_head(*fields: str) -> bytes:
+    lines = "".join(f"{field}\r\n" for field in fields)
+    return (
+        "PUT /v1/instances/front/allocation HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\n{lines}\r\n"
+    ).encode()
+
+
+def exchange(path: str, data: bytes, timeout: float = 30) -> tuple[bytes, bool]:
+    """Send ``data`` on one connection, keep our side open and read until the
+    server closes it: (everything answered, whether the server closed it)."""
+    answer = b""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(path)
+        conn.sendall(data)
+        try:
+            while chunk := conn.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass  # closed with our unread request in its queue: still closed
+        except TimeoutError:
+            return answer, False
+    return answer, True
+
+
+@pytest.mark.parametrize(
+    "fields, fragment",
+    [
+        (["Content-Length: 0", "Transfer-Encoding: chunked"], "both Content-Length and Transfer"),
+        (["Transfer-Encoding: chunked", "Content-Length: 12"], "both Content-Length and Transfer"),
+        (["Transfer-Encoding: chunked"], "Transfer-Encoding 'chunked' is not accepted"),
+        (["Transfer-Encoding: gzip, chunked"], "is not accepted: send the body with a Content"),
+        (["Transfer-Encoding: identity"], "is not accepted"),
+        (["Content-Length: 0", "Content-Length: 12"], "Content-Length is given 2 times"),
+        (["Content-Length: 0", "Content-Length: 0"], "Content-Length is given 2 times"),
+        (["Content-Length: 0, 0"], "Content-Length '0, 0' is a list"),
+        (["Content-Length: 0,12"], "is a list"),
+        (["Content-Length: +0"], "Content-Length '+0' is not a number of bytes"),
+        (["Content-Length: -1"], "is not a number of bytes"),
+        (["Content-Length: 0x0"], "is not a number of bytes"),
+        (["Content-Length: 1 2"], "is not a number of bytes"),
+        (["Content-Length:"], "Content-Length '' is not a number of bytes"),
+        (["Content-Length: \u0661".encode().decode("latin-1")], "is not a number of bytes"),
+        (["Content-Length: " + "9" * 30], "the body is larger than 65536 bytes"),
+        (["Content-Length: " + "1" * 5000], "the body is larger than 65536 bytes"),
+        (["Content-Length : 0"], "whitespace between the header field name 'Content-Length'"),
+        (["Transfer-Encoding\t: chunked"], "whitespace between"),
+        (["X-Note: a", " Content-Length: 12"], "(obs-fold)"),
+    ],
+)
+def test_ambiguous_framing_is_400_and_closes_the_connection(served, fields, fragment):
+    path, backend, _ = served
+    answer, closed = exchange(path, put_head(*fields) + SMUGGLED)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    assert b"\r\nConnection: close" in head
+    assert b"\r\nContent-Type: application/json" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "ApiRequestInvalid"
+    assert fragment in error["message"]
+    assert answer.count(b"HTTP/1.1 ") == 1  # one answer: the one behind was never read
+    assert closed
+    assert backend.calls == []  # neither the refused request nor the smuggled one ran
+
+
+def test_a_content_length_given_with_spaces_or_leading_zeros_is_one_length(served):
+    path, backend, _ = served
+    body = b'{"count": 1}'
+    answer, closed = exchange(
+        path,
+        put_head("Content-Length: \t0012 ") + body
+        + b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    # Both answered on the one connection: keeping it is still the normal case.
+    assert answer.count(b"HTTP/1.1 200 OK") == 2, answer
+    assert closed
+    assert backend.calls == [("allocate", "front", 1, None, None)]
+
+
+def test_fields_given_twice_that_may_be_are_still_joined(served):
+    path, _, _ = served
+    answer, _ = exchange(
+        path,
+        b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAccept: text/plain\r\n"
+        b"Accept: application/json\r\nConnection: close\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200 OK"), answer
+
+
+# --- clients that do not read their answers ------------------------------------------
+
+
+def closed_by_server(conn: socket.socket, within: float) -> bool:
+    """Whether the server closes ``conn`` within ``within`` seconds, seen
+    without reading what it sent (POLLRDHUP)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLRDHUP)
+    return bool(poller.poll(within * 1000))
+
+
+def test_a_request_pipelined_behind_unread_answers_waits_and_is_not_served(sockdir):
+    backend = FakeBackend()
+    with (
+        serving(sockdir, backend, threads=2, write_timeout=1.0) as (path, _),
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hog,
+    ):
+        hog.connect(path)
+        hog.sendall(
+            b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+            + SMUGGLED.replace(b"smuggled", b"pipelined")
+        )
+        # It never reads: after write_timeout its connection is closed,
+        # and the allocation it pipelined was never served.
+        assert closed_by_server(hog, within=30)
+        assert backend.calls == []
+        assert ApiClient(path, timeout=30).health()["status"] == "ok"
+
+
+def test_a_pipelining_client_that_reads_gets_every_answer(served):
+    path, backend, _ = served
+    answer, closed = exchange(
+        path,
+        b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n"
+        + SMUGGLED.replace(b"Host: x", b"Host: x\r\nConnection: close"),
+    )
+    assert answer.count(b"HTTP/1.1 200 OK") == 3, answer[:300]
+    assert closed
+    assert backend.calls == [("allocate", "smuggled", 1, None, None)]
+
+
+def big_listing(backend: FakeBackend, size: int) -> bytes:
+    entry = b'"' + b"m" * 62 + b'"'
+    listing = b'{"host":"h","mdevs":[' + b",".join([entry] * (size // 65)) + b"]}"
+    backend.mdevs_json = lambda: listing  # type: ignore[method-assign]
+    return listing
+
+
+def test_a_client_that_reads_its_answer_slowly_is_cut_off_and_frees_the_worker(sockdir):
+    backend = FakeBackend()
+    listing = big_listing(backend, 4 * 1024 * 1024)
+    # One worker: while the slow client held it, nothing else would be served.
+    with (
+        serving(sockdir, backend, threads=1, write_timeout=1.0) as (path, _),
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as slow,
+    ):
+        slow.connect(path)
+        slow.sendall(b"GET /v1/mdevs HTTP/1.1\r\nHost: x\r\n\r\n")
+        health: list[object] = []
+        asker = threading.Thread(
+            target=lambda: health.append(ApiClient(path, timeout=30).health()), daemon=True
+        )
+        asker.start()
+        # A little at a time, often enough that no single send waits long:
+        # only a deadline over the whole answer cuts this client off.
+        received = 0
+        for _ in range(800):  # 40 s at most; the whole answer would take 50
+            if closed_by_server(slow, within=0.05):
+                break
+            received += len(slow.recv(4096))
+        else:
+            pytest.fail(f"still sending after {received} bytes: the worker is held")
+        asker.join(30)
+        assert health and health[0]["status"] == "ok"  # type: ignore[index]
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := slow.recv(1 << 20):
+                received += len(chunk)
+        assert received < len(listing)
+
+
+def test_clients_that_never_read_are_told_in_one_line_without_a_traceback(sockdir, caplog):
+    backend = FakeBackend()
+    big_listing(backend, 4 * 1024 * 1024)
+    caplog.set_level(logging.INFO)
+    with serving(sockdir, backend, threads=1, write_timeout=0.5) as (path, _):
+        hogs = []
+        try:
+            for _ in range(3):
+                hog = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                hogs.append(hog)
+                hog.connect(path)
+                hog.sendall(b"GET /v1/mdevs HTTP/1.1\r\nHost: x\r\n\r\n")
+            for hog in hogs:
+                assert closed_by_server(hog, within=30)
+            assert ApiClient(path, timeout=30).health()["status"] == "ok"
+        finally:
+            for hog in hogs:
+                hog.close()
+    lines = [r.getMessage() for r in caplog.records if "did not take its answer" in r.getMessage()]
+    assert len(lines) == 1, lines  # the two others within the interval are counted, not logged
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+# --- one line per interval ------------------------------------------------------------
+
+
+def test_a_repeated_failure_is_logged_once_per_interval_and_counted(caplog):
+    now = [0.0]
+    limited = connections.OncePerInterval("API server: cannot accept", 10.0, clock=lambda: now[0])
+    caplog.set_level(logging.WARNING)
+    for step in range(1000):  # one every 35 ms for 35 s
+        now[0] = step * 0.035
+        limited.note(f"failure {step}")
+    now[0] = 60.0
+    limited.flush()
+    limited.flush()  # nothing more to say
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 5, lines  # at 0, 10, 20, 30 s, and the flush of the rest
+    assert lines[0] == "API server: cannot accept: failure 0"
+    counted = [int(re.search(r"(\d+) more", line).group(1)) for line in lines[1:]]  # type: ignore[union-attr]
+    assert len(lines) + sum(counted) - 1 == 1000  # every failure logged or counted
+    assert lines[-1].endswith("(the last: failure 999)")
