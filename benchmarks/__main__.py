@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         # The soak's figures take an hour to make (make soak): keep them.
         from benchmarks import soak
 
-        kept = soak.block(args.output)
+        kept = soak.blocks(args.output)
         if kept:
             report = report.rstrip("\n") + "\n\n" + "\n".join(kept) + "\n"
         with open(args.output, "w") as handle:

@@ -1,10 +1,13 @@
-"""``python -m benchmarks.soak [--kills N] [--seed S] [--output BENCHMARKS.md]``
+"""``python -m benchmarks.soak [--model mdev|daemon] [--kills N] [--seed S] [--output FILE]``
 
-The random-kill harness of ``tests/functional/killharness.py`` for many kills
-(``make soak``: 1,000), with its figures (runs, kills per operation,
-violations) written into BENCHMARKS.md between two markers, so that
-``make bench`` (which rewrites the rest of the file) keeps them.  Needs root
-and /dev/fuse, like the functional tier.  Exit status 1 on any violation.
+The random-kill harnesses for many kills (``make soak``: 1,000 of each), with
+their figures written into BENCHMARKS.md between markers (one block per
+model), so that ``make bench`` (which rewrites the rest of the file) keeps
+them.  ``mdev``: ``tests/functional/killharness.py``, one operation at a time
+in a child process; ``daemon``: ``tests/functional/daemonharness.py``, the
+running daemon driven through its API beside reloads, offline readers,
+restarts and failing helpers.  Needs root and /dev/fuse, like the functional
+tier.  Exit status 1 on any violation.
 """
 
 from __future__ import annotations
@@ -21,22 +24,36 @@ from pathlib import Path
 
 BEGIN = "<!-- soak: begin (make soak writes this block; make bench keeps it) -->"
 END = "<!-- soak: end -->"
+# The daemon model's block, beside the first one.
+DAEMON_BEGIN = "<!-- soak-daemon: begin (make soak writes this block; make bench keeps it) -->"
+DAEMON_END = "<!-- soak-daemon: end -->"
+MARKERS = ((BEGIN, END), (DAEMON_BEGIN, DAEMON_END))
 
 
-def block(path: str) -> list[str]:
-    """The soak block of an existing report (empty when there is none)."""
+def block(path: str, begin: str = BEGIN, end: str = END) -> list[str]:
+    """A soak block of an existing report (empty when there is none)."""
     try:
         text = Path(path).read_text()
     except OSError:
         return []
-    found = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), text, re.S)
+    found = re.search(re.escape(begin) + r".*?" + re.escape(end), text, re.S)
     return found.group(0).splitlines() if found else []
 
 
-def write_block(path: str, lines: list[str]) -> None:
+def blocks(path: str) -> list[str]:
+    """Every soak block of an existing report, in order (what make bench keeps)."""
+    kept: list[str] = []
+    for begin, end in MARKERS:
+        found = block(path, begin, end)
+        if found:
+            kept += [""] * bool(kept) + found
+    return kept
+
+
+def write_block(path: str, lines: list[str], begin: str = BEGIN, end: str = END) -> None:
     text = Path(path).read_text() if os.path.exists(path) else "# Benchmarks\n"
-    new = "\n".join([BEGIN, *lines, END])
-    pattern = re.escape(BEGIN) + r".*?" + re.escape(END)
+    new = "\n".join([begin, *lines, end])
+    pattern = re.escape(begin) + r".*?" + re.escape(end)
     if re.search(pattern, text, re.S):
         text = re.sub(pattern, lambda _: new, text, flags=re.S)
     else:
@@ -76,16 +93,52 @@ def render(summary: dict, command: str, machine: str) -> list[str]:
     return lines
 
 
+def render_daemon(summary: dict, command: str, machine: str) -> list[str]:
+    steps = summary["steps"]
+    return [
+        "### (s2) random-kill soak of the running daemon (multi-process model)",
+        "",
+        f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
+        f"{machine}",
+        f"- command: `{command}` (what `make soak` runs), seed {summary['seed']}, "
+        f"{summary['seconds']} s",
+        "",
+        "| what | result |",
+        "| --- | --- |",
+        f"| steps in all | {sum(steps.values())} |",
+        *(f"| steps: {kind} | {n} |" for kind, n in steps.items()),
+        f"| SIGKILLs of the daemon (then a restart that recovers) | {summary['daemon_kills']} |",
+        f"| SIGKILLs of its privileged helper | {summary['helper_kills']} |",
+        f"| mutations answered 2xx | {sum(summary['acked'].values())} |",
+        f"| mutations refused (4xx) | {sum(summary['refused'].values())} |",
+        f"| answers lost to a kill or a failed helper | {sum(summary['answer_lost'].values())} |",
+        *(f"| reloads: {kind} | {n} |" for kind, n in summary["reloads"].items()),
+        f"| confirmed answers checked in the ledger | {summary['confirmed_answers_checked']} |",
+        f"| **violations** | **{summary['violations']}** |",
+        "",
+        "After every step, from the ledger read with plain SQL and sysfs, against the "
+        "harness's own log of the API's answers: every answer confirmed 2xx is in the "
+        "ledger, nothing leaked, missing or unsettled, no UUID with two owners, no held "
+        "or domain-referenced mdev removed and no remove written to a held one, foreign "
+        "mdevs untouched, the daemon alive unless the harness killed it.",
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soak")
+    parser.add_argument("--model", choices=("mdev", "daemon"), default="mdev",
+                        help="mdev: one operation at a time in a child (killharness); "
+                        "daemon: the running daemon through its API (daemonharness)")
     parser.add_argument("--kills", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--output", help="BENCHMARKS.md to update")
     parser.add_argument("--log", help="one line per run")
     args = parser.parse_args(argv)
     from benchmarks.__main__ import machine
-    from tests.functional import killharness
+    from tests.functional import daemonharness, killharness
 
+    harness = daemonharness if args.model == "daemon" else killharness
     with tempfile.TemporaryDirectory(prefix="accel-soak-") as tmp:
         summary_path = os.path.join(tmp, "summary.json")
         harness_args = ["--kills", str(args.kills), "--json", summary_path]
@@ -94,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.log:
             harness_args += ["--log", args.log]
         started = time.monotonic()
-        status = killharness.main(harness_args)
+        status = harness.main(harness_args)
         import json
 
         summary = json.loads(Path(summary_path).read_text())
@@ -103,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         command = "python -m benchmarks.soak " + shlex.join(
             argv if argv is not None else sys.argv[1:]
         )
-        write_block(args.output, render(summary, command.strip(), machine()))
+        if args.model == "daemon":
+            write_block(args.output, render_daemon(summary, command.strip(), machine()),
+                        DAEMON_BEGIN, DAEMON_END)
+        else:
+            write_block(args.output, render(summary, command.strip(), machine()))
     return status
 
 
