@@ -325,10 +325,13 @@ class Guard:
         self._set_pid_locked(None)
 
     def _kill_locked(self) -> None:
-        if self._pidfd is None:
-            return
         try:
-            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            elif self._pid is not None and _is_privsep_helper(self._pid):
+                # No pidfd (a seccomp filter without pidfd_open): the pid, once
+                # /proc says it is still a privsep helper.
+                os.kill(self._pid, signal.SIGKILL)
         except ProcessLookupError:
             pass  # it exited already
         except OSError as exc:
@@ -419,6 +422,14 @@ class _Starter(threading.Thread):
     def join_started(self, timeout: float) -> bool:
         self.join(timeout)
         return not self.is_alive()
+
+
+def _is_privsep_helper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"--privsep_context" in handle.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def _is_timeout(exc: BaseException) -> bool:
