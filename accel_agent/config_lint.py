@@ -91,10 +91,27 @@ def check_files(files: Sequence[str], dirs: Sequence[str]) -> None:
 # --- after parsing -------------------------------------------------------------------------
 
 
+# What every command reads right after loading the configuration (the
+# paths below, the listings' host and API socket).
+READ_BY_EVERY_COMMAND = (
+    ("DEFAULT", "sysfs_root"),
+    ("DEFAULT", "state_dir"),
+    ("DEFAULT", "host"),
+    ("api", "socket_path"),
+)
+
+
 def check_paths(conf: cfg.ConfigOpts) -> None:
     """``sysfs_root`` and ``state_dir`` are absolute: a relative one resolves
     against each process's working directory (the agent's, its privileged
     helper's, accelctl's), so they would act on different trees."""
+    from accel_agent import config_values
+
+    # Read first with their own error messages: a value oslo.config cannot
+    # convert (a "$" naming no option) must not end every command in a traceback.
+    unreadable = config_values.named_option_errors(conf, READ_BY_EVERY_COMMAND)
+    if unreadable:
+        raise exception.ConfigErrors([exception.InvalidConfig(message=m) for m in unreadable])
     errors: list[exception.AccelAgentException] = []
     for name in ("sysfs_root", "state_dir"):
         value = getattr(conf, name)
@@ -211,6 +228,8 @@ def _section_options(section: str, entries: Iterable[Entry]) -> frozenset[str] |
         return frozenset(names)
     if section.startswith("mdev_"):
         return known.get("mdev_$(mdev_type)", frozenset())
+    if section.startswith("vf_pool_"):
+        return known.get("vf_pool_$(pool)", frozenset())
     if section.startswith("vgpu_"):
         return frozenset({"device_addresses"})  # Nova's legacy group: only that
     return None
@@ -222,7 +241,7 @@ def _auth_plugin_options(entries: Iterable[Entry]) -> set[str]:
     plugin = None
     for entry in entries:
         if entry.section == "placement" and entry.key in ("auth_type", "auth_plugin"):
-            plugin = _value_at(entry)
+            plugin = value_at(entry)
     if not plugin:
         return set()
     try:
@@ -233,7 +252,8 @@ def _auth_plugin_options(entries: Iterable[Entry]) -> set[str]:
         return set()
 
 
-def _value_at(entry: Entry) -> str:
+def value_at(entry: Entry) -> str:
+    """The value written on ``entry``'s line (its first line only)."""
     with open(entry.path, encoding="utf-8") as handle:
         line = handle.read().splitlines()[entry.line - 1]
     cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=len(line))
