@@ -188,7 +188,7 @@ def option_errors(
     sources = _Sources(conf)
     found = []
     for section, opt in options:
-        reason = _problem(conf, section, opt)
+        reason = _problem(conf, section, opt, sources)
         if reason is not None:
             message, order = sources.describe(section, opt, reason)
             found.append((order, BadValue(section, opt.dest, message)))
@@ -204,7 +204,7 @@ def named_option_errors(conf: cfg.ConfigOpts, names: Iterable[tuple[str, str]]) 
     return [bad.message for bad in option_errors(conf, chosen)]
 
 
-def _problem(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt) -> str | None:
+def _problem(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt, sources: _Sources) -> str | None:
     """Why the value of this option cannot be used; None when it can."""
     try:
         value = conf[opt.dest] if section == "DEFAULT" else conf[section][opt.dest]
@@ -219,7 +219,7 @@ def _problem(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt) -> str | None:
     bounds = LIBRARY_BOUNDS.get((section, opt.dest))
     # The library's own default (oslo.privsep's is the host's CPU count) is
     # the library's business: the agent bounds what an operator writes.
-    if bounds is not None and value is not None and value != opt.default:
+    if bounds is not None and value is not None and sources.written(section, opt):
         low, high = bounds
         if value < low:
             return f"must be at least {low}"
@@ -268,6 +268,13 @@ class _Sources:
             for path in config_lint.parsed_files(self._conf):
                 self._entries += config_lint.scan_file(path)[0]
         return self._entries
+
+    def written(self, section: str, opt: cfg.Opt) -> bool:
+        """Whether the value comes from a file or the environment (not a default)."""
+        return (
+            _environment_variable(section, opt) is not None
+            or self._last_entry(section, opt) is not None
+        )
 
     def describe(self, section: str, opt: cfg.Opt, reason: str) -> tuple[str, tuple[int, ...]]:
         """The one-line message, and where it sorts (files and lines first)."""

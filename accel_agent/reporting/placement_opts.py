@@ -47,6 +47,7 @@ KEYSTONEAUTH_BOUNDS: dict[str, tuple[float, float]] = {
     "connect_retry_delay": (0.0, 3600.0),
     "status_code_retries": (0, 100),
     "status_code_retry_delay": (0.0, 3600.0),
+    "retriable_status_codes": (100, 599),  # each item: an HTTP status code
 }
 
 placement_opts = [
@@ -121,8 +122,11 @@ def _keystoneauth_opts() -> list[cfg.Opt]:
 
 
 def _bound(opt: cfg.Opt, low: float, high: float) -> None:
-    """Give one of keystoneauth's numeric options the agent's range (and,
-    for a float, a type that refuses nan and inf)."""
+    """Give one of keystoneauth's numeric options the agent's range (for a
+    float, a type that refuses nan and inf; for a list, to each item)."""
+    if isinstance(opt.type, types.List):
+        opt.type = types.List(item_type=types.Integer(min=int(low), max=int(high)))
+        return
     opt.type = (FiniteFloat if isinstance(opt.type, types.Float) else types.Integer)(
         min=low, max=high
     )

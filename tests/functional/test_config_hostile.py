@@ -260,3 +260,110 @@ def test_accelctl_listings_do_not_hang_on_a_fifo_in_sysfs(config, tmp_path):
                 os.close(os.open(counter, os.O_WRONLY | os.O_NONBLOCK))
         assert proc.returncode == 0, proc.stderr
         assert "available_instances is a FIFO" in proc.stderr
+
+
+# --- every value read once, as the daemon reads it (issue 21, item 3) ---------------------
+
+POOL = "[devices]\nenabled_vf_pools = nic\n[vf_pool_nic]\ndevice_addresses = 0000:3b:00.0\n"
+TYPE = "[devices]\nenabled_mdev_types = nvidia-35\n[mdev_nvidia-35]\n"
+
+
+@pytest.mark.parametrize(
+    "body, bad, reason",
+    [
+        # The operator's cases.
+        ("", "event_debounce = 50", "must be at most 10"),
+        ("[api]\n", "threads = 100000", "must be at most 256"),
+        ("", "rescan_interval = nan", "must be a finite number"),
+        ("", "rescan_interval = 1e999", "must be a finite number"),
+        ("", "rescan_interval = abc", "not a number"),
+        ("", "debug = maybe", "not a boolean"),
+        (POOL, "num_vfs = 99999", "must be at most 65535"),
+        (POOL, "num_vfs = -1", "must be at least 0"),
+        (POOL, "resource_class = custom_lower", "is neither CUSTOM_[A-Z0-9_]+ nor a standard"),
+        (POOL, "traits = CUSTOM_OK, bad-trait", "trait 'bad-trait' is neither"),
+        # One per option type.
+        ("", "udev_events = maybe", "not a boolean"),  # BoolOpt (the agent's)
+        ("[migration]\n", "claim_timeout = 1.5", "not an integer"),  # IntOpt
+        ("[api]\n", "request_timeout = -inf", "must be a finite number"),  # FloatOpt
+        ("[libvirt]\n", "qemu_globals = nonsense", "doesn't match regex"),  # ListOpt item
+        (TYPE, "mdev_class = lower", "doesn't match regex"),  # StrOpt with a regex
+        ("", "log_rotation_type = weekly", "valid values are"),  # StrOpt with choices
+        ("[placement]\n", "timeout = nan", "must be a finite number"),  # keystoneauth's
+        ("[placement]\n", "retriable_status_codes = 503, 42", "must be at least 100"),
+        ("", "rate_limit_burst = -1", "must be at least 0"),  # oslo.log's, bounded here
+        ("", "rate_limit_interval = abc", "not an integer"),  # read by the logging set-up
+        ("[accel_agent_privileged]\n", "thread_pool_size = 0", "must be at least 1"),
+        ("", "host = $nope", "its $-substitution names no option"),  # a value not convertible
+    ],
+)
+def test_a_bad_value_is_refused_by_check_config_and_the_daemon_naming_file_and_line(
+    config, body, bad, reason
+):
+    path = config.write(body + bad + "\n")
+    line = config.line_of(bad)
+    name, _, value = bad.partition(" = ")
+    for proc in (accelctl("--config-file", str(path), "check-config"), agent_check(path)):
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert any(
+            e.startswith(f"error: {path}:{line}: [") and f"] {name} = {value}: " in e
+            and reason in e
+            for e in errors(proc)
+        ), proc.stderr
+        assert "configuration OK" not in proc.stdout
+
+
+def test_a_good_config_with_every_kind_of_value_passes(config):
+    path = config.write(
+        GOOD + "[api]\nthreads = 256\nrequest_timeout = 0.5\n[placement]\ntimeout = 10\n"
+        "retriable_status_codes = 503\n" + POOL
+        + "resource_class = FPGA\ntraits = CUSTOM_A, HW_NIC_SRIOV\nnum_vfs = 4\n",
+        default="event_debounce = 10\nrescan_interval = 0.1\ndebug = yes\n",
+    )
+    proc = accelctl("--config-file", str(path), "check-config")
+    assert proc.returncode == 0, proc.stderr
+    assert agent_check(path).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from tests.functional.privsep_fixture import skip_unless_root
+    from tests.functional.simhost import simulated_host
+
+    skip_unless_root()
+    with simulated_host(tmp_path_factory.mktemp("reload"), ["mtty"]) as host:
+        yield host
+
+
+@pytest.mark.fuse
+@pytest.mark.privsep
+@pytest.mark.parametrize(
+    "bad",
+    ["event_debounce = 50", "rescan_interval = abc", "rescan_interval = nan", "debug = maybe"],
+)
+def test_a_reload_with_a_bad_value_is_refused_and_the_daemon_keeps_running(live, tmp_path, bad):
+    from tests.functional.daemon_fixture import AgentDaemon, agent_config, short_dir, wait_for
+
+    body = "[devices]\nenabled_mdev_types = mtty-2\n"
+    with short_dir() as sockdir:
+        socket_path = str(sockdir / "api.sock")
+        config = tmp_path / "agent.conf"
+        agent_config(config, live.root, live.state_dir, socket_path, body)
+        with AgentDaemon(config, socket_path, tmp_path).start() as daemon:
+            pid = daemon.pid
+            agent_config(config, live.root, live.state_dir, socket_path, body,
+                         extra=f"[DEFAULT]\n{bad}\n")
+            line = next(n for n, text in enumerate(config.read_text().splitlines(), 1)
+                        if text == bad)
+            daemon.sighup()
+            wait_for(lambda: daemon.health()["config"]["last_reload_result"] == "refused",
+                     what="the refusal")
+            name, _, value = bad.partition(" = ")
+            assert f"{config}:{line}: [DEFAULT] {name} = {value}: " in (
+                daemon.health()["config"]["last_reload_error"]
+            )
+            # Still serving, the same process, with the old configuration.
+            assert daemon.running and daemon.pid == pid
+            assert daemon.client().inventory()["providers"]
+            assert "Traceback" not in daemon.log()
