@@ -292,7 +292,7 @@ TYPE = "[devices]\nenabled_mdev_types = nvidia-35\n[mdev_nvidia-35]\n"
         ("[placement]\n", "timeout = nan", "must be a finite number"),  # keystoneauth's
         ("[placement]\n", "retriable_status_codes = 503, 42", "must be at least 100"),
         ("", "rate_limit_burst = -1", "must be at least 0"),  # oslo.log's, bounded here
-        ("", "rate_limit_interval = abc", "not an integer"),  # read by the logging set-up
+        ("", "rate_limit_burst = abc", "not an integer"),  # read by the logging set-up
         ("[accel_agent_privileged]\n", "thread_pool_size = 0", "must be at least 1"),
         ("", "host = $nope", "its $-substitution names no option"),  # a value not convertible
     ],
