@@ -10,8 +10,9 @@ says so, naming the file and the line:
 
 * :func:`check_files` (before parsing; every command and the daemon):
   a directory given as a file, a file that is not UTF-8 -> InvalidConfig;
-* :func:`check_paths` (after parsing): ``sysfs_root`` and ``state_dir``
-  empty or relative -> ConfigErrors;
+* :func:`check_paths` (after parsing): the values every command reads that
+  oslo.config cannot convert (config_values), ``sysfs_root`` and
+  ``state_dir`` empty or relative -> ConfigErrors;
 * :func:`lint` (``check-config`` and the daemon's start-up check): unknown
   sections and options, indented section headers -> warnings (errors with
   ``--strict``);
@@ -19,7 +20,7 @@ says so, naming the file and the line:
 
 Known options are those of the sample config: the ``oslo.config.opts``
 entry points ``accel_agent`` and ``oslo.log`` (what oslo-config-generator
-documents), ``[mdev_<type>]``'s per-type options, and the options of the
+documents), ``[mdev_<type>]``'s and ``[vf_pool_<name>]``'s options, and the options of the
 keystoneauth plugin a ``[placement]`` section names.
 """
 
