@@ -276,7 +276,10 @@ def host_state(
 
 def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:
     """Everything ``check-config`` and the daemon's start-up check:
-    (errors, warnings), each a list of one-line messages."""
+    (errors, warnings), each a list of one-line messages.  The errors include
+    :func:`accel_agent.config_values.value_errors` (every option's value,
+    read once as the daemon reads it), so that a reload that passed this
+    check reads no value that can raise."""
     errors, warnings, _state = check(conf, strict)
     return errors, warnings
 
@@ -300,15 +303,16 @@ def check(
     warnings: list[str] = config_lint.lint(config_lint.parsed_files(conf))
     bad_values = config_values.bad_values(conf)
     errors: list[str] = [bad.message for bad in bad_values]
-    state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
-    errors += [state_error] if state_error else []
-    warnings += [state_warning] if state_warning else []
+    said = {(bad.section, bad.option) for bad in bad_values}
+    if ("DEFAULT", "state_dir") not in said:
+        state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
+        errors += [state_error] if state_error else []
+        warnings += [state_warning] if state_warning else []
     # The checks below read values too; one that cannot be read was reported
     # above, naming its file and line, and ends the checks that need it.
     try:
         state = host_state(*ListingConfig.from_conf(conf))
     except exception.ConfigErrors as exc:
-        said = {(bad.section, bad.option) for bad in bad_values}
         return (
             errors + [e.message for e in exc.errors if _policy_option(e) not in said],
             warnings,
