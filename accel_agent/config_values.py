@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -81,7 +81,7 @@ def _register_missing(conf: cfg.ConfigOpts, group: str | None, opts: Iterable[cf
         conf.register_opt(opt, group=section)
 
 
-def _read_or_none(read: Any) -> Any:
+def _read_or_none(read: Callable[[], Any]) -> Any:
     try:
         return read()
     except Exception:  # reported by value_errors with the rest
@@ -110,18 +110,22 @@ def register_daemon_options(conf: cfg.ConfigOpts) -> None:
 
 
 def _register_auth_plugin(conf: cfg.ConfigOpts, group: str) -> None:
-    """The options keystoneauth registers when it loads the plugin (the same
-    objects' equals, so its own registration later is a no-op)."""
-    plugin = _read_or_none(lambda: conf[group].auth_type)
-    if not plugin:
-        return
+    """The options keystoneauth registers when it loads the plugin (equal to
+    the ones registered here, so its own registration later is a no-op), in
+    the section ``auth_section`` names when it names one."""
     from keystoneauth1 import loading as ks_loading
 
+    section = _read_or_none(lambda: conf[group].auth_section) or group
+    if section != group:
+        ks_loading.register_auth_conf_options(conf, section)
+    plugin = _read_or_none(lambda: conf[section].auth_type)
+    if not plugin:
+        return
     try:
         opts = ks_loading.get_auth_plugin_conf_options(plugin)
     except Exception:  # an unknown plugin: build_adapter names it at start-up
         return
-    _register_missing(conf, group, opts)
+    _register_missing(conf, section, opts)
 
 
 def registered_options(conf: cfg.ConfigOpts) -> Iterator[tuple[str, cfg.Opt]]:

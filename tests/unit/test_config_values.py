@@ -319,3 +319,16 @@ def test_value_errors_is_idempotent_and_registers_on_a_conf_with_cli_opts_parsed
         f"{path}:{line_of(path, 'debug')}: [DEFAULT] debug = maybe: "
         "not a boolean (true/false, yes/no, on/off, 1/0)"
     ]
+
+
+def test_the_auth_section_a_placement_section_names_is_read_too(tmp_path):
+    """keystoneauth reads the plugin's options from ``auth_section`` when set."""
+    conf, path = parse(
+        tmp_path,
+        "[placement]\nauth_section = keystone\n"
+        "[keystone]\nauth_type = password\nauth_url = $nope\n",
+    )
+    assert config_values.value_errors(conf) == [
+        f"{path}:{line_of(path, 'auth_url')}: [keystone] auth_url = $nope: "
+        "its $-substitution names no option (write $$ for a literal $)"
+    ]
