@@ -367,3 +367,18 @@ def test_a_reload_with_a_bad_value_is_refused_and_the_daemon_keeps_running(live,
             assert daemon.running and daemon.pid == pid
             assert daemon.client().inventory()["providers"]
             assert "Traceback" not in daemon.log()
+
+
+@pytest.mark.parametrize("command", ["types", "inventory", "mdevs"])
+def test_a_value_every_command_reads_that_cannot_be_read_is_one_line(config, command):
+    """sysfs_root, state_dir, host and [api] socket_path are read right after
+    loading, by every command: a '$' naming no option is one line, no traceback."""
+    path = config.write()
+    path.write_text(path.read_text().replace("host = testhost", "host = $nope"))
+    line = config.line_of("host = $nope")
+    proc = accelctl("--config-file", str(path), "--offline", command)
+    assert proc.returncode == 1
+    assert errors(proc) == [
+        f"error: {path}:{line}: [DEFAULT] host = $nope: its $-substitution names no option "
+        "(write $$ for a literal $)"
+    ], proc.stderr
