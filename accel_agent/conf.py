@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 from oslo_config import cfg, types
 
+from accel_agent.config_types import FiniteFloatOpt, ResourceClassName, TraitName
+
 CONF = cfg.CONF
 
 MDEV_CLASS_REGEX = r"^(VGPU|CUSTOM_[A-Z0-9_]+)$"
@@ -50,14 +52,15 @@ default_opts = [
         "<sysfs_root>/vfio, where the simulator serves its stand-ins. A group node the "
         "agent cannot check (no such directory, permission denied) also keeps the mdev.",
     ),
-    cfg.FloatOpt(
+    FiniteFloatOpt(
         "remove_timeout",
         default=30.0,
         min=0.1,
+        max=3600.0,
         help="Seconds to wait for an mdev remove. The kernel blocks the write while a VM "
         "holds the device; past this the mdev is kept (free) and the error reported.",
     ),
-    cfg.FloatOpt(
+    FiniteFloatOpt(
         "privileged_call_timeout",
         default=30.0,
         min=1.0,
@@ -69,10 +72,11 @@ default_opts = [
         "the ledger and the daemon's recovery settles it from sysfs. /v1/health is "
         "degraded until a new helper answers.",
     ),
-    cfg.FloatOpt(
+    FiniteFloatOpt(
         "rescan_interval",
         default=60.0,
         min=0.1,
+        max=86400.0,
         help="Seconds between two periodic rescans of sysfs by the daemon: the safety net "
         "behind udev events and the agent's own writes. A rescan refreshes the inventory "
         "(and Placement), re-creates recorded mdevs that vanished (parent re-registered, "
@@ -85,7 +89,7 @@ default_opts = [
         "MDEV_STATE) and rescan at once. Only used when sysfs_root is the real /sys; a "
         "simulated tree relies on the agent's own writes and the periodic rescan.",
     ),
-    cfg.FloatOpt(
+    FiniteFloatOpt(
         "event_debounce",
         default=0.2,
         min=0.0,
@@ -127,8 +131,6 @@ letters, digits and '_'. Empty: no VF pool.
 )
 
 VF_POOL_NAME_REGEX = r"^[a-z0-9_]{1,32}$"
-VF_RESOURCE_CLASS_REGEX = r"^(SRIOV_NET_VF|PCI_DEVICE|CUSTOM_[A-Z0-9_]+)$"
-TRAIT_REGEX = r"^[A-Z0-9_]{1,255}$"
 
 
 def _vf_pool_opts(pool: str) -> list[cfg.Opt]:
@@ -139,18 +141,19 @@ def _vf_pool_opts(pool: str) -> list[cfg.Opt]:
             help=f"The SR-IOV PFs (PCI addresses such as 0000:3b:00.0) whose VFs make pool "
             f"{pool}. A PF belongs to one pool.",
         ),
-        cfg.StrOpt(
+        cfg.Opt(
             "resource_class",
+            type=ResourceClassName(),
             default="SRIOV_NET_VF",
-            regex=VF_RESOURCE_CLASS_REGEX,
-            max_length=255,
-            help="Placement resource class of each PF's VFs (one provider per PF).",
+            help="Placement resource class of each PF's VFs (one provider per PF): "
+            "CUSTOM_[A-Z0-9_]+ or a standard class (SRIOV_NET_VF, PCI_DEVICE, FPGA, ...).",
         ),
         cfg.ListOpt(
             "traits",
             default=[],
-            item_type=types.String(regex=TRAIT_REGEX),
-            help="Placement traits of each PF's provider (e.g. CUSTOM_NIC_A).",
+            item_type=TraitName(),
+            help="Placement traits of each PF's provider: CUSTOM_[A-Z0-9_]+ (e.g. "
+            "CUSTOM_NIC_A) or a standard trait of os-traits.",
         ),
         cfg.IntOpt(
             "num_vfs",
@@ -187,25 +190,32 @@ api_opts = [
         "threads",
         default=16,
         min=1,
+        # Every worker is a thread started with the daemon (cheroot's pool):
+        # 4096 took 4.5 s to start on 2 cores, 7500 took 16 s, and past the
+        # kernel's task limit (pid_max, 32768 here, shared by the whole host)
+        # the start fails with "can't start new thread".  256 serves far more
+        # clients than 2 cores can answer.
         max=256,
         help="Worker threads of the API server: how many requests are served at once. "
         "Reads run concurrently; mutations are serialised by the mdev manager anyway. "
         "A client that sends its request slowly holds one for at most request_timeout "
         "seconds; one that connects and sends nothing holds none.",
     ),
-    cfg.FloatOpt(
+    FiniteFloatOpt(
         "request_timeout",
         default=3.0,
         min=0.1,
+        max=600.0,
         help="Seconds a client has to send a whole request (request line, headers and "
         "body) once it has started; past that it gets 408 and is disconnected, however "
         "slowly its bytes trickle in. Idle connections are closed after 10 seconds. "
         "Request headers are limited to 64 KiB (413 beyond).",
     ),
-    cfg.FloatOpt(
+    FiniteFloatOpt(
         "shutdown_timeout",
         default=30.0,
         min=0.0,
+        max=3600.0,
         help="On SIGTERM, seconds to let in-flight API requests finish before their "
         "connections are closed.",
     ),
@@ -254,6 +264,7 @@ def _dynamic_opts(mdev_type: str) -> list[cfg.Opt]:
         cfg.IntOpt(
             "max_instances",
             min=1,
+            max=65535,
             help="Most mdevs of this type per physical GPU (SR-IOV VFs of one card "
             "share it). Unset: what the hardware offers.",
         ),

@@ -10,8 +10,9 @@ says so, naming the file and the line:
 
 * :func:`check_files` (before parsing; every command and the daemon):
   a directory given as a file, a file that is not UTF-8 -> InvalidConfig;
-* :func:`check_paths` (after parsing): ``sysfs_root`` and ``state_dir``
-  empty or relative -> ConfigErrors;
+* :func:`check_paths` (after parsing): the values every command reads that
+  oslo.config cannot convert (config_values), ``sysfs_root`` and
+  ``state_dir`` empty or relative -> ConfigErrors;
 * :func:`lint` (``check-config`` and the daemon's start-up check): unknown
   sections and options, indented section headers -> warnings (errors with
   ``--strict``);
@@ -19,7 +20,7 @@ says so, naming the file and the line:
 
 Known options are those of the sample config: the ``oslo.config.opts``
 entry points ``accel_agent`` and ``oslo.log`` (what oslo-config-generator
-documents), ``[mdev_<type>]``'s per-type options, and the options of the
+documents), ``[mdev_<type>]``'s and ``[vf_pool_<name>]``'s options, and the options of the
 keystoneauth plugin a ``[placement]`` section names.
 """
 
@@ -91,10 +92,27 @@ def check_files(files: Sequence[str], dirs: Sequence[str]) -> None:
 # --- after parsing -------------------------------------------------------------------------
 
 
+# What every command reads right after loading the configuration (the
+# paths below, the listings' host and API socket).
+READ_BY_EVERY_COMMAND = (
+    ("DEFAULT", "sysfs_root"),
+    ("DEFAULT", "state_dir"),
+    ("DEFAULT", "host"),
+    ("api", "socket_path"),
+)
+
+
 def check_paths(conf: cfg.ConfigOpts) -> None:
     """``sysfs_root`` and ``state_dir`` are absolute: a relative one resolves
     against each process's working directory (the agent's, its privileged
     helper's, accelctl's), so they would act on different trees."""
+    from accel_agent import config_values
+
+    # Read first with their own error messages: a value oslo.config cannot
+    # convert (a "$" naming no option) must not end every command in a traceback.
+    unreadable = config_values.named_option_errors(conf, READ_BY_EVERY_COMMAND)
+    if unreadable:
+        raise exception.ConfigErrors([exception.InvalidConfig(message=m) for m in unreadable])
     errors: list[exception.AccelAgentException] = []
     for name in ("sysfs_root", "state_dir"):
         value = getattr(conf, name)
@@ -211,6 +229,8 @@ def _section_options(section: str, entries: Iterable[Entry]) -> frozenset[str] |
         return frozenset(names)
     if section.startswith("mdev_"):
         return known.get("mdev_$(mdev_type)", frozenset())
+    if section.startswith("vf_pool_"):
+        return known.get("vf_pool_$(pool)", frozenset())
     if section.startswith("vgpu_"):
         return frozenset({"device_addresses"})  # Nova's legacy group: only that
     return None
@@ -222,7 +242,7 @@ def _auth_plugin_options(entries: Iterable[Entry]) -> set[str]:
     plugin = None
     for entry in entries:
         if entry.section == "placement" and entry.key in ("auth_type", "auth_plugin"):
-            plugin = _value_at(entry)
+            plugin = value_at(entry)
     if not plugin:
         return set()
     try:
@@ -233,7 +253,8 @@ def _auth_plugin_options(entries: Iterable[Entry]) -> set[str]:
         return set()
 
 
-def _value_at(entry: Entry) -> str:
+def value_at(entry: Entry) -> str:
+    """The value written on ``entry``'s line (its first line only)."""
     with open(entry.path, encoding="utf-8") as handle:
         line = handle.read().splitlines()[entry.line - 1]
     cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=len(line))

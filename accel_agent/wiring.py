@@ -276,7 +276,10 @@ def host_state(
 
 def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:
     """Everything ``check-config`` and the daemon's start-up check:
-    (errors, warnings), each a list of one-line messages."""
+    (errors, warnings), each a list of one-line messages.  The errors include
+    :func:`accel_agent.config_values.value_errors` (every option's value,
+    read once as the daemon reads it), so that a reload that passed this
+    check reads no value that can raise."""
     errors, warnings, _state = check(conf, strict)
     return errors, warnings
 
@@ -287,23 +290,48 @@ def check(
     """:func:`validate`, and the host state it looked at (None when the
     configuration could not be resolved), so that a caller reporting on the
     host need not scan it again."""
-    from accel_agent import config_lint  # difflib: not for the plain listings
+    from oslo_config import cfg
 
-    # The files as written (unknown options, indented headers) and the state
-    # directory: reported whatever else is wrong.
+    from accel_agent import (
+        config_lint,  # difflib: not for the plain listings
+        config_values,
+    )
+
+    # The files as written (unknown options, indented headers), every value
+    # as the daemon reads it, and the state directory: reported whatever
+    # else is wrong.
     warnings: list[str] = config_lint.lint(config_lint.parsed_files(conf))
-    state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
-    errors: list[str] = [state_error] if state_error else []
-    warnings += [state_warning] if state_warning else []
+    bad_values = config_values.bad_values(conf)
+    errors: list[str] = [bad.message for bad in bad_values]
+    said = {(bad.section, bad.option) for bad in bad_values}
+    if ("DEFAULT", "state_dir") not in said:
+        state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
+        errors += [state_error] if state_error else []
+        warnings += [state_warning] if state_warning else []
+    # The checks below read values too; one that cannot be read was reported
+    # above, naming its file and line, and ends the checks that need it.
     try:
         state = host_state(*ListingConfig.from_conf(conf))
     except exception.ConfigErrors as exc:
-        return errors + [e.message for e in exc.errors], warnings, None
+        return (
+            errors + [e.message for e in exc.errors if _policy_option(e) not in said],
+            warnings,
+            None,
+        )
     except exception.LedgerError:
         raise  # not the configuration: the caller says what it is (a corrupt ledger)
     except exception.AccelAgentException as exc:
         return [*errors, exc.message], warnings, None
-    pool_errors, pool_warnings = _check_vf_pools(conf)
+    except (ValueError, cfg.Error):
+        if not bad_values:
+            raise
+        return errors, warnings, None
+    try:
+        pool_errors, pool_warnings = _check_vf_pools(conf)
+    except (ValueError, cfg.Error):
+        if not bad_values:
+            raise
+        pool_errors, pool_warnings = [], []
     errors += pool_errors
     warnings += pool_warnings
     warnings += list(state.policy.warnings)
@@ -316,6 +344,18 @@ def check(
         errors += warnings
         warnings = []
     return errors, warnings, state
+
+
+def _policy_option(error: exception.AccelAgentException) -> tuple[str, str] | None:
+    """The [mdev_<type>] option of a value the policy refused while reading
+    it (value_errors names it with its file and line already)."""
+    if isinstance(error, exception.InvalidMdevClass):
+        return f"mdev_{error.kwargs.get('mdev_type')}", "mdev_class"
+    reason = str(error.kwargs.get("reason", ""))
+    if isinstance(error, exception.InvalidMdevConfig) and reason.startswith("max_instances "):
+        mdev_type = reason.partition(" of type ")[2].partition(" ")[0]
+        return f"mdev_{mdev_type}", "max_instances"
+    return None
 
 
 def _check_vf_pools(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:

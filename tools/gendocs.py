@@ -202,6 +202,8 @@ def _anchor(heading: str) -> str:
 
 
 def config_markdown(data: dict[str, Any]) -> str:
+    from accel_agent.config_values import LIBRARY_BOUNDS
+
     out = [
         HEADER.format(source="the options (oslo-config-generator --format json)"),
         "# Configuration reference",
@@ -231,10 +233,14 @@ def config_markdown(data: dict[str, Any]) -> str:
         )
         for opt in ordered:
             notes = [" ".join((opt.get("help") or "").split())]
-            if opt.get("min") is not None:
-                notes.append(f"Minimum {opt['min']}.")
-            if opt.get("max") is not None:
-                notes.append(f"Maximum {opt['max']}.")
+            # A library's option the agent bounds itself where the library does not.
+            own_low, own_high = LIBRARY_BOUNDS.get((group, opt["dest"]), (None, None))
+            low = opt["min"] if opt.get("min") is not None else own_low
+            high = opt["max"] if opt.get("max") is not None else own_high
+            if low is not None:
+                notes.append(f"Minimum {low}.")
+            if high is not None:
+                notes.append(f"Maximum {high}.")
             if opt.get("choices"):
                 notes.append("One of " + ", ".join(f"`{c[0]}`" for c in opt["choices"]) + ".")
             for old in opt.get("deprecated_opts") or ():

@@ -10,6 +10,8 @@ inventory fresh (accel_agent.service).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import sys
 from collections.abc import Sequence
@@ -63,12 +65,40 @@ def _setup_logging() -> None:
     oslo_logging.setup(CONF, "accel-agent")
 
 
+def _load_config(args: argparse.Namespace) -> list[str]:
+    """Parse the files into the global CONF; the errors, when they cannot be."""
+    from accel_agent import config_values
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            wiring.load_config(args.config_file, args.config_dir, prog="accel-agent")
+    except exception.AccelAgentException as exc:
+        return [exc.message]
+    except SystemExit:
+        # oslo.config converts the values of command-line options (oslo.log's
+        # debug, use_json, ...) while parsing, even from a file, and exits with
+        # "argument --debug: Invalid Boolean value: maybe": name the file and line.
+        return config_values.file_value_errors(args.config_file, args.config_dir) or [
+            said.getvalue().strip() or "the configuration files could not be parsed"
+        ]
+    sys.stderr.write(said.getvalue())
+    return []
+
+
 def startup_check(args: argparse.Namespace) -> bool:
     """Validate config against the host; print every error; True when fine."""
-    try:
-        conf = wiring.load_config(args.config_file, args.config_dir, prog="accel-agent")
-    except exception.AccelAgentException as exc:
-        output.error(exc.message)
+    from accel_agent import config_values
+    from accel_agent.conf import CONF
+
+    errors = _load_config(args)
+    # Before the logging set-up, which reads oslo.log's values.
+    errors = errors or config_values.value_errors(CONF)
+    conf = CONF
+    if errors:
+        output.error("refusing to start: invalid configuration")
+        for error in errors:
+            output.error(error)
         return False
     _setup_logging()
     try:

@@ -11,6 +11,7 @@ migration_opts = [
         "claim_timeout",
         default=600,
         min=1,
+        max=86400,
         help="Seconds a destination claim of mdevs lives without commit or abort; then the "
         "periodic task frees the mdevs (a migration that never finished must not hold them).",
     ),

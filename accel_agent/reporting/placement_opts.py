@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from oslo_config import cfg
+from oslo_config import cfg, types
+
+from accel_agent.config_types import FiniteFloat
 
 GROUP = "placement"
 
@@ -36,6 +38,17 @@ _ADAPTER_DEFAULTS: dict[str, Any] = {
 # keystoneauth's own default is no timeout at all, which would let a hung
 # Placement stall the agent's periodic task forever.
 _SESSION_DEFAULTS: dict[str, Any] = {"timeout": 30}
+# The agent's ranges for keystoneauth's numeric session and adapter options
+# (keystoneauth gives none: "timeout = nan" or "connect_retries = -5" would
+# be read at the first sync).  (min, max) by option.
+KEYSTONEAUTH_BOUNDS: dict[str, tuple[float, float]] = {
+    "timeout": (0.1, 3600.0),
+    "connect_retries": (0, 100),
+    "connect_retry_delay": (0.0, 3600.0),
+    "status_code_retries": (0, 100),
+    "status_code_retry_delay": (0.0, 3600.0),
+    "retriable_status_codes": (100, 599),  # each item: an HTTP status code
+}
 
 placement_opts = [
     cfg.BoolOpt(
@@ -66,6 +79,7 @@ placement_opts = [
         "sync_interval",
         default=60,
         min=1,
+        max=86400,
         help="Seconds between two Placement synchronisations. Inventory changes "
         "(mdevs created or removed, GPUs appearing) also trigger a sync.",
     ),
@@ -73,6 +87,7 @@ placement_opts = [
         "max_conflict_retries",
         default=4,
         min=0,
+        max=100,
         help="How many times one provider's update is redriven from fresh data after "
         "a generation conflict (409 placement.concurrent_update) within one sync. "
         "After that the provider is reported as failed and retried at the next sync; "
@@ -82,6 +97,7 @@ placement_opts = [
         "max_backoff",
         default=600,
         min=1,
+        max=86400,
         help="Upper bound, in seconds, of the exponential back-off between attempts "
         "while Placement keeps failing (the first retry waits sync_interval).",
     ),
@@ -98,7 +114,22 @@ def _keystoneauth_opts() -> list[cfg.Opt]:
     # defaults here cannot leak into another service's registration.
     cfg.set_defaults(session, **_SESSION_DEFAULTS)
     cfg.set_defaults(adapter, **_ADAPTER_DEFAULTS)
-    return session + adapter
+    opts = session + adapter
+    for opt in opts:
+        if opt.dest in KEYSTONEAUTH_BOUNDS:
+            _bound(opt, *KEYSTONEAUTH_BOUNDS[opt.dest])
+    return opts
+
+
+def _bound(opt: cfg.Opt, low: float, high: float) -> None:
+    """Give one of keystoneauth's numeric options the agent's range (for a
+    float, a type that refuses nan and inf; for a list, to each item)."""
+    if isinstance(opt.type, types.List):
+        opt.type = types.List(item_type=types.Integer(min=int(low), max=int(high)))
+        return
+    opt.type = (FiniteFloat if isinstance(opt.type, types.Float) else types.Integer)(
+        min=low, max=high
+    )
 
 
 def register_opts(conf: cfg.ConfigOpts) -> None:

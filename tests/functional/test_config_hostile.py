@@ -260,3 +260,151 @@ def test_accelctl_listings_do_not_hang_on_a_fifo_in_sysfs(config, tmp_path):
                 os.close(os.open(counter, os.O_WRONLY | os.O_NONBLOCK))
         assert proc.returncode == 0, proc.stderr
         assert "available_instances is a FIFO" in proc.stderr
+
+
+# --- every value read once, as the daemon reads it (issue 21, item 3) ---------------------
+
+POOL = "[devices]\nenabled_vf_pools = nic\n[vf_pool_nic]\ndevice_addresses = 0000:3b:00.0\n"
+TYPE = "[devices]\nenabled_mdev_types = nvidia-35\n[mdev_nvidia-35]\n"
+
+
+@pytest.mark.parametrize(
+    "body, bad, reason",
+    [
+        # The operator's cases.
+        ("", "event_debounce = 50", "must be at most 10"),
+        ("[api]\n", "threads = 100000", "must be at most 256"),
+        ("", "rescan_interval = nan", "must be a finite number"),
+        ("", "rescan_interval = 1e999", "must be a finite number"),
+        ("", "rescan_interval = abc", "not a number"),
+        ("", "debug = maybe", "not a boolean"),
+        (POOL, "num_vfs = 99999", "must be at most 65535"),
+        (POOL, "num_vfs = -1", "must be at least 0"),
+        (POOL, "resource_class = custom_lower", "is neither CUSTOM_[A-Z0-9_]+ nor a standard"),
+        (POOL, "traits = CUSTOM_OK, bad-trait", "trait 'bad-trait' is neither"),
+        # One per option type.
+        ("", "udev_events = maybe", "not a boolean"),  # BoolOpt (the agent's)
+        ("[migration]\n", "claim_timeout = 1.5", "not an integer"),  # IntOpt
+        ("[api]\n", "request_timeout = -inf", "must be a finite number"),  # FloatOpt
+        ("[libvirt]\n", "qemu_globals = nonsense", "doesn't match regex"),  # ListOpt item
+        (TYPE, "mdev_class = lower", "doesn't match regex"),  # StrOpt with a regex
+        ("", "log_rotation_type = weekly", "valid values are"),  # StrOpt with choices
+        ("[placement]\n", "timeout = nan", "must be a finite number"),  # keystoneauth's
+        ("[placement]\n", "retriable_status_codes = 503, 42", "must be at least 100"),
+        ("", "rate_limit_burst = -1", "must be at least 0"),  # oslo.log's, bounded here
+        ("", "rate_limit_burst = abc", "not an integer"),  # read by the logging set-up
+        ("[accel_agent_privileged]\n", "thread_pool_size = 0", "must be at least 1"),
+        ("", "host = $nope", "its $-substitution names no option"),  # a value not convertible
+    ],
+)
+def test_a_bad_value_is_refused_by_check_config_and_the_daemon_naming_file_and_line(
+    config, body, bad, reason
+):
+    path = config.write(body + bad + "\n")
+    line = config.line_of(bad)
+    name, _, value = bad.partition(" = ")
+    for proc in (accelctl("--config-file", str(path), "check-config"), agent_check(path)):
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert any(
+            e.startswith(f"error: {path}:{line}: [") and f"] {name} = {value}: " in e
+            and reason in e
+            for e in errors(proc)
+        ), proc.stderr
+        assert "configuration OK" not in proc.stdout
+
+
+def test_a_good_config_with_every_kind_of_value_passes(config):
+    path = config.write(
+        GOOD + "[api]\nthreads = 256\nrequest_timeout = 0.5\n[placement]\ntimeout = 10\n"
+        "retriable_status_codes = 503\n" + POOL
+        + "resource_class = FPGA\ntraits = CUSTOM_A, HW_NIC_SRIOV\nnum_vfs = 4\n",
+        default="event_debounce = 10\nrescan_interval = 0.1\ndebug = yes\n",
+    )
+    proc = accelctl("--config-file", str(path), "check-config")
+    assert proc.returncode == 0, proc.stderr
+    assert agent_check(path).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from tests.functional.privsep_fixture import skip_unless_root
+    from tests.functional.simhost import simulated_host
+
+    skip_unless_root()
+    with simulated_host(tmp_path_factory.mktemp("reload"), ["mtty"]) as host:
+        yield host
+
+
+RELOAD_CASES = ["event_debounce = 50", "rescan_interval = abc", "rescan_interval = nan",
+                "debug = maybe"]
+# Read by the service's own settings step before the reload's check (service.py,
+# the lead's): its message is oslo.config's until that step calls value_errors.
+READ_BEFORE_THE_CHECK = pytest.mark.xfail(
+    strict=True,
+    reason="service.py reads interval/debounce before wiring.validate; the lead calls "
+    "config_values.value_errors there",
+)
+
+
+def sighup_with(live, tmp_path, bad: str) -> tuple[str, Path, int]:
+    """A daemon reloads a config with ``bad`` added to [DEFAULT]; (its refusal
+    reason, the config, the bad line).  Asserts it keeps serving, unchanged."""
+    from tests.functional.daemon_fixture import AgentDaemon, agent_config, short_dir, wait_for
+
+    body = "[devices]\nenabled_mdev_types = mtty-2\n"
+    with short_dir() as sockdir:
+        socket_path = str(sockdir / "api.sock")
+        config = tmp_path / "agent.conf"
+        agent_config(config, live.root, live.state_dir, socket_path, body)
+        with AgentDaemon(config, socket_path, tmp_path).start() as daemon:
+            pid = daemon.pid
+            providers = daemon.client().inventory()["providers"]
+            agent_config(config, live.root, live.state_dir, socket_path, body,
+                         extra=f"[DEFAULT]\n{bad}\n")
+            line = next(n for n, text in enumerate(config.read_text().splitlines(), 1)
+                        if text == bad)
+            daemon.sighup()
+            wait_for(lambda: daemon.health()["config"]["last_reload_result"] == "refused",
+                     what="the refusal")
+            # Still serving, the same process, with the old configuration.
+            assert daemon.running and daemon.pid == pid
+            assert daemon.client().inventory()["providers"] == providers
+            assert "Traceback" not in daemon.log()
+            return daemon.health()["config"]["last_reload_error"], config, line
+
+
+@pytest.mark.fuse
+@pytest.mark.privsep
+@pytest.mark.parametrize("bad", RELOAD_CASES)
+def test_a_reload_with_a_bad_value_is_refused_and_the_daemon_keeps_running(live, tmp_path, bad):
+    reason, _config, _line = sighup_with(live, tmp_path, bad)
+    assert bad.partition(" = ")[0] in reason
+
+
+@pytest.mark.fuse
+@pytest.mark.privsep
+@pytest.mark.parametrize(
+    "bad",
+    [pytest.param(b, marks=READ_BEFORE_THE_CHECK) if "debug" not in b else b
+     for b in RELOAD_CASES],
+)
+def test_a_refused_reload_names_the_file_and_line(live, tmp_path, bad):
+    reason, config, line = sighup_with(live, tmp_path, bad)
+    name, _, value = bad.partition(" = ")
+    assert f"{config}:{line}: [DEFAULT] {name} = {value}: " in reason
+
+
+@pytest.mark.parametrize("command", ["types", "inventory", "mdevs"])
+def test_a_value_every_command_reads_that_cannot_be_read_is_one_line(config, command):
+    """sysfs_root, state_dir, host and [api] socket_path are read right after
+    loading, by every command: a '$' naming no option is one line, no traceback."""
+    path = config.write()
+    path.write_text(path.read_text().replace("host = testhost", "host = $nope"))
+    line = config.line_of("host = $nope")
+    proc = accelctl("--config-file", str(path), "--offline", command)
+    assert proc.returncode == 1
+    assert errors(proc) == [
+        f"error: {path}:{line}: [DEFAULT] host = $nope: its $-substitution names no option "
+        "(write $$ for a literal $)"
+    ], proc.stderr

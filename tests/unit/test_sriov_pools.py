@@ -58,7 +58,15 @@ def test_bad_pools_refuse_the_configuration(ini: str, words: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "line", ["resource_class = VGPU", "traits = lower_case", "num_vfs = -1"]
+    "line",
+    [
+        "resource_class = NOT_A_CLASS",
+        "resource_class = custom_lower",
+        "traits = lower_case",
+        "traits = NOT_A_STANDARD_TRAIT",
+        "num_vfs = -1",
+        "num_vfs = 65536",
+    ],
 )
 def test_option_types_are_checked_by_oslo_config(line: str) -> None:
     with pytest.raises((cfg.ConfigFileValueError, ValueError)):
