@@ -46,7 +46,7 @@ from oslo_config import cfg
 
 import accel_agent
 from accel_agent import conf as agent_conf
-from accel_agent import events, exception, wiring
+from accel_agent import config_values, events, exception, wiring
 from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev import policy as policy_mod
 from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
@@ -1044,6 +1044,11 @@ class AgentService(_service_base()):  # type: ignore[misc]
                  ", ".join(self.config_files + self.config_dirs) or "the default files")
         try:
             new_conf = load_new_config(self.config_files, self.config_dirs)
+            # Every value converted once, named by file and line: nothing read
+            # from new_conf below can raise after this.
+            bad = config_values.value_errors(new_conf)
+            if bad:
+                raise exception.ReloadRefused(reason="; ".join(bad))
             interval, debounce, call_timeout = self._service_settings(new_conf)
         except exception.ReloadRefused as exc:
             # Refused before core.reload saw it (unreadable files, a bad value).

@@ -195,3 +195,40 @@ def test_placement_delay_follows_the_reporter(core):
     assert core.placement_delay() == 60.0
     core.reporter.enabled = False  # type: ignore[misc]
     assert core.placement_delay() is None
+
+
+def _service_around(core, tmp_path, monkeypatch) -> service.AgentService:
+    """An AgentService around ``core`` (no threads started): its reload path."""
+    config = tmp_path / "agent.conf"
+    config.write_text("[DEFAULT]\nrescan_interval = 5\n")
+    agent = service.AgentService(core.conf, [str(config)], [], writer=object())
+    agent.core = core
+    agent.scheduler = SimpleNamespace(configure=lambda interval, debounce: None)
+    monkeypatch.setattr(service.config_values, "value_errors", lambda conf: [])
+    return agent
+
+
+def test_a_bug_in_a_reload_is_a_refused_reload_never_an_exception(core, tmp_path, monkeypatch):
+    """Whatever goes wrong in a reload, the daemon's signal loop gets an
+    outcome back, never an exception (one escaping would end the daemon)."""
+    agent = _service_around(core, tmp_path, monkeypatch)
+
+    def broken(new_conf):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(core, "reload", broken)
+    outcome = agent.reload_config()
+    assert not outcome.applied
+    assert "RuntimeError" in (outcome.reason or "")
+    health = core.health()
+    assert health["status"] == "degraded"
+    assert health["config"]["last_reload_result"] == "refused"
+    assert core.metrics.value("accel_agent_config_reloads_total", {"result": "refused"}) == 1
+
+
+def test_a_value_oslo_config_refuses_late_is_a_refused_reload(core, tmp_path, monkeypatch):
+    agent = _service_around(core, tmp_path, monkeypatch)
+    (tmp_path / "agent.conf").write_text("[DEFAULT]\nevent_debounce = 50\n")
+    outcome = agent.reload_config()
+    assert not outcome.applied and "event_debounce" in (outcome.reason or "")
+    assert core.health()["config"]["last_reload_result"] == "refused"
