@@ -722,6 +722,7 @@ HUGE = 200 * 1024 * 1024
                      "may have; not read"),
         ("gzip-bomb", "a 'gzip'-encoded body (identity was asked for); not read"),
     ],
+    ids=["streamed", "declared", "gzip-bomb"],
 )
 def test_a_huge_answer_is_not_read(
     server: PlacementServer, host: str, kind: str, reason: str
