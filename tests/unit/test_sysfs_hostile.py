@@ -525,7 +525,8 @@ def test_a_type_without_create_is_no_capacity(tmp_path):
     os.unlink(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
     for snap in (scan(root), Rescanner(root).rescan(), scan(root, workers=2)):
         offered = snap.parents[GPU].types[TYPE]
-        assert (offered.available_instances, offered.has_create) == (0, False)
+        assert offered.available_instances == 0
+        assert offered.has_create is False
         assert f"parent {GPU}: type {TYPE} has no create file; its available_instances " \
             "(16) count as 0" in snap.warnings
         assert snap.parents[GPU].types["nvidia-36"].available_instances > 0  # the others count
