@@ -302,3 +302,22 @@ def test_a_type_directory_that_is_a_link_is_skipped(tmp_path):
     snap = scan(root)
     assert sorted(snap.parents["mtty"].types) == ["mtty-1", "mtty-2"]
     assert any("mtty-9 is not a directory" in w for w in snap.warnings)
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_a_rescan_rereads_a_parent_whose_types_changed_under_the_same_link(tmp_path, change):
+    """A driver re-registering a parent with other types keeps its link: the
+    steady-state rescan sees the type listing differ and reads it again."""
+    from accel_agent.sysfs.rescan import Rescanner
+
+    root, _ = tree(tmp_path, "mtty")
+    types = os.path.join(root, "class/mdev_bus/mtty/mdev_supported_types")
+    rescanner = Rescanner(root)
+    rescanner.full()
+    if change == "added":
+        shutil.copytree(os.path.join(types, "mtty-2"), os.path.join(types, "mtty-3"))
+    else:
+        shutil.rmtree(os.path.join(types, "mtty-2"))
+    snap = rescanner.rescan(lambda parent: {"mtty-1"})  # the daemon's: its configured type
+    assert sorted(snap.parents["mtty"].types) == sorted(os.listdir(types))
+    assert snap.parents == scan(root).parents
