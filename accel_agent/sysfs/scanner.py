@@ -280,14 +280,13 @@ class _Scan:
         found: dict[str, Parent] = {}
         for entry, device in self.links.items():
             parent = self.devices[device]
-            if parent is None or parent.name != entry or entry in found:
+            if parent is None or parent.name != entry:
                 break
             found[entry] = parent
         else:
-            if len(found) == len(self.devices):
-                # The kernel's layout: each entry is its device's own link,
-                # one per device.  Nothing to settle (every rescan gets here).
-                return dict(sorted(found.items()))
+            # The kernel's layout: each entry is its device's own link (so
+            # one per device).  Nothing to settle; every rescan gets here.
+            return dict(sorted(found.items()))
         named: dict[str, list[str]] = {}
         for device, parent in self.devices.items():
             if parent is not None:
