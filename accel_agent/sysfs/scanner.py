@@ -108,16 +108,6 @@ def _exists_at(dir_fd: int, name: str) -> bool:
     return True
 
 
-def exists_at(dir_fd: int, name: str) -> bool:
-    """True when there is an entry ``name`` (a link is not followed).
-
-    One faccessat per type, the only cost the create rule adds to a full
-    read (a stat would cost three times as much in Python); what the entry is
-    does not matter here: the privileged writer refuses anything but a
-    regular file with one link when it creates."""
-    return os.access(name, os.F_OK, dir_fd=dir_fd, follow_symlinks=False)
-
-
 def no_create_warning(parent: str, type_id: str, available: int) -> str:
     # The privileged writer writes to nothing else, so a counter without a
     # create file is room no request can take: Placement must not offer it.
@@ -415,16 +405,22 @@ class _Scan:
             missing = "device_api" if device_api is None else "available_instances"
             self.warn(f"parent {parent}: type {type_id} has no readable {missing}; skipped")
             return None
-        available = self.available_instances(f"parent {parent}: type {type_id}", raw_available)
-        if available is None:
+        try:
+            available = attributes.parse_int(raw_available, attributes.MAX_INSTANCES)
+        except ValueError as exc:
+            # Its message built only here: a scan reads thousands of counters.
+            self.warn(f"parent {parent}: type {type_id} available_instances {exc}; skipped")
             return None
-        has_create = exists_at(types_fd, prefix + "create")
+        # Whether a create entry is there (not followed if a link): one
+        # faccessat, the one syscall per type the rule costs a full read (a
+        # stat costs about three times as much in Python).  What the entry is
+        # does not matter: the privileged writer refuses anything but a
+        # regular file with one link.  Rescans keep the answer (rescan.py).
+        has_create = os.access(prefix + "create", os.F_OK, dir_fd=types_fd, follow_symlinks=False)
         if not has_create:
             self.warn(no_create_warning(parent, type_id, available))
             available = 0
-        return MdevType(
-            type_id, device_api.strip(), available, name, description, has_create=has_create
-        )
+        return MdevType(type_id, device_api.strip(), available, name, description, None, has_create)
 
     def available_instances(self, owner: str, raw: str) -> int | None:
         """The counter, or None (with a warning) when it is no number or
