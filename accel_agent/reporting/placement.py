@@ -19,7 +19,11 @@ Rules (research/cyborg-osacc-placement.md §4, §6):
 * every write carries the provider generation; a 409 redrives that provider
   alone from fresh data, a bounded number of times;
 * Placement being down never raises into the caller's loop: the reporter
-  records the failure and backs off exponentially.
+  records the failure and backs off exponentially;
+* an answer is input: read with a bound, parsed and checked for the fields
+  the reporter uses before any is used (:mod:`placement_answers`); one that
+  is too big, too slow, not JSON or of the wrong shape fails the sync as an
+  outage does, with one line naming the request and what was wrong.
 
 Generations make a cache safe: Placement bumps a provider's generation on
 every change of its inventory or traits and on every allocation written
