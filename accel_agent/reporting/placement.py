@@ -19,7 +19,11 @@ Rules (research/cyborg-osacc-placement.md §4, §6):
 * every write carries the provider generation; a 409 redrives that provider
   alone from fresh data, a bounded number of times;
 * Placement being down never raises into the caller's loop: the reporter
-  records the failure and backs off exponentially.
+  records the failure and backs off exponentially;
+* an answer is input: read with a bound, parsed and checked for the fields
+  the reporter uses before any is used (:mod:`placement_answers`); one that
+  is too big, too slow, not JSON or of the wrong shape fails the sync as an
+  outage does, with one line naming the request and what was wrong.
 
 Generations make a cache safe: Placement bumps a provider's generation on
 every change of its inventory or traits and on every allocation written
@@ -33,6 +37,8 @@ without a generation bump.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import random
 import threading
@@ -42,15 +48,18 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from accel_agent import exception
 from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider
+from accel_agent.reporting import placement_answers as answers
+from accel_agent.reporting.placement_answers import INVENTORY_FIELDS
 
 if TYPE_CHECKING:
-    import requests
     from keystoneauth1.adapter import Adapter
     from oslo_config import cfg
+
+T = TypeVar("T")
 
 LOG = logging.getLogger(__name__)
 
@@ -64,8 +73,6 @@ MICROVERSION = "1.26"
 
 # Fixed forever: provider UUIDs are uuid5(PROVIDER_NAMESPACE, name).
 PROVIDER_NAMESPACE = uuidlib.UUID("6b0d1c1e-3f5a-5d8e-9c47-acce1a9e0001")
-
-INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size", "allocation_ratio")
 
 # 409 codes meaning "the provider changed since we read it": refetch, replan.
 _REDRIVE_CODES = frozenset(
@@ -352,35 +359,83 @@ def plan(
 # --- HTTP -----------------------------------------------------------------------------
 
 
-def _error_details(resp: requests.Response) -> tuple[str, str]:
+class PlacementAnswerRejected(exception.PlacementUnavailable):
+    # An answer the reporter cannot use (placement_answers says why): a
+    # Placement sending it is as good as down for this sync, which fails as a
+    # whole and is retried after the back-off, like any outage.
+    msg_fmt = (
+        "Placement's answer to %(method)s %(url)s rejected: %(reason)s (request %(request_id)s)"
+    )
+
+
+# What of an error body goes into a message: the gist, not megabytes.
+_DETAIL_CHARS = 200
+
+
+def _error_details(body: bytes | bytearray, reason: str) -> tuple[str, str]:
     """(code, detail) of a Placement error body (1.23+), tolerant of anything else."""
     try:
-        error = resp.json()["errors"][0]
-        return str(error.get("code") or "-"), str(error.get("detail") or error.get("title"))
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return "-", (resp.text or "").strip()[:200] or resp.reason or ""
+        error = json.loads(body)["errors"][0]
+        code, detail = str(error.get("code") or "-"), str(error.get("detail") or error.get("title"))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
+        code = "-"
+        detail = bytes(body[:_DETAIL_CHARS]).decode("utf-8", "replace").strip() or reason or ""
+    if len(detail) > _DETAIL_CHARS:
+        detail = detail[:_DETAIL_CHARS] + "..."
+    return code[:_DETAIL_CHARS], detail
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: bytearray
+    request_id: str
 
 
 class _Client:
-    """Placement requests at :data:`MICROVERSION`, HTTP failures as exceptions."""
+    """Placement requests at :data:`MICROVERSION`, HTTP failures as exceptions,
+    answers read and checked by :mod:`placement_answers` before anyone uses them."""
 
     def __init__(self, adapter: Adapter) -> None:
         self._adapter = adapter
         self.writes = 0
+        # keystoneauth's timeout bounds each socket read; the whole of an
+        # answer gets as long, so that one trickling in cannot hold a sync.
+        self._answer_seconds: float | None = getattr(
+            getattr(adapter, "session", None), "timeout", None
+        )
 
-    def get(self, url: str, *, missing_ok: bool = False) -> dict[str, Any] | None:
-        resp = self._request("GET", url, ok=(200, 404) if missing_ok else (200,))
-        return None if resp.status_code == 404 else resp.json()
+    def get(self, url: str, shape: Callable[[Any], T]) -> T:
+        return self._parse("GET", url, self._request("GET", url, ok=(200,)), shape)
 
-    def put(self, url: str, body: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        resp = self._request("PUT", url, body, ok=(200, 201, 204))
-        return resp.json() if resp.status_code == 200 else None
+    def get_if_present(self, url: str, shape: Callable[[Any], T]) -> T | None:
+        answer = self._request("GET", url, ok=(200, 404))
+        return None if answer.status == 404 else self._parse("GET", url, answer, shape)
 
-    def post(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._request("POST", url, body, ok=(200, 201)).json()
+    def put(self, url: str, body: Mapping[str, Any], shape: Callable[[Any], T]) -> T:
+        answer = self._request("PUT", url, body, ok=(200, 201, 204))
+        return self._parse("PUT", url, answer, shape)
+
+    def put_name(self, url: str) -> None:
+        """``PUT /traits/{name}``, ``/resource_classes/{name}``: 201 or 204, no body."""
+        self._request("PUT", url, ok=(200, 201, 204))
+
+    def post(self, url: str, body: Mapping[str, Any], shape: Callable[[Any], T]) -> T:
+        return self._parse("POST", url, self._request("POST", url, body, ok=(200, 201)), shape)
 
     def delete(self, url: str) -> None:
         self._request("DELETE", url, ok=(204, 404))  # 404: already gone, fine
+
+    @staticmethod
+    def _parse(method: str, url: str, answer: _Answer, shape: Callable[[Any], T]) -> T:
+        try:
+            if not answer.body:
+                raise answers.AnswerRejected(f"status {answer.status} without a body")
+            return shape(answers.decode_json(answer.body))
+        except answers.AnswerRejected as exc:
+            raise PlacementAnswerRejected(
+                method=method, url=url, reason=str(exc), request_id=answer.request_id
+            ) from None
 
     def _request(
         self,
@@ -389,10 +444,22 @@ class _Client:
         body: Mapping[str, Any] | None = None,
         *,
         ok: tuple[int, ...],
-    ) -> requests.Response:
+    ) -> _Answer:
+        import http.client
+
+        import requests
+        import urllib3
         from keystoneauth1 import exceptions as ks_exc
 
-        kwargs: dict[str, Any] = {"microversion": MICROVERSION, "raise_exc": False}
+        kwargs: dict[str, Any] = {
+            "microversion": MICROVERSION,
+            "raise_exc": False,
+            # The body is read here, bounded (placement_answers), not by requests.
+            "stream": True,
+            # keystoneauth's debug log of a response reads its body whole.
+            "log": False,
+            "headers": {"Accept-Encoding": "identity"},
+        }
         if body is not None:
             kwargs["json"] = body
         if method != "GET":
@@ -402,21 +469,47 @@ class _Client:
         except ks_exc.ClientException as exc:
             # Connection refused/timeout, TLS, endpoint or token lookup.
             raise exception.PlacementUnavailable(reason=f"{method} {url}: {exc}") from exc
+        request_id = resp.headers.get("x-openstack-request-id", "-")
+        complete = False
+        try:
+            data = answers.read_body(resp.raw, resp.headers, seconds=self._answer_seconds)
+            complete = True
+        except answers.AnswerRejected as exc:
+            if resp.status_code in ok:
+                raise PlacementAnswerRejected(
+                    method=method, url=url, reason=str(exc), request_id=request_id
+                ) from None
+            data = bytearray()  # a failure: its status says enough
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError,
+                requests.RequestException) as exc:
+            raise exception.PlacementUnavailable(
+                reason=f"{method} {url}: the answer broke off: {exc}"
+            ) from exc
+        finally:
+            if complete:
+                # Read to its end: the connection can serve the next request.
+                resp.raw.release_conn()
+            else:
+                resp.close()  # unread bytes may follow: drop the connection
+        LOG.debug(
+            "%s %s: %s, %d bytes (request %s)", method, url, resp.status_code, len(data), request_id
+        )
         if resp.status_code in ok:
-            return resp
-        raise self._failure(method, url, resp)
+            return _Answer(resp.status_code, data, request_id)
+        raise self._failure(method, url, resp.status_code, resp.reason, data, request_id)
 
     @staticmethod
-    def _failure(method: str, url: str, resp: requests.Response) -> exception.PlacementError:
-        code, detail = _error_details(resp)
-        status = resp.status_code
+    def _failure(
+        method: str, url: str, status: int, reason: str, body: bytearray, request_id: str
+    ) -> exception.PlacementError:
+        code, detail = _error_details(body, reason)
         details = {
             "method": method,
             "url": url,
             "status": status,
             "code": code,
             "detail": detail,
-            "request_id": resp.headers.get("x-openstack-request-id", "-"),
+            "request_id": request_id,
         }
         if status >= 500 or status in (401, 403, 406):
             # Nothing this sync does can succeed: server down, bad credentials,
@@ -709,57 +802,58 @@ class PlacementReporter:
 
     def _find_root(self, client: _Client) -> str:
         query = urllib.parse.urlencode({"name": self.host})
-        found = client.get(f"/resource_providers?{query}") or {}
-        providers = found.get("resource_providers", [])
+        providers = client.get(f"/resource_providers?{query}", answers.provider_list)
         if providers:
-            return str(providers[0]["uuid"])
+            return providers[0].uuid
         if not self._create_root:
             raise exception.PlacementRootProviderNotFound(host=self.host)
-        body = client.post(
-            "/resource_providers", {"name": self.host, "uuid": provider_uuid(self.host)}
+        root = client.post(
+            "/resource_providers",
+            {"name": self.host, "uuid": provider_uuid(self.host)},
+            answers.provider,
         )
-        self._log.info("created root provider %s (%s)", self.host, body["uuid"])
-        return str(body["uuid"])
+        self._log.info("created root provider %s (%s)", self.host, root.uuid)
+        return root.uuid
 
     def _children(self, client: _Client, root_uuid: str) -> dict[str, ProviderState]:
         """Direct children of the root, by name (ours and anyone else's)."""
         query = urllib.parse.urlencode({"in_tree": root_uuid})
-        tree = (client.get(f"/resource_providers?{query}") or {}).get("resource_providers", [])
+        tree = client.get(f"/resource_providers?{query}", answers.provider_list)
         children = {}
         for rp in tree:
-            if rp["uuid"] != root_uuid and rp.get("parent_provider_uuid") == root_uuid:
-                children[rp["name"]] = self._state(client, rp)
+            if rp.uuid != root_uuid and rp.parent_uuid == root_uuid:
+                children[rp.name] = self._state(client, rp)
         return children
 
-    def _state(self, client: _Client, rp: Mapping[str, Any]) -> ProviderState:
-        base = f"/resource_providers/{rp['uuid']}"
-        cached = self._cache.get(rp["uuid"])
-        if cached is not None and cached.generation == rp["generation"]:
+    def _state(self, client: _Client, rp: answers.ProviderRef) -> ProviderState:
+        base = f"/resource_providers/{rp.uuid}"
+        cached = self._cache.get(rp.uuid)
+        if cached is not None and cached.generation == rp.generation:
             if not cached.in_use:
                 return cached
             # Freed allocations do not bump the generation (module docstring).
             return replace(cached, usages=self._usages(client, base))
         # Tagged with the generation read *before* the contents, so the tag is
         # never newer than the data: a later change always shows as a miss.
-        inventories = (client.get(f"{base}/inventories") or {}).get("inventories", {})
-        traits = (client.get(f"{base}/traits") or {}).get("traits", [])
+        inventories = client.get(f"{base}/inventories", answers.inventories)
+        traits = client.get(f"{base}/traits", answers.traits)
         return ProviderState(
-            uuid=rp["uuid"],
-            name=rp["name"],
-            generation=rp["generation"],
-            parent_uuid=rp.get("parent_provider_uuid"),
-            inventories=inventories,
-            traits=frozenset(traits),
+            uuid=rp.uuid,
+            name=rp.name,
+            generation=rp.generation,
+            parent_uuid=rp.parent_uuid,
+            inventories=inventories.records,
+            traits=frozenset(traits.names),
             usages=self._usages(client, base),
         )
 
     @staticmethod
     def _usages(client: _Client, base: str) -> dict[str, int]:
-        usages = (client.get(f"{base}/usages") or {}).get("usages", {})
+        usages = client.get(f"{base}/usages", answers.usages)
         return {rc: n for rc, n in usages.items() if n}
 
     def _refetch(self, client: _Client, uuid: str) -> ProviderState | None:
-        rp = client.get(f"/resource_providers/{uuid}", missing_ok=True)
+        rp = client.get_if_present(f"/resource_providers/{uuid}", answers.provider)
         if rp is None:
             return None
         self._cache.pop(uuid, None)
@@ -824,16 +918,17 @@ class PlacementReporter:
         if isinstance(action, Refuse):
             raise exception.PlacementError(reason=action.reason)
         if isinstance(action, CreateProvider):
-            body = client.post(
+            created = client.post(
                 "/resource_providers",
                 {
                     "name": action.name,
                     "uuid": action.uuid,
                     "parent_provider_uuid": action.parent_uuid,
                 },
+                answers.provider,
             )
             new: ProviderState | None = ProviderState(
-                body["uuid"], body["name"], body["generation"], body.get("parent_provider_uuid")
+                created.uuid, created.name, created.generation, created.parent_uuid
             )
         elif isinstance(action, DeleteProvider):
             client.delete(f"/resource_providers/{action.uuid}")
@@ -854,30 +949,24 @@ class PlacementReporter:
         base = f"/resource_providers/{state.uuid}"
         if isinstance(action, SetTraits):
             self._ensure(client, "traits", action.traits)
-            body = client.put(
+            traits = client.put(
                 f"{base}/traits",
                 {"resource_provider_generation": state.generation, "traits": list(action.traits)},
+                functools.partial(answers.traits, written=True),
             )
-            assert body is not None
-            return replace(
-                state,
-                generation=body["resource_provider_generation"],
-                traits=frozenset(body["traits"]),
-            )
+            assert traits.generation is not None  # written=True checked it
+            return replace(state, generation=traits.generation, traits=frozenset(traits.names))
         self._ensure(client, "resource_classes", action.inventories)
-        body = client.put(
+        inventories = client.put(
             f"{base}/inventories",
             {
                 "resource_provider_generation": state.generation,
                 "inventories": {rc: dict(r) for rc, r in action.inventories.items()},
             },
+            functools.partial(answers.inventories, written=True),
         )
-        assert body is not None
-        return replace(
-            state,
-            generation=body["resource_provider_generation"],
-            inventories=body["inventories"],
-        )
+        assert inventories.generation is not None  # written=True checked it
+        return replace(state, generation=inventories.generation, inventories=inventories.records)
 
     def _ensure(self, client: _Client, kind: str, names: Iterable[str]) -> None:
         """Create custom traits / resource classes: ``PUT`` is idempotent (201/204).
@@ -887,5 +976,5 @@ class PlacementReporter:
         for name in names:
             key = f"{kind}/{name}"
             if name.startswith("CUSTOM_") and key not in self._ensured:
-                client.put(f"/{key}")
+                client.put_name(f"/{key}")
                 self._ensured.add(key)

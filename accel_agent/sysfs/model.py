@@ -30,6 +30,11 @@ class MdevType:
     # The most devices of this type one physical GPU holds, when the backend
     # knows it from elsewhere than ``description`` (vendor-VFIO VFs).
     per_gpu_limit: int | None = None
+    # False: the type directory has no ``create`` file (the kernel puts one
+    # in every mdev type), so nothing can be made from it: the scan then sets
+    # ``available_instances`` to 0, whatever the counter says, and a rescan
+    # keeps it there without reading the counter.
+    has_create: bool = True
 
     @property
     def description_fields(self) -> Mapping[str, str]:

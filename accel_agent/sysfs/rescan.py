@@ -11,7 +11,11 @@ What moves is ``available_instances`` and the mdev list.
 * lists ``bus/mdev/devices`` and reads only the mdevs it has not seen, or
   whose link target changed (a UUID removed and re-created elsewhere);
 * lists ``class/mdev_bus``; a parent that appeared, or whose link now points
-  elsewhere, is read in full; a vanished one is dropped;
+  elsewhere, is read in full; a vanished one is dropped.  Only the kernel's
+  own link (named after the device it leads to, its text ending in that
+  name) is trusted by its text; any other entry (an alias, a chain of links)
+  is resolved again each time, and settled into one parent per device as a
+  full scan does (:meth:`scanner._Scan.settle`);
 * re-reads the ``available_instances`` its caller needs: :meth:`rescan`
   those of the types asked for (the configured type of each parent for the
   inventory and every decision of the manager; every type for the daemon's
@@ -73,7 +77,8 @@ class Rescanner:
         self.sysfs_root = sysfs_root
         self._lock = threading.Lock()
         self._snapshot: HostSnapshot | None = None
-        self._parent_targets: dict[str, str] = {}
+        # The kernel's own class/mdev_bus links (name -> link text), whose
+        # unchanged text means an unchanged device (cacheable_links).
         self._parent_links: dict[str, str] = {}
         self._mdev_targets: dict[str, str] = {}
         # parent -> the mdevs sharing its room (uuid, link target) listed
@@ -82,23 +87,21 @@ class Rescanner:
 
     def full(self) -> HostSnapshot:
         """A complete scan; resets the cache."""
-        snapshot = scanner.scan(self.sysfs_root)
+        snapshot, links = scanner.scan_with_links(self.sysfs_root)
         with self._lock:
-            self._remember(snapshot)
+            self._remember(snapshot, links)
         return snapshot
 
-    def _remember(self, snapshot: HostSnapshot) -> None:
+    def _remember(self, snapshot: HostSnapshot, links: Mapping[str, str]) -> None:
         root = snapshot.root
         self._snapshot = snapshot
-        self._parent_targets = {
-            name: os.path.join(root, p.device_path) for name, p in snapshot.parents.items()
-        }
-        self._parent_links = {}
+        texts = {}
         for name in snapshot.parents:
             try:
-                self._parent_links[name] = os.readlink(os.path.join(root, scanner.MDEV_BUS, name))
+                texts[name] = os.readlink(os.path.join(root, scanner.MDEV_BUS, name))
             except OSError:
                 continue
+        self._parent_links = cacheable_links(snapshot.parents, links, texts)
         bus = os.path.join(root, scanner.MDEV_DEVICES)
         self._mdev_targets = {}
         for uuid in snapshot.mdevs:
@@ -131,8 +134,8 @@ class Rescanner:
     def _locked_rescan(self, refresh: _Refresh, reread_mdevs: bool = False) -> HostSnapshot:
         with self._lock:
             if self._snapshot is None:
-                snapshot = scanner.scan(self.sysfs_root)
-                self._remember(snapshot)
+                snapshot, links = scanner.scan_with_links(self.sysfs_root)
+                self._remember(snapshot, links)
                 return snapshot
             return self._rescan(self._snapshot, refresh, reread_mdevs)
 
@@ -144,10 +147,9 @@ class Rescanner:
         # The mdevs first: a counter read after the list can only be fresher
         # than the list, which the next rescan notices (module docstring).
         mdevs, mdev_targets = self._rescan_mdevs(walker, old, reread_mdevs)
-        parents: dict[str, Parent] = {}
-        targets: dict[str, str] = {}
-        links: dict[str, str] = {}
-        cached: list[str] = []
+        fresh_texts: dict[str, str] = {}  # entries resolved again: name -> link text
+        trusted: dict[str, str] = {}  # the next rescan's _parent_links
+        cached: set[str] = set()  # device directories whose parent is reused
         basis: dict[str, frozenset[tuple[str, str]]] = {}
         bus_dir = os.path.join(root, scanner.MDEV_BUS)
         bus_fd = scanner.open_dir(bus_dir)
@@ -155,41 +157,41 @@ class Rescanner:
             names = walker.listdir(bus_fd) if bus_fd is not None else []
             for name in names:
                 try:
-                    link = os.readlink(name, dir_fd=bus_fd)
+                    text = os.readlink(name, dir_fd=bus_fd)
                 except OSError:
-                    link = ""
-                known = old.parents.get(name)
-                if known is not None and link and self._parent_links.get(name) == link:
-                    # Same link text as last time: same device (a readlink,
-                    # not a realpath walk, per parent).
-                    parents[name] = known
-                    targets[name] = self._parent_targets[name]
-                    cached.append(name)
+                    text = ""
+                reused = old.parents.get(name)
+                if reused is not None and text and self._parent_links.get(name) == text:
+                    # The kernel's link, same text as last time: same device
+                    # (a readlink, not a realpath walk, per parent).
+                    walker.links[name] = reused.device_path
+                    if reused.device_path not in walker.devices:
+                        walker.devices[reused.device_path] = reused
+                        cached.add(reused.device_path)
+                    trusted[name] = text
                 else:
-                    fresh = walker.parent(name)
-                    if fresh is None:
-                        continue
-                    parents[name] = fresh
-                    # The scan resolved the device already (as _remember does).
-                    targets[name] = os.path.join(root, fresh.device_path)
-                links[name] = link
+                    # New, moved, or not the kernel's own link: resolved (and
+                    # its device read, unless an entry before led there).
+                    walker.parent(name)
+                    fresh_texts[name] = text
         finally:
             if bus_fd is not None:
                 os.close(bus_fd)
+        parents = walker.settle()
         signatures = _room_signatures(parents, mdevs, mdev_targets)
         for name, parent in parents.items():
             now = signatures.get(_room(parent), frozenset())
-            if name not in cached:
+            if parent.device_path not in cached:
                 basis[name] = now  # read in full above, after the mdev list
                 continue
             gpu_changed = self._basis.get(name) != now
             wanted = refresh(parent, gpu_changed)
-            fresh = self._refresh_counters(walker, parent, targets[name], wanted)
+            fresh = self._refresh_counters(walker, parent, wanted)
             parents[name] = fresh
             read_all = wanted is None or fresh.types.keys() != parent.types.keys()
             basis[name] = now if read_all else self._basis.get(name, frozenset())
-        self._parent_targets = targets
-        self._parent_links = links
+        trusted.update(cacheable_links(parents, walker.links, fresh_texts))
+        self._parent_links = trusted
         self._mdev_targets = mdev_targets
         self._basis = basis
         if _unchanged(old, parents, mdevs, walker.warnings):
@@ -209,7 +211,7 @@ class Rescanner:
 
     @staticmethod
     def _refresh_counters(
-        walker: scanner._Scan, parent: Parent, device: str, wanted: set[str] | None
+        walker: scanner._Scan, parent: Parent, wanted: set[str] | None
     ) -> Parent:
         """``parent`` with the counters of ``wanted`` (None: all) re-read; the
         same object when none changed."""
@@ -219,7 +221,8 @@ class Rescanner:
         types = dict(parent.types)
         changed = False
         # Not followed, as in the full scan: a link here could lead out of the root.
-        types_fd = scanner.open_dir(os.path.join(device, scanner.SUPPORTED_TYPES), follow=False)
+        types_dir = f"{walker.root}/{parent.device_path}/{scanner.SUPPORTED_TYPES}"
+        types_fd = scanner.open_dir(types_dir, follow=False)
         if types_fd is None:
             walker.warn(f"parent {parent.name}: mdev_supported_types vanished")
             return dataclasses.replace(parent, types=MappingProxyType({}))
@@ -229,8 +232,13 @@ class Rescanner:
                 # The driver re-registered with other types, or a type is no
                 # longer a real directory (one scandir per parent buys this
                 # check): read the parent again in full.
-                return walker.parent(parent.name) or parent
+                return walker.reread(parent) or parent
             for type_id in wanted:
+                if not types[type_id].has_create:
+                    # 0 whatever its counter says; a create file does not
+                    # appear in a type the driver registered (a re-registration
+                    # changes the listing above and rereads the parent).
+                    continue
                 owner = f"parent {parent.name}: type {type_id}"
                 raw = walker.attribute(types_fd, f"{type_id}/available_instances", owner)
                 available = (
@@ -288,6 +296,27 @@ class Rescanner:
             if bus_fd is not None:
                 os.close(bus_fd)
         return mdevs, targets
+
+
+def cacheable_links(
+    parents: Mapping[str, Parent], links: Mapping[str, str], texts: Mapping[str, str]
+) -> dict[str, str]:
+    """name -> link text of the class/mdev_bus entries a rescan may trust by
+    their text alone: the kernel's own, named after the device they lead to
+    and whose text ends in that name.  An alias, or a link to another link,
+    is resolved again each time: the link it passes through may change
+    while its own text does not."""
+    trusted = {}
+    for name, text in texts.items():
+        parent = parents.get(name)
+        if (
+            parent is not None
+            and text
+            and links.get(name) == parent.device_path
+            and os.path.basename(text.rstrip("/")) == name
+        ):
+            trusted[name] = text
+    return trusted
 
 
 def _room(parent: Parent) -> str:

@@ -4,7 +4,9 @@ The layout (DESIGN.md §4, research/sysfs-mdevctl-kubevirt.md §1.1):
 
 * ``class/mdev_bus/<parent>`` is a *link* to the parent's device directory;
 * ``<device>/mdev_supported_types/<type>/`` holds ``device_api`` and
-  ``available_instances`` (required) and ``name``/``description`` (optional);
+  ``available_instances`` (required), ``name``/``description`` (optional) and
+  the write-only ``create`` (a type without one offers nothing: its counter
+  is taken as 0, with a warning);
 * ``bus/mdev/devices/<uuid>`` is a *link* to ``<parent device>/<uuid>/``
   whose ``mdev_type`` link names the type.
 
@@ -12,6 +14,16 @@ A sysfs tree is live: files vanish between listdir and open, drivers print
 garbage, links dangle while a parent unregisters.  One bad item is skipped
 with a warning; the scan itself never fails except for a missing root.
 Reads are plain unprivileged reads; nothing here writes.
+
+A parent is its device directory, not its ``class/mdev_bus`` entry: the
+kernel makes one entry per parent, named after the device directory (the PCI
+address), but a tree can hold more links to one device (a second name, a
+chain of links).  Each entry is resolved once (the open that reads the
+parent resolves it anyway), every device directory is read once, and the
+parent is named after the directory as the kernel names it; the other
+entries are reported as aliases (:meth:`_Scan.settle`).  Settling happens
+after every entry is resolved, in one process, so a scan split between
+forked workers finds what a serial one finds.
 """
 
 from __future__ import annotations
@@ -58,6 +70,10 @@ def parse_description(description: str | None) -> dict[str, str]:
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
+# What one class/mdev_bus entry gave a walk: (entry, device directory it
+# leads to or None, the parent read there or None, the warnings it raised).
+Entry = tuple[str, "str | None", "Parent | None", tuple[str, ...]]
+
 # The attribute reader lives in attributes.py; re-exported for rescan.py.
 read_at = attributes.read_at
 
@@ -92,6 +108,22 @@ def _exists_at(dir_fd: int, name: str) -> bool:
     return True
 
 
+def no_create_warning(parent: str, type_id: str, available: int) -> str:
+    # The privileged writer writes to nothing else, so a counter without a
+    # create file is room no request can take: Placement must not offer it.
+    return (
+        f"parent {parent}: type {type_id} has no create file; its available_instances "
+        f"({available}) count as 0"
+    )
+
+
+def _listed(entries: list[str], limit: int = 8) -> str:
+    """``a, b, c`` of at most ``limit`` entries, then how many more: a tree
+    may hold thousands of links, the warning stays one short line."""
+    shown = ", ".join(entries[:limit])
+    return shown if len(entries) <= limit else f"{shown} and {len(entries) - limit} more"
+
+
 def type_dirs(types_fd: int) -> tuple[list[str], list[str]]:
     """(type directories sorted, other entries) of an open
     ``mdev_supported_types``: what is no real directory (a link, a file)
@@ -115,6 +147,11 @@ class _Scan:
         self.warnings: list[str] = []
         # A forked worker only collects: the parent logs what it reports.
         self.log = log
+        # class/mdev_bus entry -> the device directory it leads to (relative
+        # to the root), for every entry that resolved: aliases included.
+        self.links: dict[str, str] = {}
+        # device directory -> its parent (None: not one), read once per walk.
+        self.devices: dict[str, Parent | None] = {}
 
     def warn(self, message: str) -> None:
         if self.log:
@@ -151,15 +188,21 @@ class _Scan:
     def parent_names(self) -> list[str]:
         return self.listdir(os.path.join(self.root, MDEV_BUS))
 
-    def parents(self, names: list[str]) -> dict[str, Parent]:
-        found: dict[str, Parent] = {}
+    def parents(self, names: list[str]) -> list[Entry]:
+        """Resolve and read ``names`` (class/mdev_bus entries) into
+        :attr:`links` and :attr:`devices`; what each entry found and warned,
+        in order (what a forked worker sends back)."""
+        entries: list[Entry] = []
         for name in names:
+            mark = len(self.warnings)
             parent = self.parent(name)
-            if parent is not None:
-                found[name] = parent
-        return found
+            device = self.links.get(name)
+            entries.append((name, device, parent, tuple(self.warnings[mark:])))
+        return entries
 
     def parent(self, name: str) -> Parent | None:
+        """The parent that class/mdev_bus/``name`` leads to, its device
+        directory read only the first time an entry leads there."""
         if not address.is_canonical_parent_name(name):
             # "0000:84:00.0\n", " 0000:84:00.0" or "0000:84:00.A" would become a
             # second parent that policy and inventory normalise into the real
@@ -172,6 +215,7 @@ class _Scan:
         device_fd = open_dir(link)
         device = None
         if device_fd is not None:
+            # Resolved by the kernel, chains of links included: the realpath.
             device = self.fd_path(device_fd) or self.resolve(link)
         if device is None or not self.inside_root(device):
             if device_fd is not None:
@@ -179,9 +223,94 @@ class _Scan:
             self.warn(f"parent {name}: class/mdev_bus link is dangling or leaves the root")
             return None
         try:
-            return self._parent(name, device, device_fd)
+            relative = os.path.relpath(device, self.root)
+            self.links[name] = relative
+            if relative in self.devices:
+                return self.devices[relative]  # an alias: read once is enough
+            parent = self.read_device(relative, device_fd)
+            self.devices[relative] = parent
+            return parent
         finally:
             os.close(device_fd)
+
+    def read_device(self, relative: str, device_fd: int) -> Parent | None:
+        """The parent in the open device directory ``relative``, named as
+        the kernel names it: after the directory."""
+        name = os.path.basename(relative)
+        if not address.is_canonical_parent_name(name):
+            self.warn(
+                f"device {relative!r}: its directory name is not a canonical PCI address "
+                "or parent name; skipped"
+            )
+            return None
+        return self._parent(name, relative, device_fd)
+
+    def reread(self, parent: Parent) -> Parent | None:
+        """``parent`` read again in full from its device directory (None when
+        it is gone or no longer a directory inside the root)."""
+        path = os.path.join(self.root, parent.device_path)
+        device_fd = open_dir(path, follow=False)
+        if device_fd is None:
+            return None
+        try:
+            device = self.fd_path(device_fd) or self.resolve(path)
+            if device is None or not self.inside_root(device):
+                return None
+            return self.read_device(parent.device_path, device_fd)
+        finally:
+            os.close(device_fd)
+
+    def settle(self) -> dict[str, Parent]:
+        """One parent per device directory, by name, from what the entries
+        resolved to: an entry named otherwise than its device (a second
+        link, a link to a link) is an alias, reported once per parent.  Two
+        device directories of one name (only a made-up tree has them): the
+        one class/mdev_bus/<name> leads to is the parent, else the first by
+        path; the other is skipped with a warning."""
+        found: dict[str, Parent] = {}
+        for entry, device in self.links.items():
+            parent = self.devices[device]
+            if parent is None or parent.name != entry:
+                break
+            found[entry] = parent
+        else:
+            # The kernel's layout: each entry is its device's own link (so
+            # one per device).  Nothing to settle; every rescan gets here.
+            return dict(sorted(found.items()))
+        named: dict[str, list[str]] = {}
+        for device, parent in self.devices.items():
+            if parent is not None:
+                named.setdefault(parent.name, []).append(device)
+        entries: dict[str, list[str]] = {}
+        for entry, device in self.links.items():
+            entries.setdefault(device, []).append(entry)
+        found = {}
+        for name in sorted(named):
+            devices = named[name]
+            kept = devices[0]
+            if len(devices) > 1:
+                own = self.links.get(name)
+                kept = own if own in devices else min(devices)
+                for other in sorted(set(devices) - {kept}):
+                    self.warn(
+                        f"parent {name}: class/mdev_bus {_listed(entries[other])} lead to "
+                        f"{other}, not {kept}, a second device directory of that name; skipped"
+                    )
+            aliases = sorted(e for e in entries[kept] if e != name)
+            if aliases and name in entries[kept]:
+                self.warn(
+                    f"parent {name}: class/mdev_bus {_listed(aliases)} lead to its device "
+                    "too; aliases skipped"
+                )
+            elif aliases:
+                self.warn(
+                    f"parent {name}: no class/mdev_bus/{name}; named after its device "
+                    f"{kept}, which class/mdev_bus {_listed(aliases)} lead to (aliases)"
+                )
+            parent = self.devices[kept]
+            assert parent is not None
+            found[name] = parent
+        return found
 
     @staticmethod
     def fd_path(fd: int) -> str | None:
@@ -206,7 +335,7 @@ class _Scan:
             return None
         return address.parse_pci_address(name)
 
-    def _parent(self, name: str, device: str, device_fd: int) -> Parent:
+    def _parent(self, name: str, device_path: str, device_fd: int) -> Parent:
         pci_address = address.parse_pci_address(name) if address.is_pci_address(name) else None
         physfn = self.physfn(device_fd)
         types: dict[str, MdevType] = {}
@@ -225,7 +354,7 @@ class _Scan:
                 os.close(types_fd)
         return Parent(
             name=name,
-            device_path=os.path.relpath(device, self.root),
+            device_path=device_path,
             pci_address=pci_address,
             physical_gpu=physfn or pci_address or name,
             physfn=physfn,
@@ -276,10 +405,22 @@ class _Scan:
             missing = "device_api" if device_api is None else "available_instances"
             self.warn(f"parent {parent}: type {type_id} has no readable {missing}; skipped")
             return None
-        available = self.available_instances(f"parent {parent}: type {type_id}", raw_available)
-        if available is None:
+        try:
+            available = attributes.parse_int(raw_available, attributes.MAX_INSTANCES)
+        except ValueError as exc:
+            # Its message built only here: a scan reads thousands of counters.
+            self.warn(f"parent {parent}: type {type_id} available_instances {exc}; skipped")
             return None
-        return MdevType(type_id, device_api.strip(), available, name, description)
+        # Whether a create entry is there (not followed if a link): one
+        # faccessat, the one syscall per type the rule costs a full read (a
+        # stat costs about three times as much in Python).  What the entry is
+        # does not matter: the privileged writer refuses anything but a
+        # regular file with one link.  Rescans keep the answer (rescan.py).
+        has_create = os.access(prefix + "create", os.F_OK, dir_fd=types_fd, follow_symlinks=False)
+        if not has_create:
+            self.warn(no_create_warning(parent, type_id, available))
+            available = 0
+        return MdevType(type_id, device_api.strip(), available, name, description, None, has_create)
 
     def available_instances(self, owner: str, raw: str) -> int | None:
         """The counter, or None (with a warning) when it is no number or
@@ -350,7 +491,15 @@ PARALLEL_MIN_PARENTS = 32
 
 def _encode_parent(parent: Parent) -> tuple:
     types = tuple(
-        (t.type_id, t.device_api, t.available_instances, t.name, t.description)
+        (
+            t.type_id,
+            t.device_api,
+            t.available_instances,
+            t.name,
+            t.description,
+            t.per_gpu_limit,
+            t.has_create,
+        )
         for t in parent.types.values()
     )
     return (
@@ -372,9 +521,19 @@ def _decode_parent(data: tuple) -> Parent:
     return Parent(*fields, types=MappingProxyType({t[0]: MdevType(*t) for t in types}))
 
 
+def _encode_entry(entry: Entry) -> tuple:
+    name, device, parent, warnings = entry
+    return (name, device, None if parent is None else _encode_parent(parent), warnings)
+
+
+def _decode_entry(data: tuple) -> Entry:
+    name, device, parent, warnings = data
+    return (name, device, None if parent is None else _decode_parent(parent), tuple(warnings))
+
+
 def _fork_worker(walker: _Scan, names: list[str]) -> tuple[int, int]:
-    """Scan ``names`` in a forked child that sends its parents and warnings
-    back marshalled through a pipe: (pid, read end)."""
+    """Scan ``names`` in a forked child that sends its entries (parents and
+    warnings) back marshalled through a pipe: (pid, read end)."""
     read_end, write_end = os.pipe()
     try:
         pid = os.fork()
@@ -387,8 +546,7 @@ def _fork_worker(walker: _Scan, names: list[str]) -> tuple[int, int]:
         try:
             os.close(read_end)
             child = _Scan(walker.root, log=False)
-            found = child.parents(names)
-            data = marshal.dumps(([_encode_parent(p) for p in found.values()], child.warnings))
+            data = marshal.dumps([_encode_entry(e) for e in child.parents(names)])
             with os.fdopen(write_end, "wb") as pipe:
                 pipe.write(data)
             status = 0
@@ -398,19 +556,33 @@ def _fork_worker(walker: _Scan, names: list[str]) -> tuple[int, int]:
     return pid, read_end
 
 
-def _collect_worker(pid: int, read_end: int) -> tuple[list[Parent], list[str]] | None:
-    """The worker's parents, or None when it failed.  Decoded before the
+def _collect_worker(pid: int, read_end: int) -> list[Entry] | None:
+    """The worker's entries, or None when it failed.  Decoded before the
     worker is reaped: its address space takes milliseconds to tear down and a
     complete message already says it succeeded (a crash truncates it)."""
     with os.fdopen(read_end, "rb") as pipe:
         data = pipe.read()
     try:
-        encoded, warnings = marshal.loads(data)
-        result = [_decode_parent(p) for p in encoded], list(warnings)
+        result: list[Entry] | None = [_decode_entry(e) for e in marshal.loads(data)]
     except (EOFError, ValueError, TypeError):
         result = None
     os.waitpid(pid, 0)
     return result
+
+
+def _adopt(walker: _Scan, entries: list[Entry]) -> None:
+    """A worker's entries into ``walker`` as if it had walked them itself:
+    a device it read already (an alias met earlier, in another chunk) keeps
+    the first reading, and the second reading's warnings are dropped, as a
+    serial walk never makes them."""
+    for name, device, parent, warnings in entries:
+        if device is not None:
+            walker.links[name] = device
+            if device in walker.devices:
+                continue
+            walker.devices[device] = parent
+        for warning in warnings:
+            walker.warn(warning)
 
 
 def _split(names: list[str], workers: int) -> list[list[str]]:
@@ -419,12 +591,12 @@ def _split(names: list[str], workers: int) -> list[list[str]]:
     return [names[i : i + size] for i in range(0, len(names), size)]
 
 
-def _parents_in_parallel(walker: _Scan, names: list[str], workers: int) -> dict[str, Parent]:
+def _parents_in_parallel(walker: _Scan, names: list[str], workers: int) -> None:
     """Split the parents between this process and ``workers - 1`` forked
     children: a scan is thousands of tiny syscalls, so processes (not
     threads, which contend for the GIL after every one) use the other
     cores.  A worker that fails, or cannot be forked (RLIMIT_NPROC, memory),
-    is redone here."""
+    is redone here.  Fills ``walker`` as a serial walk of ``names`` would."""
     chunks = _split(names, workers)
     children = []
     here = list(chunks[0])
@@ -434,18 +606,14 @@ def _parents_in_parallel(walker: _Scan, names: list[str], workers: int) -> dict[
         except OSError as exc:
             LOG.debug("cannot fork a sysfs scan worker (%s); scanning here", exc)
             here += chunk
-    found = walker.parents(here)
+    walker.parents(here)
     for chunk, pid, read_end in children:
-        result = _collect_worker(pid, read_end)
-        if result is None:
+        entries = _collect_worker(pid, read_end)
+        if entries is None:
             LOG.debug("sysfs scan worker %d failed; scanning its %d parents here", pid, len(chunk))
-            found.update(walker.parents(chunk))
+            walker.parents(chunk)
             continue
-        parents, warnings = result
-        for warning in warnings:
-            walker.warn(warning)
-        found.update((p.name, p) for p in parents)
-    return found
+        _adopt(walker, entries)
 
 
 def scan(sysfs_root: str, workers: int = 1) -> HostSnapshot:
@@ -454,23 +622,30 @@ def scan(sysfs_root: str, workers: int = 1) -> HostSnapshot:
     ``workers`` > 1 forks that many processes in all for a large host: only
     for single-threaded callers (accelctl), never in the daemon.
     """
+    return scan_with_links(sysfs_root, workers)[0]
+
+
+def scan_with_links(sysfs_root: str, workers: int = 1) -> tuple[HostSnapshot, dict[str, str]]:
+    """:func:`scan`, and where each class/mdev_bus entry led (entry ->
+    device directory relative to the root), for the rescanner's cache."""
     if not os.path.isdir(sysfs_root):
         raise exception.SysfsRootNotFound(root=sysfs_root)
     walker = _Scan(sysfs_root)
     names = walker.parent_names()
     if workers > 1 and len(names) >= PARALLEL_MIN_PARENTS:
-        parents = _parents_in_parallel(walker, names, workers)
+        _parents_in_parallel(walker, names, workers)
     else:
-        parents = walker.parents(names)
-    parents = dict(sorted(parents.items()))
+        walker.parents(names)
+    parents = walker.settle()
     mdevs = walker.mdevs(parents)
     by_parent: dict[str, list[Mdev]] = {}
     for mdev in sorted(mdevs.values(), key=lambda m: m.uuid):
         by_parent.setdefault(mdev.parent, []).append(mdev)
-    return HostSnapshot(
+    snapshot = HostSnapshot(
         root=walker.root,
         parents=MappingProxyType(parents),
         mdevs=MappingProxyType(mdevs),
         warnings=tuple(walker.warnings),
         by_parent=MappingProxyType({k: tuple(v) for k, v in by_parent.items()}),
     )
+    return snapshot, walker.links

@@ -8,9 +8,16 @@ kills and restarts on the same port and database.
 from __future__ import annotations
 
 import itertools
+import json
+import logging
+import re
 import textwrap
+import time
+import tracemalloc
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,9 @@ from accel_agent.reporting.placement import (
     adapter_for_endpoint,
     provider_uuid,
 )
+from accel_agent.reporting.placement_answers import MAX_ANSWER_BYTES
 from tests.functional.placement_fixture import PlacementServer, placement_available
+from tests.functional.placement_standin import Answer, StandIn, body, endless
 
 pytestmark = pytest.mark.skipif(
     not placement_available(),
@@ -59,8 +68,8 @@ class CountingAdapter(ks_adapter.Adapter):
         return [c for c in self.calls if c[0] != "GET"]
 
 
-def counting_adapter(endpoint: str) -> CountingAdapter:
-    session = ks_session.Session(auth=token_endpoint.Token(endpoint, "admin"), timeout=10)
+def counting_adapter(endpoint: str, timeout: float = 10) -> CountingAdapter:
+    session = ks_session.Session(auth=token_endpoint.Token(endpoint, "admin"), timeout=timeout)
     return CountingAdapter(session, service_type="placement", default_microversion=MICROVERSION)
 
 
@@ -563,3 +572,207 @@ def test_vendor_vfio_gpus_are_one_provider_each_like_any_pci_gpu(
         {"name": f"{host}_pci_0000_c2_00_0", "parent_provider": host,
          "inventories": {"CUSTOM_L40S_4Q": record(3)}, "traits": vfio_traits},
     )
+
+
+# --- answers a real Placement never sends (issue 21, item 5) --------------------------
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One answer of the real Placement replaced by ``mutate(its JSON)``."""
+
+    method: str
+    path: str  # a regex the request's path must match
+    mutate: Callable[[Any], Any]  # the real answer's JSON -> what is sent (bytes as they are)
+    reason: str  # what the reporter must say is wrong
+    write: bool = False  # the tampered sync writes (its inventory changed)
+
+
+def _child(doc: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """An in_tree listing with its first child (not the root) changed."""
+    providers = [dict(rp) for rp in doc["resource_providers"]]
+    child = next(rp for rp in providers if rp.get("parent_provider_uuid"))
+    child.update(changes)
+    return {"resource_providers": providers}
+
+
+def _record(doc: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**doc, "inventories": {"VGPU": {**doc["inventories"]["VGPU"], **changes}}}
+
+
+BAD_ANSWERS = {
+    # The operator's case: "200 {}".
+    "empty-listing": Bad("GET", r"/resource_providers\?name=", lambda doc: {},
+                         "resource_providers is missing"),
+    "provider-without-uuid": Bad(
+        "GET", r"/resource_providers\?name=",
+        lambda doc: {"resource_providers": [{"name": "x", "generation": 1}]},
+        "resource_providers[0].uuid is missing"),
+    # Would have become the URL the reporter writes the provider's traits to.
+    "uuid-with-a-path": Bad(
+        "GET", r"/resource_providers\?in_tree=",
+        lambda doc: _child(doc, uuid="../../traits/CUSTOM_EVIL"),
+        "uuid is a string '../../traits/CUSTOM_EVIL', not a UUID"),
+    "generation-true": Bad(
+        "GET", r"/resource_providers\?in_tree=", lambda doc: _child(doc, generation=True),
+        "generation is a boolean true, not an integer"),
+    "not-json": Bad("GET", r"/resource_providers\?in_tree=",
+                    lambda doc: b"<html>502 Bad Gateway</html>",
+                    "a body that is not JSON (Expecting value: line 1 column 1 (char 0))"),
+    "total-as-text": Bad(
+        "GET", r"/resource_providers/[^/?]+/inventories$",
+        lambda doc: _record(doc, total="16"),
+        "inventories.VGPU.total is a string '16', not an integer"),
+    "usage-as-text": Bad(
+        "GET", r"/resource_providers/[^/?]+/usages$", lambda doc: {"usages": {"VGPU": "1"}},
+        "usages.VGPU is a string '1', not an integer"),
+    "written-without-generation": Bad(
+        "PUT", r"/resource_providers/[^/?]+/inventories$",
+        lambda doc: {"inventories": doc["inventories"]},
+        "resource_provider_generation is missing", write=True),
+}
+
+
+def _tampering(bad: Bad, armed: list[bool]) -> Callable[[str, str, int, bytes], Answer | None]:
+    def tamper(method: str, path: str, status: int, real: bytes) -> Answer | None:
+        if not (armed and method == bad.method and re.search(bad.path, path) and status == 200):
+            return None
+        sent = bad.mutate(json.loads(real))
+        return body(sent if isinstance(sent, bytes) else json.dumps(sent).encode())
+
+    return tamper
+
+
+@pytest.mark.parametrize("case", list(BAD_ANSWERS), ids=list(BAD_ANSWERS))
+def test_a_malformed_answer_fails_the_sync_with_one_line_and_is_retried(
+    server: PlacementServer, admin: Admin, host: str, case: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = BAD_ANSWERS[case]
+    armed: list[bool] = []
+    before = inventory_of(host, gpu(host, "84"))
+    wanted = inventory_of(host, gpu(host, "84", total=8)) if bad.write else before
+    with StandIn(server.endpoint, _tampering(bad, armed)) as standin:
+        assert reporter_for(standin.endpoint, host)[0].sync(before).ok
+        clock = Clock()
+        # A fresh reporter: no cache hides the reads a restarted agent makes.
+        reporter, adapter = reporter_for(standin.endpoint, host, clock=clock)
+        armed.append(True)
+        caplog.clear()
+
+        with caplog.at_level(logging.INFO, logger="accel_agent.reporting.placement"):
+            result = reporter.sync(wanted)
+
+        assert standin.tampered, "the answer was never asked for"
+        assert not result.ok and result.attempted
+        method, path = standin.tampered[0]
+        error = result.error or ""
+        # One line: the request, what is wrong in it, the request id (none: a stand-in's).
+        assert error.startswith(f"Placement's answer to {method} {path} rejected: "), error
+        assert error.endswith(f"{bad.reason} (request -)"), error
+        health = reporter.health()
+        assert health["state"] == "failing" and health["last_error"] == result.error
+        assert health["consecutive_failures"] == 1
+        assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+        failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(failures) == 1 and bad.reason in failures[0] and "\n" not in failures[0]
+        # Nothing was written through what the bad answer said.
+        assert not [c for c in adapter.writes() if "EVIL" in c[1]]
+
+        armed.clear()  # Placement is sane again: the next attempt, after the back-off, works
+        clock.now = reporter.next_attempt_at
+        assert reporter.sync(wanted).ok
+    assert admin.view(host) == expected_view(host, want(host, "84", 8 if bad.write else 16))
+
+
+def test_a_root_created_without_a_uuid_in_the_answer_fails_the_sync(
+    server: PlacementServer, admin: Admin, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's ``KeyError: 'uuid'``: POST /resource_providers answered ``{}``."""
+    host = f"compute{next(_hosts)}.example.org"
+    bad = Bad("POST", r"/resource_providers$", lambda doc: {}, "uuid is missing")
+    with StandIn(server.endpoint, _tampering(bad, [True])) as standin:
+        reporter, _ = reporter_for(standin.endpoint, host, create_root=True)
+        with caplog.at_level(logging.INFO, logger="accel_agent.reporting.placement"):
+            result = reporter.sync(inventory_of(host, gpu(host, "84")))
+    assert not result.ok
+    assert (result.error or "").startswith(
+        "Placement's answer to POST /resource_providers rejected: uuid is missing (request -)"
+    ), result.error
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def _gzip_of_zeros(size: int) -> list[bytes]:
+    """``size`` zero bytes gzipped (about size/1000), built without holding them."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b"0" * (1 << 20)
+    out = [packer.compress(block) for _ in range(size // len(block))]
+    return [b"".join(out) + packer.flush()]
+
+
+HUGE = 200 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("streamed", f"the body exceeds the {MAX_ANSWER_BYTES} bytes an answer may have; "
+                     "read stopped there"),
+        ("declared", f"Content-Length {HUGE} exceeds the {MAX_ANSWER_BYTES} bytes an answer "
+                     "may have; not read"),
+        ("gzip-bomb", "a 'gzip'-encoded body (identity was asked for); not read"),
+    ],
+    ids=["streamed", "declared", "gzip-bomb"],
+)
+def test_a_huge_answer_is_not_read(
+    server: PlacementServer, host: str, kind: str, reason: str
+) -> None:
+    """200 MB from "Placement": the reporter never holds more than the bound,
+    and stops reading (the server could not send it all)."""
+    chunk = b" " * 65536
+    answers = {
+        "streamed": Answer(200, endless(chunk, HUGE)),
+        "declared": Answer(200, endless(chunk, HUGE),
+                           {"Content-Type": "application/json", "Content-Length": str(HUGE)}),
+        "gzip-bomb": Answer(200, _gzip_of_zeros(HUGE),
+                            {"Content-Type": "application/json", "Content-Encoding": "gzip"}),
+    }
+    bad = Bad("GET", r"/resource_providers\?name=", lambda doc: None, reason)
+
+    def tamper(method: str, path: str, status: int, real: bytes) -> Answer | None:
+        return answers[kind] if method == "GET" and re.search(bad.path, path) else None
+
+    with StandIn(server.endpoint, tamper) as standin:
+        reporter, _ = reporter_for(standin.endpoint, host)
+        tracemalloc.start()
+        try:
+            result = reporter.sync(inventory_of(host, gpu(host, "84")))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert not result.ok and reason in (result.error or ""), result.error
+    assert reporter.health()["last_error"] == result.error
+    # Before: the whole 200 MB (and for the bomb, inflated) in memory at once.
+    assert peak < 2 * MAX_ANSWER_BYTES, f"peak {peak / 2**20:.0f} MiB"
+    if kind != "gzip-bomb":
+        assert standin.sent < HUGE, "the whole answer was read"
+
+
+def test_an_answer_that_trickles_in_is_abandoned(server: PlacementServer, host: str) -> None:
+    """A byte every 50 ms never trips a socket timeout; the whole answer gets
+    the session's timeout (1 s here) and no more."""
+
+    def drip() -> Iterator[bytes]:
+        yield b'{"resource_providers": ['
+        for _ in range(400):  # 20 s, far past the 1 s
+            time.sleep(0.05)
+            yield b" "
+
+    def tamper(method: str, path: str, status: int, real: bytes) -> Answer | None:
+        return Answer(200, drip()) if path.startswith("/resource_providers?name=") else None
+
+    with StandIn(server.endpoint, tamper) as standin:
+        reporter = PlacementReporter(counting_adapter(standin.endpoint, timeout=1), host)
+        result = reporter.sync(inventory_of(host, gpu(host, "84")))
+    assert not result.ok
+    assert "the body took longer than 1 s to arrive" in (result.error or ""), result.error

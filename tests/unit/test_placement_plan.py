@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from oslo_config import cfg
 
 from accel_agent.exception import InvalidConfig
 from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
+from accel_agent.reporting import placement_answers as answers
 from accel_agent.reporting import placement_opts
 from accel_agent.reporting.placement import (
     CreateProvider,
@@ -337,3 +340,128 @@ def test_adapter_from_conf_needs_usable_auth(tmp_path: Path) -> None:
     adapter = build_adapter(conf)
     assert adapter.service_type == "placement"
     assert adapter.get_endpoint() == "http://127.0.0.1:1"  # no catalog lookup
+
+
+# --- answers: read with a bound, JSON, checked for their shape --------------------------
+
+
+class Body:
+    """A response body handing out ``chunks``; counts what was taken."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+        self.taken = 0
+
+    def read(self, amt: int, decode_content: bool) -> bytes:
+        assert decode_content is False  # never inflated by the reader
+        chunk = self.chunks.pop(0)[:amt] if self.chunks else b""
+        self.taken += len(chunk)
+        return chunk
+
+
+def test_an_answer_is_read_whole_up_to_the_bound() -> None:
+    raw = Body([b'{"a": ', b"1}"])
+    assert answers.read_body(raw, {}, limit=8) == b'{"a": 1}'
+
+
+def test_a_declared_length_above_the_bound_is_refused_unread() -> None:
+    raw = Body([b"x" * 9])
+    with pytest.raises(answers.AnswerRejected, match="Content-Length 9 exceeds the 8 bytes"):
+        answers.read_body(raw, {"Content-Length": "9"}, limit=8)
+    with pytest.raises(answers.AnswerRejected, match="is not a number"):
+        answers.read_body(raw, {"Content-Length": "1_0"}, limit=8)
+    assert raw.taken == 0
+
+
+def test_a_body_past_the_bound_stops_the_read_there() -> None:
+    raw = Body([b"x" * 5] * 1000)
+    with pytest.raises(answers.AnswerRejected, match=r"exceeds the 8 bytes .* read stopped"):
+        answers.read_body(raw, {}, limit=8)
+    assert raw.taken == 10 and len(raw.chunks) == 998
+
+
+def test_a_compressed_body_is_not_inflated() -> None:
+    raw = Body([b"\x1f\x8b"])
+    with pytest.raises(answers.AnswerRejected, match="'gzip'-encoded body"):
+        answers.read_body(raw, {"Content-Encoding": "gzip"})
+    assert raw.taken == 0
+
+
+def test_a_body_slower_than_its_time_is_abandoned() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.4  # each read "takes" 0.4 s
+        return now[0]
+
+    raw = Body([b" "] * 100)
+    with pytest.raises(answers.AnswerRejected, match=r"longer than 1 s .* read stopped"):
+        answers.read_body(raw, {}, seconds=1, clock=clock)
+    assert raw.taken == 3
+
+
+RP = {"uuid": ROOT, "name": HOST, "generation": 3, "parent_provider_uuid": None,
+      "root_provider_uuid": ROOT, "links": []}
+
+
+def test_answers_as_placement_sends_them_pass() -> None:
+    listing = answers.provider_list({"resource_providers": [RP]})
+    assert listing == [answers.ProviderRef(ROOT, HOST, 3, None)]
+    written = answers.inventories(
+        {"inventories": {"VGPU": record(16)}, "resource_provider_generation": 4}, written=True
+    )
+    assert (written.records, written.generation) == ({"VGPU": record(16)}, 4)
+    assert answers.traits({"traits": ["A"], "resource_provider_generation": 1}).names == ("A",)
+    assert answers.usages({"usages": {"VGPU": 2}, "resource_provider_generation": 1}) == {
+        "VGPU": 2
+    }
+
+
+@pytest.mark.parametrize(
+    "shape, doc, reason",
+    [
+        (answers.provider_list, {}, "resource_providers is missing"),
+        (answers.provider_list, [], "the body is a list, not an object"),
+        (answers.provider_list, {"resource_providers": {}}, "resource_providers is an object"),
+        (answers.provider_list, {"resource_providers": [{**RP, "uuid": None}]},
+         "resource_providers[0].uuid is null, not a string"),
+        (answers.provider_list, {"resource_providers": [{**RP, "uuid": "a/../b"}]},
+         "resource_providers[0].uuid is a string 'a/../b', not a UUID"),
+        (answers.provider, {**RP, "uuid": "{" + ROOT + "}"}, "uuid is a string '{"),
+        (answers.provider, {**RP, "generation": "3"}, "generation is a string '3', not an"),
+        (answers.provider, {**RP, "generation": 3.0}, "generation is a number 3.0, not an"),
+        (answers.provider, {**RP, "name": 7}, "name is a number 7, not a string"),
+        (answers.provider, {**RP, "parent_provider_uuid": 1}, "parent_provider_uuid is a num"),
+        (answers.inventories, {"inventories": {"VGPU": {**record(1), "total": None}}},
+         "inventories.VGPU.total is null, not an integer"),
+        (answers.inventories, {"inventories": {"VGPU": {**record(1), "allocation_ratio": 1e999}}},
+         "inventories.VGPU.allocation_ratio is not a finite number"),
+        (answers.inventories, {"inventories": {"VGPU": {**record(1), "allocation_ratio": 10**400}}},
+         "inventories.VGPU.allocation_ratio is not a finite number"),
+        (answers.inventories, {"inventories": {"VGPU": 16}}, "inventories.VGPU is a number"),
+        (answers.traits, {"traits": "CUSTOM_X"}, "traits is a string 'CUSTOM_X', not a list"),
+        (answers.traits, {"traits": [None]}, "traits[0] is null, not a string"),
+        (answers.usages, {"usages": {"VGPU": True}}, "usages.VGPU is a boolean true"),
+        (functools.partial(answers.traits, written=True), {"traits": []},
+         "resource_provider_generation is missing"),
+    ],
+)
+def test_an_answer_of_the_wrong_shape_is_rejected_saying_where(
+    shape: Any, doc: Any, reason: str
+) -> None:
+    with pytest.raises(answers.AnswerRejected) as caught:
+        shape(doc)
+    assert str(caught.value).startswith(reason), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"", "a body that is not JSON"),
+        (b"\xff\xfe{}", "a body that is not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "a JSON body nested too deeply"),
+    ],
+)
+def test_a_body_that_is_no_json_is_rejected(data: bytes, reason: str) -> None:
+    with pytest.raises(answers.AnswerRejected, match=re.escape(reason)):
+        answers.decode_json(data)

@@ -215,6 +215,35 @@ def test_a_parallel_scan_is_the_serial_scan(tmp_path, monkeypatch, workers):
 
 
 @FORK_UNDER_EVENTLET
+@pytest.mark.parametrize("workers", [2, 3])
+def test_aliases_across_workers_are_settled_like_a_serial_scan(tmp_path, monkeypatch, workers):
+    """Entries of one device in different workers' shares: one parent, one
+    reading's warnings, one alias warning, as in a serial scan."""
+    root = _big_tree(tmp_path)
+    bus = os.path.join(root, "class/mdev_bus")
+    names = sorted(os.listdir(bus))
+    late, _ = _spoil(root, 30, "garbage-late\n")  # read in the last worker's share
+    early = names[1]
+    # Sorted first (this process's share) and last (the last worker's).
+    os.symlink(late, os.path.join(bus, "0000:00:00.0"))
+    os.symlink(os.readlink(os.path.join(bus, early)), os.path.join(bus, "0001:ff:00.0"))
+    os.symlink("0001:ff:00.0", os.path.join(bus, "0001:fe:00.0"))  # a chain, too
+    serial = scan(root)
+    forks = _count_forks(monkeypatch)
+    parallel = scan(root, workers=workers)
+    assert len(forks) == workers - 1
+    assert list(serial.parents) == names  # 40 GPUs, 40 parents
+    assert parallel == serial and parallel.warnings == serial.warnings
+    assert serial.warnings == (
+        f"parent {late}: type nvidia-1000 available_instances 'garbage-late' is not a "
+        "number; skipped",
+        f"parent {early}: class/mdev_bus 0001:fe:00.0, 0001:ff:00.0 lead to its device too; "
+        "aliases skipped",
+        f"parent {late}: class/mdev_bus 0000:00:00.0 lead to its device too; aliases skipped",
+    )
+
+
+@FORK_UNDER_EVENTLET
 def test_a_failed_scan_worker_is_redone_in_process(tmp_path, monkeypatch):
     from accel_agent.sysfs import scanner
 
@@ -273,3 +302,22 @@ def test_a_type_directory_that_is_a_link_is_skipped(tmp_path):
     snap = scan(root)
     assert sorted(snap.parents["mtty"].types) == ["mtty-1", "mtty-2"]
     assert any("mtty-9 is not a directory" in w for w in snap.warnings)
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_a_rescan_rereads_a_parent_whose_types_changed_under_the_same_link(tmp_path, change):
+    """A driver re-registering a parent with other types keeps its link: the
+    steady-state rescan sees the type listing differ and reads it again."""
+    from accel_agent.sysfs.rescan import Rescanner
+
+    root, _ = tree(tmp_path, "mtty")
+    types = os.path.join(root, "class/mdev_bus/mtty/mdev_supported_types")
+    rescanner = Rescanner(root)
+    rescanner.full()
+    if change == "added":
+        shutil.copytree(os.path.join(types, "mtty-2"), os.path.join(types, "mtty-3"))
+    else:
+        shutil.rmtree(os.path.join(types, "mtty-2"))
+    snap = rescanner.rescan(lambda parent: {"mtty-1"})  # the daemon's: its configured type
+    assert sorted(snap.parents["mtty"].types) == sorted(os.listdir(types))
+    assert snap.parents == scan(root).parents

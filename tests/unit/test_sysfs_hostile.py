@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -390,3 +391,199 @@ def test_the_privileged_writer_never_hangs_on_a_fifo(tmp_path):
     replace(fifo, os.mkfifo)
     with pytest.raises(exception.AccelAgentException):
         bounded(lambda: privileged.write_create(root, GPU, TYPE, UUID), [fifo])
+
+
+# --- aliases: more class/mdev_bus entries than devices ------------------------------------
+
+ALIAS = "0000:85:00.0"  # a name the kernel could give, leading to GPU's device
+
+
+def _inventory(root: str, snap) -> list[tuple[str, int]]:
+    conf = make_conf(f"[devices]\nenabled_mdev_types = {TYPE}\n", sysfs_root=root)
+    inventory = inventory_mod.compute_inventory(
+        snap, policy_mod.build_policy(conf), "h", frozenset()
+    )
+    return [(p.name, p.total) for p in inventory.providers]
+
+
+def _every_scan_after(root: str, change: Callable[[], None]) -> list:
+    """The tree after ``change`` seen by a full scan, a first rescan and a
+    steady-state rescan whose cache predates the change."""
+    steady = Rescanner(root)
+    steady.full()
+    change()
+    return [scan(root), Rescanner(root).rescan(), steady.rescan()]
+
+
+def test_a_second_link_to_a_gpu_is_an_alias_not_a_second_parent(tmp_path):
+    root = make_tree(tmp_path)
+    honest = _inventory(root, scan(root))
+    bus = os.path.join(root, "class/mdev_bus")
+
+    def alias() -> None:
+        os.symlink(os.readlink(os.path.join(bus, GPU)), os.path.join(bus, ALIAS))
+
+    for snap in _every_scan_after(root, alias):
+        assert list(snap.parents) == [GPU]
+        assert snap.parents[GPU].device_path.endswith("/" + GPU)
+        assert [w for w in snap.warnings if ALIAS in w] == [
+            f"parent {GPU}: class/mdev_bus {ALIAS} lead to its device too; aliases skipped"
+        ]
+        assert _inventory(root, snap) == honest == [(f"h_pci_{GPU_SUFFIX}", 16)]
+
+
+GPU_SUFFIX = "0000_84_00_0"
+
+
+def test_a_chain_of_links_to_a_gpu_is_one_parent(tmp_path):
+    """link -> link -> ... -> the kernel's link -> device: one GPU, not 31."""
+    root = make_tree(tmp_path)
+    honest = _inventory(root, scan(root))
+    bus = os.path.join(root, "class/mdev_bus")
+    chain = [f"0000:9{i // 10}:{i % 10:02d}.0" for i in range(30)]
+
+    def links() -> None:
+        previous = GPU
+        for name in chain:
+            os.symlink(previous, os.path.join(bus, name))  # relative: a sibling entry
+            previous = name
+
+    for snap in _every_scan_after(root, links):
+        assert list(snap.parents) == [GPU]
+        (warning,) = [w for w in snap.warnings if "alias" in w]
+        assert warning.startswith(f"parent {GPU}: class/mdev_bus {', '.join(chain[:8])} and 22")
+        assert _inventory(root, snap) == honest
+
+
+def test_a_gpu_linked_only_under_another_name_is_named_after_its_device(tmp_path):
+    """No class/mdev_bus/<its address>, one alias: the parent, its provider
+    and its mdevs keep the name the kernel gives (the device directory's)."""
+    host = SimulatedHost(build_spec(["nvidia-pf"], gpus=1))
+    host.create_mdev(GPU, TYPE, UUID)
+    root = str(tmp_path / "sys")
+    materialise(host, root)
+    honest = _inventory(root, scan(root))
+    bus = os.path.join(root, "class/mdev_bus")
+
+    def rename() -> None:
+        target = os.readlink(os.path.join(bus, GPU))
+        os.unlink(os.path.join(bus, GPU))
+        os.symlink(target, os.path.join(bus, ALIAS))
+
+    for snap in _every_scan_after(root, rename):
+        assert list(snap.parents) == [GPU]
+        assert snap.mdevs[UUID].parent == GPU and snap.mdevs_on(GPU) == [snap.mdevs[UUID]]
+        assert any(f"no class/mdev_bus/{GPU}" in w and ALIAS in w for w in snap.warnings)
+        assert _inventory(root, snap) == honest
+
+
+def test_two_device_directories_of_one_name_are_one_parent(tmp_path):
+    """A copy of the GPU's directory elsewhere, linked under another name:
+    the directory the GPU's own link leads to is the parent."""
+    root = make_tree(tmp_path)
+    honest = _inventory(root, scan(root))
+    bus = os.path.join(root, "class/mdev_bus")
+    device = os.path.realpath(os.path.join(bus, GPU))
+    copy = os.path.join(root, "devices", "elsewhere", GPU)
+
+    def duplicate() -> None:
+        shutil.copytree(device, copy, symlinks=True)
+        os.symlink(f"../../devices/elsewhere/{GPU}", os.path.join(bus, ALIAS))
+
+    for snap in _every_scan_after(root, duplicate):
+        assert list(snap.parents) == [GPU]
+        assert snap.parents[GPU].device_path == os.path.relpath(device, root)
+        assert any(
+            f"lead to devices/elsewhere/{GPU}" in w and "second device directory" in w
+            for w in snap.warnings
+        ), snap.warnings
+        assert _inventory(root, snap) == honest
+
+
+def test_a_link_through_another_link_is_resolved_again_by_every_rescan(tmp_path):
+    """class/mdev_bus/0000:85:00.0 -> hop -> 85's device: its own text never
+    changes, so only resolving it again shows hop re-pointed at GPU."""
+    root = make_tree(tmp_path, "nvidia-pf", gpus=2)
+    bus = os.path.join(root, "class/mdev_bus")
+    other = "0000:85:00.0"
+    os.rename(os.path.join(bus, other), os.path.join(bus, "hop"))
+    os.symlink("hop", os.path.join(bus, other))
+    rescanner = Rescanner(root)
+    assert list(rescanner.full().parents) == [GPU, other]
+    os.unlink(os.path.join(bus, "hop"))
+    os.symlink(GPU, os.path.join(bus, "hop"))  # 0000:85:00.0 -> hop -> GPU's device
+    snap = rescanner.rescan()
+    assert list(snap.parents) == list(scan(root).parents) == [GPU]
+    assert any(f"{other}, hop lead to its device too" in w for w in snap.warnings)
+
+
+# --- a type without create -------------------------------------------------------------------
+
+
+def test_a_type_without_create_is_no_capacity(tmp_path):
+    root = make_tree(tmp_path)
+    os.unlink(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
+    for snap in (scan(root), Rescanner(root).rescan(), scan(root, workers=2)):
+        offered = snap.parents[GPU].types[TYPE]
+        assert offered.available_instances == 0
+        assert offered.has_create is False
+        assert f"parent {GPU}: type {TYPE} has no create file; its available_instances " \
+            "(16) count as 0" in snap.warnings
+        assert snap.parents[GPU].types["nvidia-36"].available_instances > 0  # the others count
+        assert _inventory(root, snap) == []
+
+
+def test_a_rescan_keeps_a_type_without_create_at_zero(tmp_path):
+    """Steady-state rescans re-read counters, not create: the counter of a
+    type without one is never taken again, whatever it says."""
+    root = make_tree(tmp_path)
+    os.unlink(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
+    rescanner = Rescanner(root)
+    rescanner.full()
+    with open(attribute_path(root, f"{TYPES_DIR}/{TYPE}/available_instances"), "w") as f:
+        f.write("7\n")
+    for snap in (
+        rescanner.rescan(lambda parent: {TYPE}),
+        rescanner.rescan(reread_mdevs=True),
+        rescanner.listing(),
+    ):
+        assert snap.parents[GPU].types[TYPE].available_instances == 0
+        assert _inventory(root, snap) == []
+
+
+def test_a_type_without_create_is_not_allocated(tmp_path):
+    root = make_tree(tmp_path)
+    os.unlink(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
+    conf = make_conf(f"[devices]\nenabled_mdev_types = {TYPE}\n", sysfs_root=root)
+    manager = manager_mod.MdevManager(
+        sysfs_root=root,
+        policy=policy_mod.build_policy(conf),
+        host="testhost",
+        ledger=ledger_mod.Ledger(str(tmp_path / "state")),
+        writer=manager_mod.DirectWriter(root),
+    )
+    try:
+        # Before: planned on the counter, then the create write failed.
+        with pytest.raises(exception.InsufficientCapacity):
+            manager.allocate("vm-1", 1)
+        assert manager.ledger.all() == []
+    finally:
+        manager.ledger.close()
+    assert not os.path.exists(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
+
+
+def test_check_config_names_a_type_without_create(tmp_path):
+    from accel_agent import wiring
+
+    root = make_tree(tmp_path)
+    os.unlink(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
+    ini = tmp_path / "agent.conf"
+    ini.write_text(
+        f"[DEFAULT]\nsysfs_root = {root}\nstate_dir = {tmp_path / 'state'}\nhost = h\n"
+        f"[devices]\nenabled_mdev_types = {TYPE}\n"
+    )
+    conf = make_conf(ini.read_text())
+    errors, warnings = wiring.validate(conf)
+    assert errors == []
+    assert f"sysfs: parent {GPU}: type {TYPE} has no create file; its available_instances " \
+        "(16) count as 0" in warnings
