@@ -56,13 +56,8 @@ from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import DeviceDescription
     from accel_agent.libvirt_xml.rewrite import DomainRewriteResult
-    from accel_agent.mdev.manager import (
-        Allocation,
-        Attachment,
-        MdevManager,
-        RecoveryReport,
-        TakeoverPlan,
-    )
+    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.mdev.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.placement import PlacementReporter
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
@@ -460,7 +455,7 @@ class AgentCore:
         raise_errors: bool = False,
         full_check: bool = False,
     ) -> RecoveryReport:
-        from accel_agent.mdev.manager import RecoveryReport
+        from accel_agent.mdev.results import RecoveryReport
 
         now = self._clock()
         try:
@@ -747,7 +742,7 @@ class AgentCore:
 
     def _ledger_problems(self, rescan: RescanView) -> list[str]:
         """What keeps the ledger from recording the agent's work, now."""
-        from accel_agent.mdev.manager import unrecorded_warning
+        from accel_agent.mdev.recovery import unrecorded_warning
 
         ledger = self.manager.ledger
         problems = []

@@ -151,11 +151,11 @@ def attach_requests(manager, raw: Any) -> list:
 def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None, net=None):
     """The lifecycle manager for this host: ledger in ``state_dir``, writes
     through the privsep daemon (started with the same config files)."""
-    from accel_agent.mdev import domains, ledger, manager
+    from accel_agent.mdev import domains, ledger, manager, writers
 
     policy = policy_mod.build_policy(conf)
     uri = conf.libvirt.uri
-    writer = writer or manager.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir)
+    writer = writer or writers.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir)
     return manager.MdevManager(
         sysfs_root=conf.sysfs_root,
         policy=policy,

@@ -33,7 +33,7 @@ from accel_agent.api import errors
 
 if TYPE_CHECKING:
     from accel_agent.mdev.ledger import MdevRecord
-    from accel_agent.mdev.manager import Allocation, Attachment, RecoveryReport, TakeoverPlan
+    from accel_agent.mdev.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
     from accel_agent.service import ReloadOutcome
 

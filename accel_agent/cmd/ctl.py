@@ -513,7 +513,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         report = wiring.build_manager(conf).recover(full_check=args.check).to_dict()
     if report.get("unrecorded"):
         from accel_agent.mdev.ledger import LEDGER_FILENAME
-        from accel_agent.mdev.manager import unrecorded_warning
+        from accel_agent.mdev.recovery import unrecorded_warning
 
         ledger = os.path.join(conf.state_dir, LEDGER_FILENAME)
         output.warning(unrecorded_warning(ledger, report["unrecorded"]))

@@ -22,7 +22,8 @@ from typing import Any
 
 from accel_agent import exception
 from accel_agent.mdev.ledger import OwnerKind
-from accel_agent.mdev.manager import Allocation, MdevManager
+from accel_agent.mdev.manager import MdevManager
+from accel_agent.mdev.results import Allocation
 from accel_agent.migration import versions as versions_mod
 from accel_agent.sysfs.scanner import is_canonical_uuid
 

@@ -14,6 +14,7 @@ import pytest
 from accel_agent.mdev import ledger as ledger_mod
 from accel_agent.mdev import manager as manager_mod
 from accel_agent.mdev import policy as policy_mod
+from accel_agent.mdev import writers
 from accel_agent.simulator import build_spec
 from accel_agent.simulator import testing as sim_testing
 from tests.configutil import make_conf, write_conf
@@ -46,7 +47,7 @@ class SimHost:
             policy=policy_mod.build_policy(conf),
             host="testhost",
             ledger=ledger_mod.Ledger(self.state_dir),
-            writer=kwargs.pop("writer", None) or manager_mod.DirectWriter(self.root),
+            writer=kwargs.pop("writer", None) or writers.DirectWriter(self.root),
             **kwargs,
         )
 

@@ -35,7 +35,7 @@ from schemathesis.specs.openapi import checks as openapi_checks  # noqa: E402
 from accel_agent.api.app import ApiApplication, load_openapi  # noqa: E402
 from accel_agent.api.client import ApiClient, quote  # noqa: E402
 from accel_agent.api.server import ApiServer, bind_socket, remove_socket  # noqa: E402
-from accel_agent.mdev import manager as manager_mod  # noqa: E402
+from accel_agent.mdev import writers  # noqa: E402
 from accel_agent.service import AgentCore  # noqa: E402
 from tests.configutil import make_conf  # noqa: E402
 from tests.functional.daemon_fixture import short_dir  # noqa: E402
@@ -90,7 +90,7 @@ def agent(tmp_path_factory) -> Iterator[tuple[ApiApplication, AgentCore, object]
     with simulated_host(tmp_path_factory.mktemp("fuzz"), ["nvidia-pf", "mtty"], gpus=1) as host:
         host.create_foreign("0000:84:00.0", "nvidia-35", FOREIGN)
         conf = make_conf(CONF + f"[DEFAULT]\nstate_dir = {host.state_dir}\n", host.root)
-        core = AgentCore(conf, writer=manager_mod.DirectWriter(host.root))
+        core = AgentCore(conf, writer=writers.DirectWriter(host.root))
         core.startup()
         # Something to find: an allocated instance, a free owned mdev.
         core.allocate("known-vm", 2)

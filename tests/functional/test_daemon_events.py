@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from accel_agent import events
-from accel_agent.mdev import manager as manager_mod
+from accel_agent.mdev import writers
 from accel_agent.service import AgentService
 from tests.configutil import make_conf
 from tests.functional.daemon_fixture import short_dir, wait_for
@@ -56,7 +56,7 @@ def service(tmp_path, monkeypatch) -> Iterator[tuple[AgentService, Any]]:
             """,
             sysfs_root=host.root,
         )
-        agent = AgentService(conf, writer=manager_mod.DirectWriter(host.root))
+        agent = AgentService(conf, writer=writers.DirectWriter(host.root))
         agent.prepare()
         agent.start()
         try:

@@ -36,7 +36,7 @@ from accel_agent.backends import builtin
 from accel_agent.backends.sriov_vf import SriovVfBackend, device_uuid
 from accel_agent.mdev import domains as domains_mod
 from accel_agent.mdev.ledger import Ledger
-from accel_agent.mdev.manager import DirectWriter
+from accel_agent.mdev.writers import DirectWriter
 from accel_agent.migration.destination import MigrationDestination
 from accel_agent.migration.versions import HostVersions
 from accel_agent.sriov.pools import build_pools

@@ -14,7 +14,7 @@ from accel_agent.api.app import ApiApplication, load_openapi
 from accel_agent.api.handlers import ROUTES
 from accel_agent.libvirt_xml.devices import MdevDevice
 from accel_agent.mdev.ledger import MdevRecord, MdevState
-from accel_agent.mdev.manager import Allocation, RecoveryReport
+from accel_agent.mdev.results import Allocation, RecoveryReport
 from accel_agent.reporting.metrics import AgentMetrics
 
 UUID = "0b1b2b3b-4b5b-4b6b-8b7b-9b0b1b2b3b4b"

@@ -115,3 +115,61 @@ def test_loading_the_ledger_loads_no_reporter_and_no_privsep() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+# The decider's use cases ask the operation protocol to run their changes;
+# only accel_agent/mdev/protocol.py opens an operation's transactions, writes
+# and settles intents, makes and unmakes devices and names the crash points.
+USE_CASES = (
+    "mdev/allocations.py",
+    "mdev/attach.py",
+    "mdev/claims.py",
+    "mdev/takeover.py",
+    "mdev/recovery.py",
+    "mdev/planning.py",
+    "mdev/manager.py",
+)
+PROTOCOL_ONLY = frozenset({
+    "transaction",
+    "begin_intent",
+    "finish_intent",
+    "record_create_intent",
+    "record_remove_intent",
+    "settle_created",
+    "cancel_remove",
+    "reserve",
+    "forget",
+    "make",
+    "destroy",
+    "on_step",
+})
+
+
+def _protocol_calls(path: Path) -> list[str]:
+    """Every call in ``path`` of a method only the protocol may call, as
+    ``file:line name()``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in PROTOCOL_ONLY
+        ):
+            found.append(f"{path.name}:{node.lineno} {node.func.attr}()")
+    return found
+
+
+def test_use_cases_change_the_host_only_through_the_protocol() -> None:
+    offenders = [call for name in USE_CASES for call in _protocol_calls(PACKAGE / name)]
+    assert offenders == []
+    # ... and the protocol is where they are (the rule would pass vacuously
+    # if the names moved away from it).
+    found = {call.rsplit(" ", 1)[1] for call in _protocol_calls(PACKAGE / "mdev/protocol.py")}
+    assert {"transaction()", "begin_intent()", "make()", "destroy()", "on_step()"} <= found
+
+
+def test_the_protocol_rule_sees_a_use_case_opening_a_transaction(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(m):\n    with m.ledger.transaction():\n        pass\n")
+    assert [c.split(" ")[1] for c in _protocol_calls(module)] == ["transaction()"]
+

@@ -25,6 +25,7 @@ from accel_agent.mdev import inventory as inventory_mod
 from accel_agent.mdev import ledger as ledger_mod
 from accel_agent.mdev import manager as manager_mod
 from accel_agent.mdev import policy as policy_mod
+from accel_agent.mdev import writers
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.simulator import SimulatedHost, build_spec, materialise
 from accel_agent.sysfs import attributes, scan
@@ -300,7 +301,7 @@ def test_a_large_counter_does_not_make_an_allocation_allocate_that_much(tmp_path
         policy=policy_mod.build_policy(conf),
         host="testhost",
         ledger=ledger_mod.Ledger(str(tmp_path / "state")),
-        writer=manager_mod.DirectWriter(root),
+        writer=writers.DirectWriter(root),
     )
     tracemalloc.start()
     try:
@@ -560,7 +561,7 @@ def test_a_type_without_create_is_not_allocated(tmp_path):
         policy=policy_mod.build_policy(conf),
         host="testhost",
         ledger=ledger_mod.Ledger(str(tmp_path / "state")),
-        writer=manager_mod.DirectWriter(root),
+        writer=writers.DirectWriter(root),
     )
     try:
         # Before: planned on the counter, then the create write failed.

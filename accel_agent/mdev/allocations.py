@@ -1,0 +1,160 @@
+"""Allocate and release: an instance's devices by count (the mdev-only
+shortcut of attach), all or nothing, idempotent.
+
+* allocate: reuse free owned devices of the configured type, else create
+  (planning.py says where); a repeat of what the instance holds answers it
+  again, a different request while it holds devices is refused.
+* release: free the instance's devices (kept for reuse) or remove them,
+  except one that a libvirt domain still references or a VM holds (kept,
+  free, and the call says so); a pool VF always goes back to its driver.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from accel_agent import exception
+from accel_agent.mdev import planning, protocol
+from accel_agent.mdev import requests as requests_mod
+from accel_agent.mdev.ledger import MdevRecord, OwnerKind, validate_instance_id
+from accel_agent.mdev.results import Allocation
+from accel_agent.sysfs import address
+
+if TYPE_CHECKING:
+    from accel_agent.mdev.manager import MdevManager
+
+LOG = logging.getLogger("accel_agent.mdev.manager")
+
+MAX_COUNT = requests_mod.MAX_COUNT
+
+
+def check_request_names(parent: str | None, mdev_type: str | None) -> None:
+    """A parent and a type as a caller may name them: no control character
+    (``"mtty\\n"`` must not quietly become ``mtty``), a PCI address or parent
+    name, a type id as sysfs spells them (fullmatch: ``$`` would take a
+    trailing newline)."""
+    if parent is not None and not (
+        isinstance(parent, str)
+        and parent.isprintable()
+        and (address.is_pci_address(parent) or address.is_virtual_parent_name(parent.strip()))
+    ):
+        raise exception.InvalidAllocationRequest(
+            reason=f"parent {parent!r} is neither a PCI address nor an mdev parent name"
+        )
+    if mdev_type is not None and not requests_mod.is_type_name(mdev_type):
+        raise exception.InvalidAllocationRequest(
+            reason=f"mdev type {mdev_type!r} must match {requests_mod.TYPE_NAME_RULE}"
+        )
+
+
+def allocation(m: MdevManager, instance: str) -> Allocation:
+    validate_instance_id(instance)
+    return Allocation(instance, tuple(m.ledger.by_owner(instance, OwnerKind.INSTANCE)))
+
+
+def allocate(
+    m: MdevManager,
+    instance: str,
+    count: int,
+    parent: str | None = None,
+    mdev_type: str | None = None,
+) -> Allocation:
+    """Give ``instance`` ``count`` devices, all or nothing.
+
+    Idempotent: asking again for what the instance already holds returns
+    it; asking for something different while it holds devices is refused.
+    """
+    validate_instance_id(instance)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
+        raise exception.InvalidAllocationRequest(
+            reason=f"count must be an integer from 1 to {MAX_COUNT}, not {count!r}"
+        )
+    check_request_names(parent, mdev_type)
+    wanted_parent = address.normalise_parent(parent) if parent else None
+    with protocol.operation(m):
+        held = m.ledger.by_owner(instance, OwnerKind.INSTANCE)
+        if held:
+            if _holds(m, held, count, wanted_parent, mdev_type):
+                return Allocation(instance, tuple(held))
+            raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
+        snapshot = m.scan()
+        chosen_type, slots = planning.plan(m, snapshot, count, wanted_parent, mdev_type)
+        protocol.make_and_assign(m, snapshot, instance, [(s, chosen_type, None) for s in slots])
+        return allocation(m, instance)
+
+
+def _holds(
+    m: MdevManager,
+    held: list[MdevRecord],
+    count: int,
+    wanted_parent: str | None,
+    mdev_type: str | None,
+) -> bool:
+    """Whether ``held`` is what this request asks for (a repeat: idempotent),
+    as opposed to a different request (refused, never answered with the old
+    allocation).  The parent may name the devices' parent or their GPU."""
+    if len(held) != count:
+        return False
+    if mdev_type is not None and any(r.mdev_type != mdev_type for r in held):
+        return False
+    if wanted_parent is None or all(r.parent == wanted_parent for r in held):
+        return True
+    parents = m.scan().parents
+    return all(
+        r.parent in parents and parents[r.parent].physical_gpu == wanted_parent for r in held
+    )
+
+
+def release(m: MdevManager, instance: str, remove: bool = False) -> list[str]:
+    """Free (or remove) the instance's devices; returns their UUIDs.  Idempotent.
+
+    With ``remove``: one commit drops the assignments and records every
+    remove intent, the sysfs writes follow, one commit settles them.
+    """
+    validate_instance_id(instance)
+    return release_owner(m, instance, OwnerKind.INSTANCE, remove)
+
+
+def release_owner(m: MdevManager, owner: str, kind: OwnerKind, remove: bool) -> list[str]:
+    """``release`` for an instance's devices or a migration claim's."""
+    with protocol.operation(m):
+        records = m.ledger.by_owner(owner, kind)
+        if not records:
+            return []
+        kept: list[str] = []
+        # A pool VF always goes back to its driver, its settings reset: it
+        # is never kept as a free device (its MAC belonged to a tenant).
+        unmade = {r.uuid for r in records if m.backend(r.backend).unmade_on_release}
+        removable = [r.uuid for r in records if r.uuid in unmade]
+        if remove:
+            referenced = m.domains.referenced_uuids()
+            if referenced is None:
+                LOG.warning("cannot ask libvirt which mdevs domains use; removing anyway")
+                referenced = set()
+            for record in records:
+                if record.uuid in unmade:
+                    continue
+                if record.uuid in referenced:
+                    LOG.warning(
+                        "not removing mdev %s: a libvirt domain still references it",
+                        record.uuid,
+                    )
+                    kept.append(record.uuid)
+                    m.on_kept_in_use(record.uuid)
+                else:
+                    removable.append(record.uuid)
+        kept += protocol.release_and_remove(m, owner, kind, removable)
+        LOG.info(
+            "released %d mdev(s) of %s %s%s",
+            len(records),
+            "instance" if kind is OwnerKind.INSTANCE else "the migration claim of",
+            owner,
+            " (removed)" if remove else "",
+        )
+        if kept and (remove or unmade & set(kept)):
+            raise exception.MdevInUse(
+                uuid=", ".join(kept),
+                reason="released but not removed: a domain or a VM still holds it",
+            )
+        return [r.uuid for r in records]

@@ -1,0 +1,89 @@
+"""Attach: every accelerator of an instance in one call (DESIGN.md §11, the
+os-acc way), all or nothing, as one operation of the protocol: one intent
+with every reservation and create intent (a pool VF's with its settings),
+the devices made, then one transaction that assigns them all and records
+the request.  A failure undoes what the call made before it raises; a crash
+leaves an intent that recovery undoes.
+
+Idempotent: the same requests again get the same handles, after a restart
+too (the request is in the ledger); different ones while the instance holds
+devices are refused.  Each handle carries the device and what its guest is
+given (its backend's XML and identity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from accel_agent import exception
+from accel_agent.mdev import planning, protocol
+from accel_agent.mdev import requests as requests_mod
+from accel_agent.mdev.ledger import MdevRecord, OwnerKind, validate_instance_id
+from accel_agent.mdev.results import Attachment
+
+if TYPE_CHECKING:
+    from accel_agent.mdev.manager import MdevManager
+
+
+def attach(
+    m: MdevManager, instance: str, requests: Sequence[requests_mod.AttachRequest]
+) -> Attachment:
+    """Prepare every device ``requests`` (checked by ``attach_requests``) ask
+    for, all or nothing."""
+    validate_instance_id(instance)
+    wanted = requests_mod.document(requests)
+    with protocol.operation(m):
+        held = m.ledger.by_owner(instance, OwnerKind.INSTANCE)
+        if held:
+            recorded = m.ledger.attach_request(instance)
+            if recorded is not None and recorded["requests"] == wanted:
+                return _attachment(m, instance, recorded)
+            raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
+        snapshot = m.scan()
+        items, request_of = planning.plan_attach(m, snapshot, requests)
+
+        def record(uuids: list[str]) -> None:
+            devices = [[uuid, index] for uuid, index in zip(uuids, request_of, strict=True)]
+            m.ledger.record_attach_request(instance, {"requests": wanted, "devices": devices})
+
+        protocol.make_and_assign(m, snapshot, instance, items, on_settle=record)
+        document = m.ledger.attach_request(instance)
+        assert document is not None
+        return _attachment(m, instance, document)
+
+
+def attachment(m: MdevManager, instance: str) -> Attachment:
+    """The instance's attach handles; an instance that holds devices from
+    ``allocate`` gets one handle per device, request index 0."""
+    validate_instance_id(instance)
+    document = m.ledger.attach_request(instance) or {
+        "devices": [[r.uuid, 0] for r in m.ledger.by_owner(instance, OwnerKind.INSTANCE)]
+    }
+    return _attachment(m, instance, document)
+
+
+def _attachment(m: MdevManager, instance: str, document: Mapping[str, Any]) -> Attachment:
+    handles = []
+    for uuid, index in document["devices"]:
+        record = m.ledger.get(uuid)
+        if record is None or record.owner != instance:
+            continue  # a device recovery could not bring back (reported there)
+        handles.append(_handle(m, record, index))
+    return Attachment(instance, tuple(handles))
+
+
+def _handle(m: MdevManager, record: MdevRecord, index: int) -> dict[str, Any]:
+    """One attach handle: the device, and what its guest is given."""
+    backend = m.backend(record.backend)
+    ref = protocol.device_ref(record)
+    return {
+        "request": index,
+        "backend": record.backend,
+        "uuid": record.uuid,
+        "parent": record.parent,
+        "type": record.mdev_type,
+        "address": backend.pci_address(ref),
+        **backend.handle(ref),
+        "xml": backend.guest_xml(ref),
+    }

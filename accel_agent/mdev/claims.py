@@ -1,0 +1,100 @@
+"""Live-migration claims on the destination: one device per source device,
+of the same type, held as an expiring claim; committed into the instance's
+allocation when the migration landed, aborted (freed, or removed) when it
+failed; released when it expires.
+
+A claim has a clear life, like Nova's ``compute/claims.py`` claims: made
+(``claim``: idempotent for the same source devices, persisted with the source
+device each one stands in for, so the answer survives a restart), then
+exactly one of ``commit`` (refused while the instance already holds devices:
+no instance ends up holding more than it asked for), ``abort`` or expiry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from accel_agent import exception
+from accel_agent.mdev import allocations, planning, protocol
+from accel_agent.mdev.ledger import OwnerKind, validate_instance_id
+from accel_agent.mdev.protocol import PlanItem
+from accel_agent.mdev.results import Allocation
+
+if TYPE_CHECKING:
+    from accel_agent.mdev.manager import MdevManager
+
+LOG = logging.getLogger("accel_agent.mdev.manager")
+
+
+def claim(m: MdevManager, owner: str, sources: dict[str, str], expires_at: float) -> dict[str, str]:
+    """One device per source device, of the same type, held as an expiring
+    claim.  Returns ``{source uuid: our uuid}``."""
+    validate_instance_id(owner)
+    with protocol.operation(m):
+        held = m.ledger.by_owner(owner, OwnerKind.CLAIM)
+        if held:
+            mapping = {r.source_uuid: r.uuid for r in held}
+            if set(mapping) == set(sources):
+                return mapping  # type: ignore[return-value]
+            raise exception.InstanceAlreadyAllocated(instance=owner, count=len(held))
+        snapshot = m.scan()
+        items: list[PlanItem] = []
+        by_type: dict[str, list[str]] = {}
+        for source, mdev_type in sorted(sources.items()):
+            by_type.setdefault(mdev_type, []).append(source)
+        for mdev_type, type_sources in sorted(by_type.items()):
+            _, slots = planning.plan(m, snapshot, len(type_sources), None, mdev_type)
+            items += [
+                (slot, mdev_type, src) for slot, src in zip(slots, type_sources, strict=True)
+            ]
+        protocol.make_and_assign(m, snapshot, owner, items, OwnerKind.CLAIM, expires_at)
+        return {
+            r.source_uuid: r.uuid  # type: ignore[misc]
+            for r in m.ledger.by_owner(owner, OwnerKind.CLAIM)
+        }
+
+
+def commit(m: MdevManager, owner: str) -> Allocation:
+    """The migration landed: the claim becomes the instance's allocation."""
+    validate_instance_id(owner)
+    with protocol.operation(m):
+        if not m.ledger.by_owner(owner, OwnerKind.CLAIM):
+            raise exception.MigrationClaimNotFound(instance=owner)
+        held = m.ledger.by_owner(owner, OwnerKind.INSTANCE)
+        if held:
+            raise exception.InstanceAlreadyAllocated(instance=owner, count=len(held))
+        with protocol.apply(m):
+            m.ledger.commit_claim(owner)
+        LOG.info("migration claim of %s committed", owner)
+        return allocations.allocation(m, owner)
+
+
+def abort(m: MdevManager, owner: str, remove: bool = False) -> list[str]:
+    """The migration failed or was cancelled: free the claimed devices (kept
+    for reuse), or with ``remove`` remove them like ``release`` does.
+    Idempotent.
+
+    Why remove: a failed incoming migration can leave the device in the state
+    the failed load left it (seen on the real kernel: mtty keeps its RESUMING
+    state across close, and the next incoming migration into that mdev
+    fails); a new mdev starts clean."""
+    validate_instance_id(owner)
+    if remove:
+        return allocations.release_owner(m, owner, OwnerKind.CLAIM, remove=True)
+    with protocol.operation(m):
+        with protocol.apply(m):
+            released = m.ledger.release_owner(owner, OwnerKind.CLAIM)
+        if released:
+            LOG.info("migration claim of %s aborted, %d mdev(s) freed", owner, len(released))
+        return [r.uuid for r in released]
+
+
+def release_expired(m: MdevManager) -> list[str]:
+    """Free the expired claims (the caller holds the operation's lock: the
+    file lock is not re-entrant)."""
+    expired = m.ledger.expired_claims()
+    protocol.release_quietly(m, expired)
+    for record in expired:
+        LOG.warning("migration claim of %s on mdev %s expired; freed", record.owner, record.uuid)
+    return [r.uuid for r in expired]

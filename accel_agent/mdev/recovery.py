@@ -1,0 +1,178 @@
+"""Recovery: make sysfs and the ledger agree again (start-up, a host reboot, a
+parent coming back, work a failed privileged helper left).
+
+In order, under the operation's lock: each backend prepares the host (a
+pool's VFs enabled again after a reboot); refuse, changing nothing, when an
+assigned device would have to be re-created with a type the config no longer
+gives its parent; settle what a crash left half-done (the protocol's half);
+free expired migration claims; give free pool VFs back to their driver;
+re-create every recorded device missing from sysfs with the **same UUID on
+the same parent and type** (a VF: the same settings), by the backend that
+made it; forget a free device of a type the config dropped (gone with the
+reboot, nobody needs it back); report foreign devices, never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from accel_agent import exception
+from accel_agent.mdev import claims, protocol
+from accel_agent.mdev.ledger import MdevRecord, MdevState
+from accel_agent.mdev.protocol import Existing
+from accel_agent.mdev.results import RecoveryReport
+
+if TYPE_CHECKING:
+    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.sysfs.model import HostSnapshot
+
+LOG = logging.getLogger("accel_agent.mdev.manager")
+
+
+def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
+    return (
+        f"the mdev ledger {ledger_path} was missing, yet {len(uuids)} mdev(s) of the type "
+        f"configured for their parent exist that no record names ({', '.join(uuids)}): if "
+        "the agent made them, their assignments are lost. They are treated as foreign "
+        "(counted, never touched); adopt each one that is the agent's (accelctl adopt UUID)"
+    )
+
+
+def recover(m: MdevManager, full_check: bool = False) -> RecoveryReport:
+    """Make sysfs and the ledger agree again.
+
+    Refuses, changing nothing, when an assigned device would have to be
+    re-created with a type the config no longer gives its parent, or
+    (``full_check``: SQLite's integrity_check first) when the ledger is
+    corrupt.
+    """
+    report = RecoveryReport()
+    if full_check:
+        m.ledger.verify(full=True)
+    with protocol.operation(m):
+        _prepare_hosts(m)
+        snapshot = m.scan()
+        devices = Existing(
+            snapshot,
+            {n: b.outside_devices() for n, b in m.backends.items() if b.outside_snapshot},
+        )
+        _check_recreatable(m, devices)
+        protocol.settle_interrupted(m, devices, report)
+        report.released_claims += claims.release_expired(m)
+        _return_free_vfs(m, report)
+        _recreate_missing(m, devices, report)
+        owned = {r.uuid for r in m.ledger.all()}
+        # What this recovery removed is in the snapshot it started from, and
+        # recorded nowhere now: gone, not foreign.
+        gone = set(report.removed)
+        report.foreign = sorted(u for u in snapshot.mdevs if u not in owned and u not in gone)
+        report.unrecorded = unrecorded(m, snapshot, report.foreign)
+    for uuid in report.foreign:
+        LOG.info("foreign mdev %s: reported and counted, never touched", uuid)
+    if report.unrecorded:
+        LOG.warning("%s", unrecorded_warning(str(m.ledger.path), report.unrecorded))
+    return report
+
+
+def unrecorded(m: MdevManager, snapshot: HostSnapshot, foreign: list[str]) -> list[str]:
+    """The foreign devices that look like the agent's own, when its ledger was
+    lost (the state directory shows the agent ran here, but this process had
+    to create the ledger): of the type the config gives their parent, so the
+    agent could have made them.
+
+    The agent cannot know more: its UUIDs are random (uuid4) and sysfs
+    records no creator, so its lost mdevs and hand-made ones of the
+    configured type look the same; and a state directory wiped whole looks
+    like a first start (no warning).  They stay foreign (never touched) until
+    an operator adopts them; the warning says so."""
+    if not m.ledger.lost:
+        return []
+    found = []
+    for uuid in foreign:
+        mdev = snapshot.mdevs[uuid]
+        parent = snapshot.parents.get(mdev.parent)
+        if parent is not None and mdev.mdev_type and m.policy.type_for(parent) == (
+            mdev.mdev_type
+        ):
+            found.append(uuid)
+    return found
+
+
+def _prepare_hosts(m: MdevManager) -> None:
+    """What each backend needs first (a pool's VFs enabled after a reboot)."""
+    for backend in m.backends.values():
+        try:
+            backend.prepare_host()
+        except exception.AccelAgentException as exc:
+            LOG.warning("backend %s cannot prepare the host: %s", backend.name, exc)
+
+
+def _configured_type(m: MdevManager, record: MdevRecord, devices: Existing) -> str | None:
+    if record.backend in devices.outside:
+        found = devices.outside[record.backend].get(record.parent)
+        return found[0] if found else None
+    return m.policy.type_for_name(record.parent, devices.snapshot.parents)
+
+
+def _check_recreatable(m: MdevManager, devices: Existing) -> None:
+    errors: list[exception.AccelAgentException] = []
+    for record in m.ledger.assigned():
+        if devices.exists(record) or record.state is not MdevState.PRESENT:
+            continue
+        if record.backend != "mdev" and not devices.has_parent(record):
+            # A VF's configured type is its GPU's (its pool's); with the VF
+            # gone (SR-IOV disabled) it cannot be told: it waits for its
+            # parent, and is checked when that comes back.
+            continue
+        if _configured_type(m, record, devices) != record.mdev_type:
+            errors.append(
+                exception.RecoveryTypeNotConfigured(
+                    uuid=record.uuid,
+                    instance=record.owner,
+                    mdev_type=record.mdev_type,
+                    parent=record.parent,
+                )
+            )
+    if errors:
+        raise exception.ConfigErrors(errors)
+
+
+def _return_free_vfs(m: MdevManager, report: RecoveryReport) -> None:
+    """Pool VFs recorded free (a release that found one in use): back to
+    their driver now if nothing holds them any more."""
+    for record in m.ledger.all():
+        if record.free and m.backend(record.backend).unmade_on_release:
+            if protocol.remove_owned(m, record.uuid):
+                report.removed.append(record.uuid)
+            else:
+                report.kept_in_use.append(record.uuid)
+
+
+def _recreate_missing(m: MdevManager, devices: Existing, report: RecoveryReport) -> None:
+    for record in m.ledger.all():
+        if devices.exists(record) or record.state is not MdevState.PRESENT:
+            continue
+        if not devices.has_parent(record):
+            LOG.warning("mdev %s waits for parent %s to come back", record.uuid, record.parent)
+            report.waiting_for_parent.append(record.uuid)
+            continue
+        if not record.assigned and _configured_type(m, record, devices) != record.mdev_type:
+            # A free device of a type the config dropped: nobody needs it
+            # back, and it is gone from sysfs already (a reboot): nothing leaks.
+            protocol.forget_gone(m, record)
+            report.forgotten.append(record.uuid)
+            LOG.info(
+                "forgot free mdev %s: gone from sysfs, and the config no longer gives "
+                "%s type %s", record.uuid, record.parent, record.mdev_type,
+            )
+            continue
+        protocol.remake(m, record)
+        report.recreated.append(record.uuid)
+        LOG.info(
+            "re-created mdev %s (%s on %s) for %s",
+            record.uuid,
+            record.mdev_type,
+            record.parent,
+            record.owner or "reuse",
+        )

@@ -1,0 +1,179 @@
+"""Taking over what exists: adopt one foreign device, or take over the devices
+of a host Nova ran (every libvirt domain's mdevs adopted and assigned to the
+instance named by the domain's UUID, Nova's instance UUID).
+
+A takeover is all or nothing: any problem (an mdev missing, of a type the
+config does not give its parent, used by two domains or owned by another
+instance) refuses it and changes nothing; ``dry_run`` returns the plan,
+problems included.  Idempotent: a second run finds nothing to do.  Both
+write no sysfs: one durable transaction each (protocol.apply).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from accel_agent import exception
+from accel_agent.mdev import protocol
+from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind, validate_instance_id
+from accel_agent.mdev.results import TakeoverPlan
+from accel_agent.sysfs import scanner
+
+if TYPE_CHECKING:
+    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.sysfs.model import HostSnapshot
+
+LOG = logging.getLogger("accel_agent.mdev.manager")
+
+
+def adopt(m: MdevManager, uuid: str) -> MdevRecord:
+    """Take ownership of a foreign mdev so the agent may reuse or remove it."""
+    text = uuid.strip().lower() if isinstance(uuid, str) else ""
+    if not scanner.is_canonical_uuid(text):
+        raise exception.InvalidMdevUUID(uuid=uuid, where="", reason="not a UUID")
+    with protocol.operation(m):
+        snapshot = m.scan()
+        mdev = snapshot.mdevs.get(text)
+        if mdev is None:
+            raise exception.MdevNotFound(uuid=text)
+        if mdev.mdev_type is None:
+            raise exception.MdevInUse(uuid=text, reason="its mdev_type cannot be read")
+        existing = m.ledger.get(text)
+        if existing is not None:
+            return existing
+        record = m.ledger.adopt(text, mdev.parent, mdev.mdev_type, backend=mdev.backend)
+        LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
+        return record
+
+
+def takeover(m: MdevManager, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan:
+    """Take over the mdevs of a host Nova ran: every libvirt domain's mdevs
+    are adopted and assigned to the instance named by the domain's UUID
+    (Nova's instance UUID); with ``adopt_unused`` the foreign mdevs no
+    domain uses are adopted free.  All or nothing: any problem (an mdev
+    missing, of a type the config does not give its parent, used by two
+    domains or owned by another instance) raises TakeoverRefused and
+    changes nothing.  ``dry_run`` returns the plan, problems included,
+    and changes nothing.  Idempotent: a second run finds nothing to do."""
+    domains = m.domains.mdev_domains()  # LibvirtUnavailable: nothing done
+    with protocol.operation(m):
+        snapshot = m.scan()
+        plan = _plan_takeover(m, snapshot, domains, adopt_unused, dry_run)
+        if dry_run:
+            return plan
+        if plan.problems:
+            raise exception.TakeoverRefused(reason="; ".join(plan.problems))
+        with protocol.apply(m):
+            for domain in plan.domains:
+                for mdev in domain["mdevs"]:
+                    if mdev["action"] == "adopt":
+                        m.ledger.adopt(
+                            mdev["uuid"], mdev["parent"], mdev["mdev_type"],
+                            backend=snapshot.mdevs[mdev["uuid"]].backend,
+                        )
+                    if mdev["action"] in ("adopt", "assign"):
+                        m.ledger.assign(mdev["uuid"], domain["uuid"])
+            for mdev in plan.unused:
+                if mdev["action"] == "adopt":
+                    m.ledger.adopt(
+                        mdev["uuid"], mdev["parent"], mdev["mdev_type"],
+                        backend=snapshot.mdevs[mdev["uuid"]].backend,
+                    )
+        plan.applied = True
+    for domain in plan.domains:
+        taken = [m["uuid"] for m in domain["mdevs"] if m["action"] != "none"]
+        if taken:
+            LOG.info(
+                "took over mdev(s) %s of libvirt domain %s as instance %s",
+                ", ".join(taken), domain["name"], domain["uuid"],
+            )
+    adopted = [m["uuid"] for m in plan.unused if m["action"] == "adopt"]
+    if adopted:
+        LOG.info("adopted %d unused mdev(s) as free: %s", len(adopted), ", ".join(adopted))
+    return plan
+
+def _plan_takeover(
+    m: MdevManager,
+    snapshot: HostSnapshot,
+    domains: list[Any],
+    adopt_unused: bool,
+    dry_run: bool,
+) -> TakeoverPlan:
+    plan = TakeoverPlan(dry_run=dry_run, adopt_unused=adopt_unused)
+    users: dict[str, list[str]] = {}
+    for domain in domains:
+        for uuid in domain.mdevs:
+            users.setdefault(uuid, []).append(f"{domain.name} ({domain.uuid})")
+    for uuid, names in sorted(users.items()):
+        if len(names) > 1:
+            plan.problems.append(f"mdev {uuid} is used by {len(names)} domains: "
+                                 + ", ".join(names))
+    for domain in domains:
+        who = f"domain {domain.name} ({domain.uuid})"
+        try:
+            validate_instance_id(domain.uuid)
+        except exception.AccelAgentException as exc:
+            plan.problems.append(f"{who}: its UUID is no instance id: {exc.message}")
+        entries = []
+        for uuid in domain.mdevs:
+            entry = _takeover_entry(m, snapshot, uuid, domain.uuid, who, plan.problems)
+            if entry is not None:
+                entries.append(entry)
+        plan.domains.append({"uuid": domain.uuid, "name": domain.name, "mdevs": entries})
+    for uuid, mdev in sorted(snapshot.mdevs.items()):
+        if uuid in users or m.ledger.get(uuid) is not None:
+            continue
+        entry = {"uuid": uuid, "parent": mdev.parent, "mdev_type": mdev.mdev_type,
+                 "action": "foreign"}
+        if adopt_unused:
+            configured = m.policy.type_for_name(mdev.parent, snapshot.parents)
+            if mdev.mdev_type is not None and configured == mdev.mdev_type:
+                entry["action"] = "adopt"
+            else:
+                entry["reason"] = (
+                    f"its type {mdev.mdev_type} is not the one configured for "
+                    f"{mdev.parent} ({configured or 'none'})"
+                )
+        plan.unused.append(entry)
+    return plan
+
+def _takeover_entry(
+    m: MdevManager, snapshot: HostSnapshot, uuid: str, instance: str, who: str, problems: list[str]
+) -> dict[str, Any] | None:
+    mdev = snapshot.mdevs.get(uuid)
+    if mdev is None:
+        problems.append(
+            f"{who} uses mdev {uuid}, which does not exist on this host "
+            "(start the domain, or re-create the mdev, and run the takeover again)"
+        )
+        return None
+    entry = {"uuid": uuid, "parent": mdev.parent, "mdev_type": mdev.mdev_type}
+    configured = m.policy.type_for_name(mdev.parent, snapshot.parents)
+    if mdev.mdev_type is None:
+        problems.append(f"{who} uses mdev {uuid}, whose type cannot be read")
+    elif configured != mdev.mdev_type:
+        problems.append(
+            f"{who} uses mdev {uuid} of type {mdev.mdev_type} on parent {mdev.parent}, "
+            f"but the config gives {mdev.parent} "
+            + (f"type {configured}" if configured else "no type")
+            + f" (add it to [mdev_{mdev.mdev_type}] device_addresses, with "
+            f"{mdev.mdev_type} in [devices] enabled_mdev_types)"
+        )
+    record = m.ledger.get(uuid)
+    if record is None:
+        entry["action"] = "adopt"
+    elif record.owner == instance and record.owner_kind is OwnerKind.INSTANCE:
+        entry["action"] = "none"
+    elif record.owner is not None:
+        problems.append(
+            f"{who} uses mdev {uuid}, which the agent has assigned to "
+            f"{record.owner_kind} {record.owner}"
+        )
+        entry["action"] = "none"
+    elif record.state is not MdevState.PRESENT:
+        problems.append(f"{who} uses mdev {uuid}, which the agent is {record.state}")
+        entry["action"] = "none"
+    else:
+        entry["action"] = "assign"
+    return entry
