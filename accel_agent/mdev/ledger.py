@@ -26,6 +26,14 @@ assign an mdev that is not ``present`` or to change the state of an
 assigned one.  ``with ledger.transaction():`` is ``BEGIN IMMEDIATE``: two
 processes (agent and an offline ``accelctl``) serialise on SQLite's write
 lock, and threads of one process on the ledger's lock.
+
+One connection per process (DESIGN.md §5): the daemon and everything in its
+process go through its one Ledger object; other processes that only read
+open it ``read_only`` (SQLite's ``mode=ro``: never created, migrated, written
+or checkpointed).  A schema migration runs only where asked for
+(``upgrade=True``: the daemon's start, ``accelctl ledger upgrade``), after a
+backup copy made with SQLite's backup API; every other opener refuses an
+older schema with :class:`LedgerSchemaOld`, naming the command to run.
 """
 
 from __future__ import annotations
@@ -115,6 +123,18 @@ class Intent:
     owner: str | None
     created_at: float
     uuids: tuple[str, ...]  # the rows this operation reserved or is creating/removing
+
+
+class LedgerSchemaOld(exception.LedgerError):
+    """A ledger of an older schema, opened by a reader or by a writer that
+    may not migrate it (only the daemon and ``accelctl ledger upgrade`` do,
+    after a backup)."""
+
+    msg_fmt = (
+        "the mdev ledger %(path)s has schema version %(found)s, older than this agent's "
+        "(%(supported)s); left unchanged: run 'accelctl ledger upgrade' (it keeps a backup "
+        "copy), or restart accel-agent, which upgrades it the same way"
+    )
 
 
 # --- schema ------------------------------------------------------------------------
@@ -278,30 +298,63 @@ class Ledger:
         busy_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         migrations: Sequence[Migration] = MIGRATIONS,
+        upgrade: bool = False,
+        read_only: bool = False,
     ) -> None:
+        """Open (creating when missing, unless ``read_only``) the ledger of
+        ``state_dir``.
+
+        ``upgrade``: migrate a ledger of an older schema, after a backup copy
+        beside it (:attr:`backup_path`); only the daemon and ``accelctl
+        ledger upgrade`` ask for it.  Without it an older schema raises
+        :class:`LedgerSchemaOld`, changing nothing.  A new (empty) ledger is
+        given the current schema either way: there is nothing to keep.
+
+        ``read_only``: SQLite's ``mode=ro``, for readers in another process
+        than the daemon's: no file is created, nothing migrated, written or
+        checkpointed (a read-only connection cannot take the write lock that a
+        checkpoint, or the unlink of the WAL at the last close, needs).  A
+        schema older or newer than the code's raises; a new ledger not yet
+        given its schema (version 0) has no tables: a reader checks
+        :attr:`schema_version` first.
+
+        Never open a ledger a second time in a process that has it open
+        (DESIGN.md §5): closing ANY descriptor of a file drops every POSIX
+        lock the process holds on it, the live connection's included, and
+        another process's last close then checkpoints and unlinks the WAL
+        the live connection still writes to.
+        """
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / LEDGER_FILENAME
+        self.read_only = read_only
         self._clock = clock
         self._migrations = tuple(migrations)
+        self._upgrade = upgrade
         self._lock = threading.RLock()
         self._depth = 0
         # Why the last write failed (disk full, I/O error); None once one succeeds.
         self.write_error: str | None = None
-        # The agent ran here before (its state directory holds something,
-        # e.g. the manager's lock file) yet has no ledger: it was lost, with
-        # every record (see MdevManager.unrecorded).  A state directory that
-        # is absent or empty is a first start; one wiped whole looks the same.
-        ran_before = _has_entries(self.state_dir)
-        _ensure_private_dir(self.state_dir)
-        # Whether this open made the file.
-        self.created = not os.path.lexists(self.path)
-        self.lost = self.created and ran_before
-        # Create the file 0600 ourselves: SQLite would use 0644 & ~umask,
-        # and its -wal/-shm files copy the main file's mode.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        # Where the copy taken before this open migrated the file, if it did.
+        self.backup_path: Path | None = None
+        if read_only:
+            self.created = self.lost = False
+        else:
+            # The agent ran here before (its state directory holds something,
+            # e.g. the manager's lock file) yet has no ledger: it was lost,
+            # with every record (see MdevManager.unrecorded).  A state
+            # directory that is absent or empty is a first start; one wiped
+            # whole looks the same.
+            ran_before = _has_entries(self.state_dir)
+            _ensure_private_dir(self.state_dir)
+            # Whether this open made the file.
+            self.created = _create_private_file(self.path)
+            self.lost = self.created and ran_before
         try:
+            # mode=rw: SQLite never creates the file (it would, 0644 & ~umask,
+            # had it vanished since); mode=ro: it never writes it.
             self._conn = sqlite3.connect(
-                self.path,
+                _uri(self.path, "ro" if read_only else "rw"),
+                uri=True,
                 timeout=busy_timeout,
                 isolation_level=None,  # we issue BEGIN/COMMIT ourselves
                 check_same_thread=False,  # guarded by self._lock
@@ -309,14 +362,18 @@ class Ledger:
         except sqlite3.Error as err:
             raise exception.LedgerError(reason=f"cannot open {self.path}: {err}") from err
         try:
-            # Refuse a newer schema before anything writes to the file
-            # (switching the journal mode rewrites the header).
-            self._check_version(self._user_version())
-            self._setup_connection()
+            # Refuse a newer schema (and, unless upgrading, an older one)
+            # before anything writes to the file (switching the journal mode
+            # rewrites the header).
+            # The schema found at the open (before any migration).
+            self.found_schema = self._user_version()
+            self._check_version(self.found_schema)
             # The file this connection has open: checked before every write
             # (a ledger deleted or replaced under us must not take writes).
             self._identity = self._file_identity()
-            self._migrate()
+            if not read_only:
+                self._setup_connection()
+                self._migrate()
         except BaseException:
             self._conn.close()
             raise
@@ -379,24 +436,79 @@ class Ledger:
         return int(self._rows("PRAGMA user_version")[0][0])
 
     def _check_version(self, found: int) -> None:
-        if found > len(self._migrations):
+        supported = len(self._migrations)
+        if found > supported:
             raise exception.LedgerSchemaTooNew(
-                path=str(self.path), found=found, supported=len(self._migrations)
+                path=str(self.path), found=found, supported=supported
             )
+        # 0 is a new, empty ledger: any writer makes it current; a reader
+        # finds no tables in it (schema_version says so).
+        if 0 < found < supported and (self.read_only or not self._upgrade):
+            raise LedgerSchemaOld(path=str(self.path), found=found, supported=supported)
 
     def _migrate(self) -> None:
-        if self._user_version() == len(self._migrations):
-            return  # the usual case: opening needs no write lock
-        with self.transaction():
-            # Re-read under the write lock: another process may have migrated.
-            found = self._user_version()
+        while (found := self._user_version()) != len(self._migrations):
             self._check_version(found)
+            # A copy of what the migration changes, taken before it (nothing
+            # to keep in a new ledger).  SQLite's backup API cannot run inside
+            # this connection's write transaction: the migration checks that
+            # no other connection wrote since, else a new copy is taken.
+            seen = self._data_version()
+            backup = self._backup(found) if found else None
+            if self._migrate_unless_changed(found, seen):
+                self.backup_path = backup
+                return
+            if backup is not None:
+                backup.unlink()  # a copy of a state that is gone
+
+    def _migrate_unless_changed(self, found: int, seen: int) -> bool:
+        """Migrate from schema ``found`` in one transaction, unless another
+        connection committed since ``PRAGMA data_version`` said ``seen``."""
+        with self.transaction():
+            if self._data_version() != seen:
+                return False
             for version in range(found, len(self._migrations)):
                 LOG.info("Migrating mdev ledger %s to schema %d", self.path, version + 1)
                 self._migrations[version](self._conn)
                 # Part of the same transaction: a failed migration leaves the
                 # old version and the old schema.
                 self._conn.execute(f"PRAGMA user_version = {version + 1:d}")
+        return True
+
+    def _data_version(self) -> int:
+        return int(self._rows("PRAGMA data_version")[0][0])
+
+    def _backup(self, version: int) -> Path:
+        """A copy of the ledger as it is, next to it, named after its schema
+        ``version`` and the time (0600, one self-contained file): what the
+        operator restores to go back (docs/operations.md)."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        target = self.path.with_name(f"{LEDGER_FILENAME}.v{version}-{stamp}.bak")
+        for n in range(1, 100):
+            if _create_private_file(target):
+                break
+            target = target.with_name(f"{LEDGER_FILENAME}.v{version}-{stamp}-{n}.bak")
+        else:
+            raise exception.LedgerError(reason=f"cannot name a backup of {self.path}")
+        try:
+            copy = sqlite3.connect(_uri(target, "rw"), uri=True, isolation_level=None)
+            try:
+                with self._lock:
+                    self._conn.backup(copy)
+                # The copy is a file of its own: no -wal/-shm beside it.
+                copy.execute("PRAGMA journal_mode = DELETE")
+            finally:
+                copy.close()
+        except sqlite3.Error as err:
+            target.unlink(missing_ok=True)
+            raise exception.LedgerWriteFailed(
+                path=str(target), detail=f"backup before the migration failed: {err}"
+            ) from err
+        LOG.warning(
+            "mdev ledger %s has schema %d; a copy of it is at %s before the upgrade to %d",
+            self.path, version, target, len(self._migrations),
+        )
+        return target
 
     @property
     def schema_version(self) -> int:
@@ -420,6 +532,8 @@ class Ledger:
         state, which recovery restores.  The fsync of that later commit
         makes this one durable too (one WAL, written in order).
         """
+        if self.read_only:
+            raise exception.LedgerError(reason=f"{self.path} is open read-only")
         with self._lock:
             savepoint = f"sp{self._depth}" if self._depth else None
             if savepoint is None:
@@ -836,6 +950,29 @@ class Ledger:
                 )
             self._execute("DELETE FROM mdevs WHERE uuid = ?", (uuid,))
             return True
+
+
+def _uri(path: Path, mode: str) -> str:
+    """SQLite's URI of ``path`` (percent-encoded) opened in ``mode``."""
+    return f"{Path(os.path.abspath(path)).as_uri()}?mode={mode}"
+
+
+def _create_private_file(path: Path) -> bool:
+    """Create ``path`` 0600 when it does not exist; True when this call made it.
+
+    Only a file that did not exist is opened and closed here: closing a
+    descriptor of a file this process has open elsewhere would drop the
+    POSIX locks its SQLite connection holds (the class docstring).  SQLite
+    itself would create it 0644 & ~umask, and its -wal/-shm files copy the
+    main file's mode."""
+    if os.path.lexists(path):
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False  # another process made it meanwhile
+    os.close(fd)
+    return True
 
 
 def _has_entries(path: Path) -> bool:
