@@ -457,6 +457,11 @@ class Ledger:
             backup = self._backup(found) if found else None
             if self._migrate_unless_changed(found, seen):
                 self.backup_path = backup
+                if backup is not None:
+                    LOG.warning(
+                        "mdev ledger %s upgraded from schema %d to %d; a copy of it as it "
+                        "was is at %s", self.path, found, len(self._migrations), backup,
+                    )
                 return
             if backup is not None:
                 backup.unlink()  # a copy of a state that is gone
@@ -504,10 +509,6 @@ class Ledger:
             raise exception.LedgerWriteFailed(
                 path=str(target), detail=f"backup before the migration failed: {err}"
             ) from err
-        LOG.warning(
-            "mdev ledger %s has schema %d; a copy of it is at %s before the upgrade to %d",
-            self.path, version, target, len(self._migrations),
-        )
         return target
 
     @property

@@ -209,6 +209,34 @@ def test_an_upgrade_keeps_a_backup_of_the_old_schema_beside_the_ledger(tmp_path)
     ]
 
 
+def test_a_commit_between_the_backup_and_the_migration_gets_a_new_backup(tmp_path, monkeypatch):
+    """The backup cannot be taken inside the migration's write transaction:
+    another process's commit in between would be missing from it."""
+    write_v1_ledger(tmp_path)
+    taken = []
+    original = Ledger._backup
+
+    def backup_then_another_commit(self, version):
+        path = original(self, version)
+        taken.append(path)
+        if len(taken) == 1:  # another process writes once, right after the first copy
+            other = sqlite3.connect(self.path, isolation_level=None)
+            other.execute(
+                "INSERT INTO mdevs (uuid, parent, mdev_type, state, created_at, updated_at) "
+                "VALUES (?, 'mtty', 'mtty-1', 'present', 0, 0)",
+                (U2,),
+            )
+            other.close()
+        return path
+
+    monkeypatch.setattr(Ledger, "_backup", backup_then_another_commit)
+    with Ledger(tmp_path, upgrade=True) as led:
+        backup = led.backup_path
+    assert len(taken) == 2 and backup == taken[1]
+    assert sorted(tmp_path.glob("*.bak")) == [backup]  # the stale copy is gone
+    assert sql(backup, "SELECT uuid FROM mdevs ORDER BY uuid") == [(U1,), (U2,)]
+
+
 def test_a_new_ledger_is_given_its_schema_without_a_backup(tmp_path):
     with Ledger(tmp_path, upgrade=True) as led:
         assert led.created and led.backup_path is None
