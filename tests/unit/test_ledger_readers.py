@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import exception
+from accel_agent import exception, wiring
 from accel_agent.mdev.ledger import (
     LEDGER_FILENAME,
     MIGRATIONS,
@@ -166,9 +166,12 @@ def test_a_reader_refuses_a_newer_schema(tmp_path):
 
 
 def test_a_reader_of_a_ledger_not_yet_given_its_schema_sees_version_0(tmp_path):
+    """A writer made the file an instant ago and has not given it its tables
+    yet: the listings' reader sees nothing recorded, not an error."""
     sqlite3.connect(tmp_path / LEDGER_FILENAME).close()  # an empty file
     with Ledger(tmp_path, read_only=True) as reader:
         assert reader.schema_version == 0
+    assert wiring.read_ledger(str(tmp_path)) == wiring.LedgerView()
     assert (tmp_path / LEDGER_FILENAME).stat().st_size == 0
 
 
