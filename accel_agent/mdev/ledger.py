@@ -266,10 +266,10 @@ class Ledger:
         except sqlite3.Error as err:
             raise exception.LedgerError(reason=f"cannot open {self.path}: {err}") from err
         try:
-            # Refuse a newer schema (and, unless upgrading, an older one)
-            # before anything writes to the file (switching the journal mode
+            # The schema found at the open, before any migration.  A newer
+            # one (and, unless upgrading, an older one) is refused before
+            # anything writes to the file (switching the journal mode
             # rewrites the header).
-            # The schema found at the open (before any migration).
             self.found_schema = self._user_version()
             self._check_version(self.found_schema)
             # The file this connection has open: checked before every write
