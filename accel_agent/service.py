@@ -686,7 +686,7 @@ class AgentCore:
 
     def _reload(self, new_conf: cfg.ConfigOpts) -> list[str]:
         placement_opts.register_opts(new_conf)
-        errors, _warnings = wiring.validate(new_conf)
+        errors, _warnings = wiring.validate(new_conf, ledger=self.manager.ledger)
         if errors:
             raise exception.ReloadRefused(reason="; ".join(errors))
         for group, name in RESTART_OPTIONS:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from oslo_config import cfg
 
     from accel_agent.mdev import inventory as inventory_mod
+    from accel_agent.mdev.ledger import Ledger
 
 
 @dataclass(frozen=True)
@@ -148,25 +149,36 @@ def attach_requests(manager, raw: Any) -> list:
     return parser.parse(raw, vf_pools.pools if vf_pools is not None else {})
 
 
-def build_manager(conf: cfg.ConfigOpts, writer=None, on_step=None, net=None):
+def build_manager(
+    conf: cfg.ConfigOpts, writer=None, on_step=None, net=None, upgrade_ledger: bool = True
+):
     """The lifecycle manager for this host: ledger in ``state_dir``, writes
-    through the privsep daemon (started with the same config files)."""
+    through the privsep daemon (started with the same config files).
+
+    ``upgrade_ledger``: migrate a ledger of an older schema (after a backup
+    copy), as the daemon does at its start; accelctl's offline commands pass
+    False and get LedgerSchemaOld naming ``accelctl ledger upgrade``."""
     from accel_agent.mdev import domains, ledger, manager, writers
 
     policy = policy_mod.build_policy(conf)
     uri = conf.libvirt.uri
     writer = writer or writers.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir)
-    return manager.MdevManager(
-        sysfs_root=conf.sysfs_root,
-        policy=policy,
-        host=conf.host,
-        ledger=ledger.Ledger(conf.state_dir),
-        writer=writer,
-        domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
-        remove_timeout=conf.remove_timeout,
-        on_step=on_step,
-        backends=_backends(build_vf_pools(conf, writer, net)),
-    )
+    book = ledger.Ledger(conf.state_dir, upgrade=upgrade_ledger)
+    try:
+        return manager.MdevManager(
+            sysfs_root=conf.sysfs_root,
+            policy=policy,
+            host=conf.host,
+            ledger=book,
+            writer=writer,
+            domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
+            remove_timeout=conf.remove_timeout,
+            on_step=on_step,
+            backends=_backends(build_vf_pools(conf, writer, net)),
+        )
+    except BaseException:
+        book.close()
+        raise
 
 
 def _backends(vf_pools):
@@ -191,23 +203,35 @@ class LedgerView:
     def owned(self) -> frozenset[str]:
         return frozenset(self.owners)
 
+    @classmethod
+    def of(cls, book: Ledger) -> LedgerView:
+        """The view of an open ledger: the daemon's own (never a second
+        connection to it in its process, DESIGN.md §5)."""
+        records = book.all()
+        return cls(
+            owners={r.uuid: r.owner for r in records},
+            free=frozenset(r.uuid for r in records if r.free),
+        )
+
 
 LEDGER_FILENAME = "ledger.sqlite3"  # accel_agent.mdev.ledger.LEDGER_FILENAME
 
 
 def read_ledger(state_dir: str) -> LedgerView:
+    """The ledger of ``state_dir`` read by another process than the daemon's:
+    read-only (never created, migrated or checkpointed); a schema older or
+    newer than this code's raises LedgerSchemaOld / LedgerSchemaTooNew, whose
+    one line says what to do."""
     # Checked before importing the ledger (and sqlite3): most read-only runs
     # on a host the agent never managed have no ledger at all.
     if not os.path.exists(os.path.join(state_dir, LEDGER_FILENAME)):
         return LedgerView()
     from accel_agent.mdev import ledger
 
-    with ledger.Ledger(state_dir) as book:
-        records = book.all()
-    return LedgerView(
-        owners={r.uuid: r.owner for r in records},
-        free=frozenset(r.uuid for r in records if r.free),
-    )
+    with ledger.Ledger(state_dir, read_only=True) as book:
+        if book.schema_version == 0:
+            return LedgerView()  # made, not yet given its tables: nothing recorded
+        return LedgerView.of(book)
 
 
 @dataclass(frozen=True)
@@ -253,9 +277,12 @@ def host_state(
     errors: list[exception.AccelAgentException] | None = None,
     with_ledger: bool = True,
     scan_workers: int = 1,
+    ledger: LedgerView | None = None,
 ) -> HostState:
     """Policy (raises ConfigErrors with ``errors`` and its own), a fresh scan
-    of ``sysfs_root`` and the ledger."""
+    of ``sysfs_root`` and the ledger: ``ledger`` when given (the daemon's
+    own, or what the running daemon said), else read from ``state_dir``
+    read-only."""
     from accel_agent import backends
     from accel_agent.backends.host import scan_host
 
@@ -268,28 +295,37 @@ def host_state(
         notes=notes,
         state_dir=listing.state_dir,
     )
-    view = read_ledger(listing.state_dir) if with_ledger else LedgerView()
+    if ledger is not None:
+        view = ledger
+    else:
+        view = read_ledger(listing.state_dir) if with_ledger else LedgerView()
     return HostState(
         policy=policy, snapshot=snapshot, host=listing.host, ledger=view, notes=tuple(notes)
     )
 
 
-def validate(conf: cfg.ConfigOpts, strict: bool = False) -> tuple[list[str], list[str]]:
+def validate(
+    conf: cfg.ConfigOpts, strict: bool = False, ledger: Ledger | LedgerView | None = None
+) -> tuple[list[str], list[str]]:
     """Everything ``check-config`` and the daemon's start-up check:
     (errors, warnings), each a list of one-line messages.  The errors include
     :func:`accel_agent.config_values.value_errors` (every option's value,
     read once as the daemon reads it), so that a reload that passed this
-    check reads no value that can raise."""
-    errors, warnings, _state = check(conf, strict)
+    check reads no value that can raise.  ``ledger``: see :func:`check`."""
+    errors, warnings, _state = check(conf, strict, ledger=ledger)
     return errors, warnings
 
 
 def check(
-    conf: cfg.ConfigOpts, strict: bool = False
+    conf: cfg.ConfigOpts, strict: bool = False, ledger: Ledger | LedgerView | None = None
 ) -> tuple[list[str], list[str], HostState | None]:
     """:func:`validate`, and the host state it looked at (None when the
     configuration could not be resolved), so that a caller reporting on the
-    host need not scan it again."""
+    host need not scan it again.
+
+    ``ledger``: the daemon passes its own open Ledger (a reload must never
+    open it a second time in its process); a LedgerView is used as it is;
+    None reads ``state_dir``'s ledger read-only."""
     from oslo_config import cfg
 
     from accel_agent import (
@@ -311,7 +347,8 @@ def check(
     # The checks below read values too; one that cannot be read was reported
     # above, naming its file and line, and ends the checks that need it.
     try:
-        state = host_state(*ListingConfig.from_conf(conf))
+        view = ledger if ledger is None or isinstance(ledger, LedgerView) else LedgerView.of(ledger)
+        state = host_state(*ListingConfig.from_conf(conf), ledger=view)
     except exception.ConfigErrors as exc:
         return (
             errors + [e.message for e in exc.errors if _policy_option(e) not in said],

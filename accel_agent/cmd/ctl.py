@@ -12,24 +12,38 @@ something (allocate, release, adopt, recover) and the listings go through its
 API on the unix socket ``[api] socket_path``.  When there is no daemon (no
 socket, or nobody listening on it) they act directly, as the daemon would;
 the manager's file lock still serialises them.  ``--offline`` forces direct
-mode; ``check-config`` is always offline.  A daemon that is there but cannot
-be reached (permission denied, no answer) is an error, never a fallback.
+mode.  A daemon that is there but cannot be reached (permission denied, no
+answer) is an error, never a fallback.
+
+The ledger (DESIGN.md §5): while the daemon runs, accelctl asks it instead
+of opening the ledger, unless ``--offline``.  Acting directly, the listings,
+``check-config`` and ``nova-pci-config`` open it read-only (never created,
+migrated or checkpointed); the commands that change something open it for
+writing but never migrate it: a ledger of an older schema is refused, naming
+``accelctl ledger upgrade`` (the daemon upgrades it at its start too), which
+keeps a backup copy first.  ``check-config`` reads no ledger while the daemon
+runs: nothing it reports depends on the ledger's rows (it would only catch a
+damaged file, which the daemon checks itself at its start and reports in
+``/v1/health``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from accel_agent import exception, wiring
-from accel_agent.cmd import common, listings, output
+from accel_agent.cmd import common, daemon, listings, output
+from accel_agent.cmd.daemon import OFFLINE as _OFFLINE
+from accel_agent.cmd.daemon import via_api as _via_api
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -37,27 +51,17 @@ EXIT_USAGE = 2
 
 LOG = logging.getLogger("accelctl")
 
-# What _via_api returns when the command must act directly.
-_OFFLINE = object()
 
-
-def _via_api(args: argparse.Namespace, socket_path: str, call: Callable[[Any], Any]) -> Any:
-    """``call(client)`` against the running daemon, or _OFFLINE when there is
-    none (or --offline).  API errors raise ApiError; an unreachable daemon
-    raises AgentUnreachable."""
-    if args.offline:
-        return _OFFLINE
-    if not os.path.lexists(socket_path):
-        # No daemon here: skip even importing the client (http.client).
-        LOG.debug("no API socket at %s; acting directly", socket_path)
-        return _OFFLINE
-    from accel_agent.api.client import ApiClient
-
+@contextlib.contextmanager
+def offline_manager(conf) -> Iterator[Any]:
+    """The manager for a command acting directly (no daemon, or --offline):
+    its ledger is never migrated here (LedgerSchemaOld names the command that
+    upgrades it), and is closed when the command is done."""
+    manager = wiring.build_manager(conf, upgrade_ledger=False)
     try:
-        return call(ApiClient(socket_path))
-    except exception.AgentNotRunning as exc:
-        LOG.debug("%s; acting directly", exc.message)
-        return _OFFLINE
+        yield manager
+    finally:
+        manager.ledger.close()
 
 
 def _listing(
@@ -109,7 +113,10 @@ def _load(args: argparse.Namespace):
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     conf = _load(args)
-    errors, warnings, state = wiring.check(conf, strict=args.strict)
+    # The running daemon's ledger is its own (see the module's docstring).
+    running = not args.offline and daemon.runs(conf.api.socket_path)
+    ledger = wiring.LedgerView() if running else None
+    errors, warnings, state = wiring.check(conf, strict=args.strict, ledger=ledger)
     for warning in warnings:
         output.warning(warning)
     if errors or state is None:
@@ -203,8 +210,10 @@ def cmd_allocate(args: argparse.Namespace) -> int:
         lambda api: api.allocate(args.instance, args.count, args.parent, args.type),
     )
     if allocation is _OFFLINE:
-        manager = wiring.build_manager(conf)
-        allocation = manager.allocate(args.instance, args.count, args.parent, args.type).to_dict()
+        with offline_manager(conf) as manager:
+            allocation = manager.allocate(
+                args.instance, args.count, args.parent, args.type
+            ).to_dict()
     _print_allocation(args, allocation)
     return EXIT_OK
 
@@ -269,9 +278,9 @@ def cmd_attach(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
     answer = _via_api(args, conf.api.socket_path, lambda api: api.attach(args.instance, requests))
     if answer is _OFFLINE:
-        manager = wiring.build_manager(conf)
-        parsed = wiring.attach_requests(manager, requests)
-        answer = manager.attach(args.instance, parsed).to_dict()
+        with offline_manager(conf) as manager:
+            parsed = wiring.attach_requests(manager, requests)
+            answer = manager.attach(args.instance, parsed).to_dict()
     _print_attachment(args, answer)
     return EXIT_OK
 
@@ -282,7 +291,8 @@ def _release_all(args: argparse.Namespace, call: Callable[[Any], Any]) -> list[s
     conf = _load_for_writes(args)
     answer = _via_api(args, conf.api.socket_path, call)
     if answer is _OFFLINE:
-        return wiring.build_manager(conf).release(args.instance, remove=args.remove)
+        with offline_manager(conf) as manager:
+            return manager.release(args.instance, remove=args.remove)
     return answer["released"]
 
 
@@ -307,11 +317,13 @@ def cmd_release(args: argparse.Namespace) -> int:
     return _print_released(args, released, verb, "mdev")
 
 
-def _destination(conf):
+@contextlib.contextmanager
+def _destination(conf) -> Iterator[Any]:
     """The destination side, offline (the daemon builds the same one)."""
     from accel_agent.migration.destination import MigrationDestination
 
-    return MigrationDestination.from_conf(conf, wiring.build_manager(conf))
+    with offline_manager(conf) as manager:
+        yield MigrationDestination.from_conf(conf, manager)
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -335,13 +347,13 @@ def cmd_migration_claim(args: argparse.Namespace) -> int:
         args, conf.api.socket_path, lambda api: api.migration_claim(args.instance, mdevs, versions)
     )
     if answer is _OFFLINE:
-        destination = _destination(conf)
-        mapping = destination.claim(args.instance, mdevs, versions)
-        answer = {
-            "instance": args.instance,
-            "mapping": mapping,
-            "pci_addresses": destination.pci_addresses(args.instance),
-        }
+        with _destination(conf) as destination:
+            mapping = destination.claim(args.instance, mdevs, versions)
+            answer = {
+                "instance": args.instance,
+                "mapping": mapping,
+                "pci_addresses": destination.pci_addresses(args.instance),
+            }
     if args.json:
         output.emit_json(answer)
         return EXIT_OK
@@ -361,7 +373,8 @@ def cmd_migration_commit(args: argparse.Namespace) -> int:
         args, conf.api.socket_path, lambda api: api.migration_commit(args.instance)
     )
     if allocation is _OFFLINE:
-        allocation = _destination(conf).commit(args.instance).to_dict()
+        with _destination(conf) as destination:
+            allocation = destination.commit(args.instance).to_dict()
     _print_allocation(args, allocation)
     return EXIT_OK
 
@@ -372,7 +385,8 @@ def cmd_migration_abort(args: argparse.Namespace) -> int:
         args, conf.api.socket_path, lambda api: api.migration_abort(args.instance, args.remove)
     )
     if answer is _OFFLINE:
-        released = _destination(conf).abort(args.instance, args.remove)
+        with _destination(conf) as destination:
+            released = destination.abort(args.instance, args.remove)
         answer = {"instance": args.instance, "released": released, "removed": args.remove}
     if args.json:
         output.emit_json(answer)
@@ -445,7 +459,8 @@ def cmd_adopt(args: argparse.Namespace) -> int:
         return _takeover(args, conf)
     record = _via_api(args, conf.api.socket_path, lambda api: api.adopt(args.uuid))
     if record is _OFFLINE:
-        adopted = wiring.build_manager(conf).adopt(args.uuid)
+        with offline_manager(conf) as manager:
+            adopted = manager.adopt(args.uuid)
         record = {"uuid": adopted.uuid, "parent": adopted.parent, "mdev_type": adopted.mdev_type}
     print(f"adopted {record['uuid']} ({record['mdev_type']} on {record['parent']})")
     return EXIT_OK
@@ -467,11 +482,8 @@ def _takeover(args: argparse.Namespace, conf: Any) -> int:
         lambda api: api.takeover(adopt_unused=args.all, dry_run=args.dry_run),
     )
     if plan is _OFFLINE:
-        plan = (
-            wiring.build_manager(conf)
-            .takeover(adopt_unused=args.all, dry_run=args.dry_run)
-            .to_dict()
-        )
+        with offline_manager(conf) as manager:
+            plan = manager.takeover(adopt_unused=args.all, dry_run=args.dry_run).to_dict()
     if args.json:
         output.emit_json(plan)
         return EXIT_ERROR if plan["problems"] else EXIT_OK
@@ -510,7 +522,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
     conf = _load_for_writes(args)
     report = _via_api(args, conf.api.socket_path, lambda api: api.recover(check=args.check))
     if report is _OFFLINE:
-        report = wiring.build_manager(conf).recover(full_check=args.check).to_dict()
+        with offline_manager(conf) as manager:
+            report = manager.recover(full_check=args.check).to_dict()
     if report.get("unrecorded"):
         from accel_agent.mdev.ledger import LEDGER_FILENAME
         from accel_agent.mdev.recovery import unrecorded_warning
@@ -567,11 +580,11 @@ def cmd_domain_xml(args: argparse.Namespace) -> int:
     if xml is not _OFFLINE:
         print(str(xml).rstrip("\n"))
         return EXIT_OK
-    manager = wiring.build_manager(conf)
-    allocation = manager.allocation(args.instance)
-    if not allocation.mdevs:
-        raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
-    devices = manager.guest_devices(allocation.mdevs)
+    with offline_manager(conf) as manager:
+        allocation = manager.allocation(args.instance)
+        if not allocation.mdevs:
+            raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
+        devices = manager.guest_devices(allocation.mdevs)
     print(instance_devices_xml(devices, conf.libvirt.qemu_globals))
     return EXIT_OK
 
@@ -806,10 +819,11 @@ SIMULATE_HELP = (
 
 def _register_optional(subparsers: argparse._SubParsersAction) -> None:
     """Subcommands owned by other packages (each module keeps its imports lazy)."""
-    from accel_agent.cmd import nova_pci_config
+    from accel_agent.cmd import ledger_upgrade, nova_pci_config
     from accel_agent.libvirt_xml import cli as xml_cli
 
     nova_pci_config.register(subparsers)
+    ledger_upgrade.register(subparsers)
 
     simulate = subparsers.add_parser(
         "simulate",

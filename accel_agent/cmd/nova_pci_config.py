@@ -15,7 +15,7 @@ DESCRIPTION = (
     "vGPU type) and alias lines for the VFs the agent has typed, or would type with "
     "--per-gpu N. With --check FILE, compare FILE's [pci] section with the host instead: "
     "each difference on one line, exit 1 when there is any. Reads sysfs, the ledger and "
-    "the config; changes nothing."
+    "the config (the ledger through the daemon when it runs); changes nothing."
 )
 
 
@@ -49,13 +49,30 @@ def _count(text: str) -> int:
     return value
 
 
+def _daemons_view(
+    args: argparse.Namespace, listing: wiring.ListingConfig
+) -> wiring.LedgerView | None:
+    """Which devices the agent owns, as the running daemon says (GET
+    /v1/mdevs): its ledger is not opened while it runs.  None without a
+    daemon (or with --offline, --sysfs-root): the ledger is read read-only."""
+    from accel_agent.cmd import daemon
+
+    if args.sysfs_root:
+        return None
+    answer = daemon.via_api(args, listing.api_socket_path, lambda api: api.call("GET", "/v1/mdevs"))
+    if answer is daemon.OFFLINE:
+        return None
+    owned = [m for m in answer["mdevs"] if m["owned"]]
+    return wiring.LedgerView(owners={m["uuid"]: m["instance"] for m in owned})
+
+
 def run(args: argparse.Namespace) -> int:
     from accel_agent.reporting import nova_pci
 
     listing, errors = wiring.listing_config(args.config_file, args.config_dir, "accelctl")
     if args.sysfs_root:
         listing = dataclasses.replace(listing, sysfs_root=args.sysfs_root)
-    state = wiring.host_state(listing, errors)
+    state = wiring.host_state(listing, errors, ledger=_daemons_view(args, listing))
     specs = nova_pci.plan(state.snapshot, state.policy, state.ledger.owned, args.per_gpu)
     if args.check is None:
         print(nova_pci.render(specs, state.host), end="")

@@ -26,6 +26,14 @@ assign an mdev that is not ``present`` or to change the state of an
 assigned one.  ``with ledger.transaction():`` is ``BEGIN IMMEDIATE``: two
 processes (agent and an offline ``accelctl``) serialise on SQLite's write
 lock, and threads of one process on the ledger's lock.
+
+One connection per process (DESIGN.md §5): the daemon and everything in its
+process go through its one Ledger object; other processes that only read
+open it ``read_only`` (SQLite's ``mode=ro``: never created, migrated, written
+or checkpointed).  A schema migration runs only where asked for
+(``upgrade=True``: the daemon's start, ``accelctl ledger upgrade``), after a
+backup copy made with SQLite's backup API; every other opener refuses an
+older schema with :class:`LedgerSchemaOld`, naming the command to run.
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from accel_agent import exception
+
+# The schema's names, for the ledger's users (and its tests) as before.
+from accel_agent.mdev.ledger_schema import MIGRATIONS, SCHEMA_VERSION, Migration  # noqa: F401
 
 LOG = logging.getLogger(__name__)
 
@@ -117,106 +128,19 @@ class Intent:
     uuids: tuple[str, ...]  # the rows this operation reserved or is creating/removing
 
 
-# --- schema ------------------------------------------------------------------------
+class LedgerSchemaOld(exception.LedgerError):
+    """A ledger of an older schema, opened by a reader or by a writer that
+    may not migrate it (only the daemon and ``accelctl ledger upgrade`` do,
+    after a backup)."""
 
-Migration = Callable[[sqlite3.Connection], None]
-
-_V1 = (
-    """CREATE TABLE intents (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        kind TEXT NOT NULL CHECK (kind IN ('allocate', 'release', 'claim', 'recover')),
-        owner TEXT CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 255),
-        created_at REAL NOT NULL
-    )""",
-    """CREATE TABLE mdevs (
-        uuid TEXT PRIMARY KEY NOT NULL CHECK (length(uuid) = 36 AND uuid = lower(uuid)),
-        parent TEXT NOT NULL CHECK (length(parent) BETWEEN 1 AND 255),
-        mdev_type TEXT NOT NULL CHECK (length(mdev_type) BETWEEN 1 AND 255),
-        state TEXT NOT NULL CHECK (state IN ('creating', 'present', 'removing')),
-        intent_id INTEGER REFERENCES intents(id) ON DELETE SET NULL,
-        adopted INTEGER NOT NULL DEFAULT 0 CHECK (adopted IN (0, 1)),
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL
-    )""",
-    "CREATE INDEX mdevs_by_parent_type ON mdevs (parent, mdev_type, state)",
-    "CREATE INDEX mdevs_by_intent ON mdevs (intent_id)",
-    # PRIMARY KEY (uuid): one owner per mdev, enforced by the database.
-    # ON DELETE RESTRICT: an assigned mdev cannot be forgotten.
-    """CREATE TABLE assignments (
-        uuid TEXT PRIMARY KEY NOT NULL REFERENCES mdevs (uuid) ON DELETE RESTRICT,
-        owner TEXT NOT NULL CHECK (length(owner) BETWEEN 1 AND 255),
-        owner_kind TEXT NOT NULL CHECK (owner_kind IN ('instance', 'claim')),
-        claim_expires_at REAL,
-        assigned_at REAL NOT NULL,
-        CHECK ((owner_kind = 'claim') = (claim_expires_at IS NOT NULL))
-    )""",
-    "CREATE INDEX assignments_by_owner ON assignments (owner)",
-    """CREATE TRIGGER assign_only_present BEFORE INSERT ON assignments
-       WHEN (SELECT state FROM mdevs WHERE uuid = NEW.uuid) IS NOT 'present'
-       BEGIN SELECT RAISE(ABORT, 'only a present mdev can be assigned'); END""",
-    """CREATE TRIGGER assigned_stays_present BEFORE UPDATE OF state ON mdevs
-       WHEN NEW.state != 'present'
-            AND EXISTS (SELECT 1 FROM assignments WHERE uuid = NEW.uuid)
-       BEGIN SELECT RAISE(ABORT, 'release an assigned mdev before changing its state'); END""",
-)
-
-
-def _migrate_v0_to_v1(conn: sqlite3.Connection) -> None:
-    # Statement by statement: executescript() would COMMIT the migration's
-    # transaction halfway.
-    for statement in _V1:
-        conn.execute(statement)
-
-
-def _migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
-    # A live-migration claim remembers which source mdev each destination
-    # mdev stands in for, so the {src: dst} mapping survives a restart and a
-    # repeated claim returns the same answer.
-    conn.execute(
-        "ALTER TABLE assignments ADD COLUMN source_uuid TEXT "
-        "CHECK (source_uuid IS NULL OR (length(source_uuid) = 36 "
-        "AND source_uuid = lower(source_uuid)))"
+    msg_fmt = (
+        "the mdev ledger %(path)s has schema version %(found)s, older than this agent's "
+        "(%(supported)s); left unchanged: run 'accelctl ledger upgrade' (it keeps a backup "
+        "copy), or restart accel-agent, which upgrades it the same way"
     )
 
 
-def _migrate_v2_to_v3(conn: sqlite3.Connection) -> None:
-    # Which backend (accel_agent.backends) made each device, so that it is
-    # removed and re-created by the same one even when its parent is gone.
-    # Every row before this schema was an mdev.
-    conn.execute(
-        "ALTER TABLE mdevs ADD COLUMN backend TEXT NOT NULL DEFAULT 'mdev' "
-        "CHECK (length(backend) BETWEEN 1 AND 64)"
-    )
-
-
-def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
-    # A device's per-instance settings (issue 15: an SR-IOV VF's network
-    # settings), as JSON: what recovery re-applies after a reboot.
-    conn.execute(
-        "ALTER TABLE mdevs ADD COLUMN settings TEXT "
-        "CHECK (settings IS NULL OR (length(settings) <= 4096 AND json_valid(settings)))"
-    )
-    # What an instance's attach call asked for and which device answers which
-    # request (DESIGN.md §11): written in the transaction that assigns the
-    # devices, dropped with them, so a repeated call is recognised after a
-    # restart and gets the same handles.
-    conn.execute(
-        """CREATE TABLE attach_requests (
-            owner TEXT PRIMARY KEY NOT NULL CHECK (length(owner) BETWEEN 1 AND 255),
-            document TEXT NOT NULL CHECK (length(document) <= 65536 AND json_valid(document)),
-            created_at REAL NOT NULL
-        )"""
-    )
-
-
-# MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
-MIGRATIONS: tuple[Migration, ...] = (
-    _migrate_v0_to_v1,
-    _migrate_v1_to_v2,
-    _migrate_v2_to_v3,
-    _migrate_v3_to_v4,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
+# --- schema (ledger_schema.py) ---------------------------------------------------
 
 _SELECT = """
     SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind,
@@ -278,30 +202,63 @@ class Ledger:
         busy_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         migrations: Sequence[Migration] = MIGRATIONS,
+        upgrade: bool = False,
+        read_only: bool = False,
     ) -> None:
+        """Open (creating when missing, unless ``read_only``) the ledger of
+        ``state_dir``.
+
+        ``upgrade``: migrate a ledger of an older schema, after a backup copy
+        beside it (:attr:`backup_path`); only the daemon and ``accelctl
+        ledger upgrade`` ask for it.  Without it an older schema raises
+        :class:`LedgerSchemaOld`, changing nothing.  A new (empty) ledger is
+        given the current schema either way: there is nothing to keep.
+
+        ``read_only``: SQLite's ``mode=ro``, for readers in another process
+        than the daemon's: no file is created, nothing migrated, written or
+        checkpointed (a read-only connection cannot take the write lock that a
+        checkpoint, or the unlink of the WAL at the last close, needs).  A
+        schema older or newer than the code's raises; a new ledger not yet
+        given its schema (version 0) has no tables: a reader checks
+        :attr:`schema_version` first.
+
+        Never open a ledger a second time in a process that has it open
+        (DESIGN.md §5): closing ANY descriptor of a file drops every POSIX
+        lock the process holds on it, the live connection's included, and
+        another process's last close then checkpoints and unlinks the WAL
+        the live connection still writes to.
+        """
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / LEDGER_FILENAME
+        self.read_only = read_only
         self._clock = clock
         self._migrations = tuple(migrations)
+        self._upgrade = upgrade
         self._lock = threading.RLock()
         self._depth = 0
         # Why the last write failed (disk full, I/O error); None once one succeeds.
         self.write_error: str | None = None
-        # The agent ran here before (its state directory holds something,
-        # e.g. the manager's lock file) yet has no ledger: it was lost, with
-        # every record (see MdevManager.unrecorded).  A state directory that
-        # is absent or empty is a first start; one wiped whole looks the same.
-        ran_before = _has_entries(self.state_dir)
-        _ensure_private_dir(self.state_dir)
-        # Whether this open made the file.
-        self.created = not os.path.lexists(self.path)
-        self.lost = self.created and ran_before
-        # Create the file 0600 ourselves: SQLite would use 0644 & ~umask,
-        # and its -wal/-shm files copy the main file's mode.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        # Where the copy taken before this open migrated the file, if it did.
+        self.backup_path: Path | None = None
+        if read_only:
+            self.created = self.lost = False
+        else:
+            # The agent ran here before (its state directory holds something,
+            # e.g. the manager's lock file) yet has no ledger: it was lost,
+            # with every record (see MdevManager.unrecorded).  A state
+            # directory that is absent or empty is a first start; one wiped
+            # whole looks the same.
+            ran_before = _has_entries(self.state_dir)
+            _ensure_private_dir(self.state_dir)
+            # Whether this open made the file.
+            self.created = _create_private_file(self.path)
+            self.lost = self.created and ran_before
         try:
+            # mode=rw: SQLite never creates the file (it would, 0644 & ~umask,
+            # had it vanished since); mode=ro: it never writes it.
             self._conn = sqlite3.connect(
-                self.path,
+                _uri(self.path, "ro" if read_only else "rw"),
+                uri=True,
                 timeout=busy_timeout,
                 isolation_level=None,  # we issue BEGIN/COMMIT ourselves
                 check_same_thread=False,  # guarded by self._lock
@@ -309,14 +266,18 @@ class Ledger:
         except sqlite3.Error as err:
             raise exception.LedgerError(reason=f"cannot open {self.path}: {err}") from err
         try:
-            # Refuse a newer schema before anything writes to the file
-            # (switching the journal mode rewrites the header).
-            self._check_version(self._user_version())
-            self._setup_connection()
+            # The schema found at the open, before any migration.  A newer
+            # one (and, unless upgrading, an older one) is refused before
+            # anything writes to the file (switching the journal mode
+            # rewrites the header).
+            self.found_schema = self._user_version()
+            self._check_version(self.found_schema)
             # The file this connection has open: checked before every write
             # (a ledger deleted or replaced under us must not take writes).
             self._identity = self._file_identity()
-            self._migrate()
+            if not read_only:
+                self._setup_connection()
+                self._migrate()
         except BaseException:
             self._conn.close()
             raise
@@ -379,24 +340,80 @@ class Ledger:
         return int(self._rows("PRAGMA user_version")[0][0])
 
     def _check_version(self, found: int) -> None:
-        if found > len(self._migrations):
+        supported = len(self._migrations)
+        if found > supported:
             raise exception.LedgerSchemaTooNew(
-                path=str(self.path), found=found, supported=len(self._migrations)
+                path=str(self.path), found=found, supported=supported
             )
+        # 0 is a new, empty ledger: any writer makes it current; a reader
+        # finds no tables in it (schema_version says so).
+        if 0 < found < supported and (self.read_only or not self._upgrade):
+            raise LedgerSchemaOld(path=str(self.path), found=found, supported=supported)
 
     def _migrate(self) -> None:
-        if self._user_version() == len(self._migrations):
-            return  # the usual case: opening needs no write lock
-        with self.transaction():
-            # Re-read under the write lock: another process may have migrated.
-            found = self._user_version()
+        while (found := self._user_version()) != len(self._migrations):
             self._check_version(found)
+            # A copy of what the migration changes, taken before it (nothing
+            # to keep in a new ledger).  SQLite's backup API cannot run inside
+            # this connection's write transaction: the migration checks that
+            # no other connection wrote since, else a new copy is taken.
+            seen = self._data_version()
+            backup = self._backup(found) if found else None
+            if self._migrate_unless_changed(found, seen):
+                self.backup_path = backup
+                if backup is not None:
+                    LOG.warning(
+                        "mdev ledger %s upgraded from schema %d to %d; a copy of it as it "
+                        "was is at %s", self.path, found, len(self._migrations), backup,
+                    )
+                return
+            if backup is not None:
+                backup.unlink()  # a copy of a state that is gone
+
+    def _migrate_unless_changed(self, found: int, seen: int) -> bool:
+        """Migrate from schema ``found`` in one transaction, unless another
+        connection committed since ``PRAGMA data_version`` said ``seen``."""
+        with self.transaction():
+            if self._data_version() != seen:
+                return False
             for version in range(found, len(self._migrations)):
                 LOG.info("Migrating mdev ledger %s to schema %d", self.path, version + 1)
                 self._migrations[version](self._conn)
                 # Part of the same transaction: a failed migration leaves the
                 # old version and the old schema.
                 self._conn.execute(f"PRAGMA user_version = {version + 1:d}")
+        return True
+
+    def _data_version(self) -> int:
+        return int(self._rows("PRAGMA data_version")[0][0])
+
+    def _backup(self, version: int) -> Path:
+        """A copy of the ledger as it is, next to it, named after its schema
+        ``version`` and the time (0600, one self-contained file): what the
+        operator restores to go back (docs/operations.md)."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        target = self.path.with_name(f"{LEDGER_FILENAME}.v{version}-{stamp}.bak")
+        for n in range(1, 100):
+            if _create_private_file(target):
+                break
+            target = target.with_name(f"{LEDGER_FILENAME}.v{version}-{stamp}-{n}.bak")
+        else:
+            raise exception.LedgerError(reason=f"cannot name a backup of {self.path}")
+        try:
+            copy = sqlite3.connect(_uri(target, "rw"), uri=True, isolation_level=None)
+            try:
+                with self._lock:
+                    self._conn.backup(copy)
+                # The copy is a file of its own: no -wal/-shm beside it.
+                copy.execute("PRAGMA journal_mode = DELETE")
+            finally:
+                copy.close()
+        except sqlite3.Error as err:
+            target.unlink(missing_ok=True)
+            raise exception.LedgerWriteFailed(
+                path=str(target), detail=f"backup before the migration failed: {err}"
+            ) from err
+        return target
 
     @property
     def schema_version(self) -> int:
@@ -420,6 +437,8 @@ class Ledger:
         state, which recovery restores.  The fsync of that later commit
         makes this one durable too (one WAL, written in order).
         """
+        if self.read_only:
+            raise exception.LedgerError(reason=f"{self.path} is open read-only")
         with self._lock:
             savepoint = f"sp{self._depth}" if self._depth else None
             if savepoint is None:
@@ -836,6 +855,29 @@ class Ledger:
                 )
             self._execute("DELETE FROM mdevs WHERE uuid = ?", (uuid,))
             return True
+
+
+def _uri(path: Path, mode: str) -> str:
+    """SQLite's URI of ``path`` (percent-encoded) opened in ``mode``."""
+    return f"{Path(os.path.abspath(path)).as_uri()}?mode={mode}"
+
+
+def _create_private_file(path: Path) -> bool:
+    """Create ``path`` 0600 when it does not exist; True when this call made it.
+
+    Only a file that did not exist is opened and closed here: closing a
+    descriptor of a file this process has open elsewhere would drop the
+    POSIX locks its SQLite connection holds (the class docstring).  SQLite
+    itself would create it 0644 & ~umask, and its -wal/-shm files copy the
+    main file's mode."""
+    if os.path.lexists(path):
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False  # another process made it meanwhile
+    os.close(fd)
+    return True
 
 
 def _has_entries(path: Path) -> bool:

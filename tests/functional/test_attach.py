@@ -24,10 +24,10 @@ from accel_agent import exception
 from accel_agent.attach_requests import parse
 from accel_agent.backends import builtin
 from accel_agent.backends.sriov_vf import SriovVfBackend, device_uuid
-from accel_agent.mdev.ledger import Ledger
 from accel_agent.mdev.writers import PrivsepWriter
 from accel_agent.sriov.pools import build_pools
 from accel_agent.sriov.vfpool import VfPools
+from tests import ledger_sql
 from tests.configutil import make_conf
 from tests.functional.privsep_fixture import privsep_daemon, skip_unless_root
 from tests.functional.simhost import SimHost, simulated_host
@@ -99,8 +99,7 @@ class Env:
         return self.net.settings(pf, index)
 
     def owners(self) -> dict[str, str | None]:
-        with Ledger(self.host.state_dir) as ledger:
-            return {r.uuid: r.owner for r in ledger.all()}
+        return ledger_sql.owners(self.host.state_dir)
 
 
 @pytest.fixture

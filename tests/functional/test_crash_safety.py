@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from accel_agent.mdev.ledger import Ledger
+from tests import ledger_sql
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -71,24 +71,22 @@ def baseline(host, config):
 
 
 def check_invariants(host, other, vm_holds):
-    ledger = Ledger(host.state_dir)
-    try:
-        rows = ledger.all()
-        sysfs = host.sysfs_uuids()
-        assert ledger.pending_intents() == []
-        assert ledger.unsettled() == []
-        # no leaked mdev: everything in sysfs is recorded or the foreign one
-        assert sysfs - {r.uuid for r in rows} <= {FOREIGN}
-        assert FOREIGN in sysfs
-        # every recorded mdev exists
-        assert {r.uuid for r in rows} <= sysfs
-        # no lost assignment
-        assert [r.uuid for r in ledger.by_owner("other")] == other
-        # all or nothing for the crashed operation, and exactly which of the two
-        assert len(ledger.by_owner("vm")) == vm_holds
-        return ledger.by_owner("vm")
-    finally:
-        ledger.close()
+    # Plain SQL, read-only: the ledger as its file says (tests/ledger_sql.py).
+    rows = ledger_sql.rows(host.state_dir)
+    sysfs = host.sysfs_uuids()
+    assert ledger_sql.pending_intents(host.state_dir) == 0
+    assert ledger_sql.unsettled(host.state_dir) == []
+    # no leaked mdev: everything in sysfs is recorded or the foreign one
+    assert sysfs - {r.uuid for r in rows} <= {FOREIGN}
+    assert FOREIGN in sysfs
+    # every recorded mdev exists
+    assert {r.uuid for r in rows} <= sysfs
+    # no lost assignment
+    assert [r.uuid for r in rows if r.owner == "other"] == other
+    # all or nothing for the crashed operation, and exactly which of the two
+    held = [r for r in rows if r.owner == "vm"]
+    assert len(held) == vm_holds
+    return held
 
 
 def steps_of(host, config, operation):

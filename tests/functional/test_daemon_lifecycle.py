@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from accel_agent import exception
-from accel_agent.mdev.ledger import Ledger
+from tests import ledger_sql
 from tests.functional.daemon_fixture import (
     BOTH,
     AgentDaemon,
@@ -88,8 +88,7 @@ def setup(sim, tmp_path) -> Iterator[Setup]:
 
 
 def ledger_rows(host) -> dict[str, str | None]:
-    with Ledger(host.state_dir) as ledger:
-        return {r.uuid: r.owner for r in ledger.all()}
+    return ledger_sql.owners(host.state_dir)
 
 
 # --- start, socket, stop ----------------------------------------------------------------

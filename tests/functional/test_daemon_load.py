@@ -16,7 +16,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from accel_agent.api.app import load_openapi
-from accel_agent.mdev.ledger import Ledger
+from tests import ledger_sql
 from tests.functional.daemon_fixture import (
     REPO_ROOT,
     AgentDaemon,
@@ -85,10 +85,9 @@ def run_workers(daemon: AgentDaemon, workdir: Path, instances: list[list[str]]):
 
 def check_host(host) -> dict[str, list[str]]:
     """Ledger and sysfs, read apart, agree; returns instance -> uuids."""
-    with Ledger(host.state_dir) as ledger:
-        rows = ledger.all()
-        assert ledger.pending_intents() == []
-        assert ledger.unsettled() == []
+    rows = ledger_sql.rows(host.state_dir)
+    assert ledger_sql.pending_intents(host.state_dir) == 0
+    assert ledger_sql.unsettled(host.state_dir) == []
     sysfs = host.sysfs_uuids()
     recorded = {r.uuid for r in rows}
     assert recorded <= sysfs, "a ledger row has no mdev in sysfs"

@@ -8,7 +8,7 @@ import pytest
 
 from accel_agent import exception
 from accel_agent.mdev import domains as domains_mod
-from accel_agent.mdev.ledger import Ledger
+from tests import ledger_sql
 from tests.functional.simhost import simulated_host
 
 pytestmark = pytest.mark.fuse
@@ -119,8 +119,7 @@ def test_concurrent_allocations_never_share_an_mdev(host):
     uuids = [u for r in results[:7] for u in r]
     assert len(uuids) == len(set(uuids)) == 7
     assert set(uuids) <= pool_uuids and host.sysfs_uuids() == pool_uuids
-    with Ledger(host.state_dir) as ledger:
-        owners = {r.uuid: r.owner for r in ledger.all()}
+    owners = ledger_sql.owners(host.state_dir)
     assert {owners[u] for u in uuids} == {f"vm-{i}" for i in range(7)}
     assert sum(1 for owner in owners.values() if owner == "vm-6") == 1
 
@@ -288,7 +287,7 @@ def test_recovery_refuses_a_type_no_longer_configured_and_changes_nothing(host):
     message = str(info.value)
     assert "vm-1" in message and "nvidia-18" in message and "0000:84:00.0" in message
     assert host.sysfs_uuids() == set()
-    assert [r.uuid for r in Ledger(host.state_dir).assigned()] == [uuid]
+    assert [u for u, owner in ledger_sql.owners(host.state_dir).items() if owner] == [uuid]
 
 
 def test_sriov_allocation_respects_the_per_card_budget(tmp_path):

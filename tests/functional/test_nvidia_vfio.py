@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from accel_agent.mdev.ledger import Ledger
 from accel_agent.sysfs import nvidia_vfio
+from tests import ledger_sql
 from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
@@ -58,8 +58,7 @@ def typed(host) -> dict[str, int]:
 
 
 def owners(host) -> dict[str, tuple[str, str | None, str]]:
-    with Ledger(host.state_dir) as ledger:
-        return {r.uuid: (r.parent, r.owner, r.backend) for r in ledger.all()}
+    return {r.uuid: (r.parent, r.owner, r.backend) for r in ledger_sql.rows(host.state_dir)}
 
 
 def allocate(config, instance, count, *extra):
@@ -115,8 +114,8 @@ def test_a_refused_type_write_rolls_back_the_whole_allocation(host):
     assert "EIO" in proc.stderr
     assert typed(host) == {}  # the VF typed first was untyped again
     assert owners(host) == {}
-    with Ledger(host.state_dir) as ledger:
-        assert ledger.pending_intents() == [] and ledger.unsettled() == []
+    assert ledger_sql.pending_intents(host.state_dir) == 0
+    assert ledger_sql.unsettled(host.state_dir) == []
 
 
 def test_a_vgpu_whose_vf_is_held_is_kept_not_untyped(host):

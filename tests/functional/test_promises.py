@@ -35,13 +35,13 @@ from accel_agent.attach_requests import parse
 from accel_agent.backends import builtin
 from accel_agent.backends.sriov_vf import SriovVfBackend, device_uuid
 from accel_agent.mdev import domains as domains_mod
-from accel_agent.mdev.ledger import Ledger
 from accel_agent.mdev.writers import DirectWriter
 from accel_agent.migration.destination import MigrationDestination
 from accel_agent.migration.versions import HostVersions
 from accel_agent.sriov.pools import build_pools
 from accel_agent.sriov.vfpool import VfPools
 from accel_agent.sysfs import nvidia_vfio
+from tests import ledger_sql
 from tests.configutil import make_conf
 from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
@@ -112,9 +112,10 @@ class Env:
         return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
 
     def rows(self) -> dict[str, tuple[str | None, str | None, str]]:
-        """uuid -> (owner, owner kind, state), from a fresh connection."""
-        with Ledger(self.host.state_dir) as ledger:
-            return {r.uuid: (r.owner, r.owner_kind, str(r.state)) for r in ledger.all()}
+        """uuid -> (owner, owner kind, state), read with plain SQL (never a
+        second Ledger beside the manager's in this process)."""
+        rows = ledger_sql.rows(self.host.state_dir)
+        return {r.uuid: (r.owner, r.owner_kind, r.state) for r in rows}
 
 
 @pytest.fixture

@@ -134,7 +134,7 @@ def test_migration_to_a_later_version_keeps_data(state_dir: Path) -> None:
     with Ledger(state_dir) as led:
         present(led, 1)
         led.assign(uid(1), "inst-a")
-    with Ledger(state_dir, migrations=(*MIGRATIONS, _next_version)) as led:
+    with Ledger(state_dir, migrations=(*MIGRATIONS, _next_version), upgrade=True) as led:
         assert led.schema_version == SCHEMA_VERSION + 1
         record = led.get(uid(1))
         assert record is not None and record.owner == "inst-a"
@@ -151,7 +151,7 @@ def test_failed_migration_changes_nothing(state_dir: Path) -> None:
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        Ledger(state_dir, migrations=(*MIGRATIONS, broken))
+        Ledger(state_dir, migrations=(*MIGRATIONS, broken), upgrade=True)
     with Ledger(state_dir) as led:
         assert led.schema_version == SCHEMA_VERSION
         tables = {r[0] for r in led._conn.execute("SELECT name FROM sqlite_master")}
@@ -622,7 +622,7 @@ def test_v1_ledger_is_migrated_to_the_current_schema_keeping_assignments(
             "VALUES (?, 'inst-a', 'instance', 0)",
             (uid(1),),
         )
-    with Ledger(state_dir) as led:
+    with Ledger(state_dir, upgrade=True) as led:
         assert led.schema_version == SCHEMA_VERSION
         record = led.get(uid(1))
         assert record is not None and record.owner == "inst-a" and record.source_uuid is None

@@ -262,8 +262,9 @@ class Agent:
         return mdevlab.accelctl(*args, config=self.config)
 
     def ledger(self) -> list[MdevRecord]:
-        """The ledger as the agent wrote it, read from its file (a second reader)."""
-        with Ledger(str(self.state_dir)) as book:
+        """The ledger as the agent wrote it, read from its file (a second
+        reader, read-only: it never migrates or checkpoints the agent's file)."""
+        with Ledger(str(self.state_dir), read_only=True) as book:
             return book.all()
 
     def log(self) -> str:

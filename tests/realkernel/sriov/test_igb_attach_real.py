@@ -21,8 +21,8 @@ from lxml import etree
 
 from accel_agent import exception, wiring
 from accel_agent.backends.sriov_vf import device_uuid
-from accel_agent.mdev.ledger import Ledger
 from accel_agent.mdev.manager import MdevManager
+from tests import ledger_sql
 from tests.configutil import make_conf
 from tests.realkernel.sriov.igblab import NUM_VFS, POOL, SYS, Lab
 
@@ -130,8 +130,8 @@ def test_a_process_killed_mid_attach_then_recover_leaves_no_vf_without_an_owner(
         assert on_vfio(lab) == {lab.vf(0).address}  # the kill left it handed over
         manager = wiring.build_manager(make_conf(_config(lab, state), directory=str(tmp_path)))
         manager.recover()
-        with Ledger(str(state)) as ledger:
-            owners = {r.uuid: r.owner for r in ledger.all()}
+        # Plain SQL: never a second Ledger beside the manager's in this process.
+        owners = ledger_sql.owners(state)
         held = {u for u, o in owners.items() if o == "vm-1"}
         for vf in on_vfio(lab):
             assert owners.get(device_uuid(vf)) == "vm-1", (step, nth, vf, owners)
