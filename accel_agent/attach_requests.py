@@ -1,6 +1,6 @@
 """Per-instance attach requests (os-acc, DESIGN.md §11) as the API and
 accelctl take them, checked whole before anything is prepared and turned into
-the manager's plain requests (``accel_agent.mdev.requests``).
+the manager's plain requests (``accel_agent.devices.requests``).
 
 One request is a list of device requests, each one of:
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from accel_agent import exception
 from accel_agent.backends.sriov_vf import BACKEND as SRIOV_VF
-from accel_agent.mdev.requests import (
+from accel_agent.devices.requests import (
     MAX_COUNT,
     TYPE_NAME_RULE,
     AttachRequest,

@@ -3,7 +3,7 @@
 Two layers:
 
 * :class:`AgentCore` is the agent without threads: the one
-  :class:`~accel_agent.mdev.manager.MdevManager` (every mutation goes through
+  :class:`~accel_agent.devices.manager.DeviceManager` (every mutation goes through
   it and its lock), the rescan (sysfs + ledger -> inventory, metrics,
   recovery of vanished mdevs, expired claims), Placement sync, health, and
   config reload.  It is the API's backend; tests build it in-process.
@@ -47,17 +47,17 @@ from oslo_config import cfg
 import accel_agent
 from accel_agent import conf as agent_conf
 from accel_agent import config_values, events, exception, wiring
-from accel_agent.mdev import inventory as inventory_mod
-from accel_agent.mdev import policy as policy_mod
-from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
+from accel_agent.devices import inventory as inventory_mod
+from accel_agent.devices import policy as policy_mod
+from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 from accel_agent.reporting import placement_opts, views
 from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
 
 if TYPE_CHECKING:
+    from accel_agent.devices.manager import DeviceManager
+    from accel_agent.devices.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.libvirt_xml.devices import DeviceDescription
     from accel_agent.libvirt_xml.rewrite import DomainRewriteResult
-    from accel_agent.mdev.manager import MdevManager
-    from accel_agent.mdev.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.placement import PlacementReporter
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
@@ -144,9 +144,9 @@ def _no_reload() -> ReloadOutcome:
     raise exception.ReloadRefused(reason="this agent runs without its daemon's service loop")
 
 
-def record_state(record: MdevRecord, present: bool) -> str:
+def record_state(record: DeviceRecord, present: bool) -> str:
     """The ``state`` label of a recorded mdev (accel_agent_mdevs, _mdev_info)."""
-    if record.state is not MdevState.PRESENT or record.intent_id is not None:
+    if record.state is not DeviceState.PRESENT or record.intent_id is not None:
         return "transient"
     if not present:
         return "missing"
@@ -157,7 +157,7 @@ def record_state(record: MdevRecord, present: bool) -> str:
     return "free"
 
 
-def count_mdevs(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> dict[str, int]:
+def count_mdevs(records: Iterable[DeviceRecord], snapshot: HostSnapshot) -> dict[str, int]:
     """The ``accel_agent_mdevs{state}`` gauge: every record and sysfs mdev once."""
     counts = dict.fromkeys(("assigned", "claimed", "free", "foreign", "missing", "transient"), 0)
     recorded = set()
@@ -168,7 +168,7 @@ def count_mdevs(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> dict[s
     return counts
 
 
-def mdev_infos(records: Iterable[MdevRecord], snapshot: HostSnapshot) -> list[MdevInfo]:
+def mdev_infos(records: Iterable[DeviceRecord], snapshot: HostSnapshot) -> list[MdevInfo]:
     """One accel_agent_mdev_info series per mdev in sysfs (foreign ones too)."""
     by_uuid = {r.uuid: r for r in records}
     rows = []
@@ -212,7 +212,7 @@ class AgentCore:
         self,
         conf: cfg.ConfigOpts,
         *,
-        manager: MdevManager | None = None,
+        manager: DeviceManager | None = None,
         writer: Any = None,
         reporter: PlacementReporter | None = None,
         metrics: AgentMetrics | None = None,
@@ -341,7 +341,7 @@ class AgentCore:
     def allocation(self, instance: str) -> Allocation:
         return self.manager.allocation(instance)
 
-    def guest_devices(self, records: Iterable[MdevRecord]) -> list[DeviceDescription]:
+    def guest_devices(self, records: Iterable[DeviceRecord]) -> list[DeviceDescription]:
         """What a guest is given for each device (``domain-xml``)."""
         return self.manager.guest_devices(records)
 
@@ -383,7 +383,7 @@ class AgentCore:
         self.metrics.allocations.inc()
         return attachment
 
-    def adopt(self, uuid: str) -> MdevRecord:
+    def adopt(self, uuid: str) -> DeviceRecord:
         try:
             return self.manager.adopt(uuid)
         finally:
@@ -455,7 +455,7 @@ class AgentCore:
         raise_errors: bool = False,
         full_check: bool = False,
     ) -> RecoveryReport:
-        from accel_agent.mdev.results import RecoveryReport
+        from accel_agent.devices.results import RecoveryReport
 
         now = self._clock()
         try:
@@ -520,10 +520,10 @@ class AgentCore:
             return view
 
     def _missing(
-        self, records: list[MdevRecord], snapshot: HostSnapshot
-    ) -> tuple[list[MdevRecord], list[MdevRecord]]:
+        self, records: list[DeviceRecord], snapshot: HostSnapshot
+    ) -> tuple[list[DeviceRecord], list[DeviceRecord]]:
         gone = [
-            r for r in records if r.state is MdevState.PRESENT and r.uuid not in snapshot.mdevs
+            r for r in records if r.state is DeviceState.PRESENT and r.uuid not in snapshot.mdevs
         ]
         recoverable = [r for r in gone if r.parent in snapshot.parents]
         waiting = [r for r in gone if r.parent not in snapshot.parents]
@@ -742,7 +742,7 @@ class AgentCore:
 
     def _ledger_problems(self, rescan: RescanView) -> list[str]:
         """What keeps the ledger from recording the agent's work, now."""
-        from accel_agent.mdev.recovery import unrecorded_warning
+        from accel_agent.devices.recovery import unrecorded_warning
 
         ledger = self.manager.ledger
         problems = []
@@ -839,7 +839,7 @@ def _no_space_left(directory: str) -> bool:
 
 
 def orphaned(
-    assigned: Iterable[MdevRecord],
+    assigned: Iterable[DeviceRecord],
     policy: policy_mod.MdevPolicy,
     parents: Mapping[str, Parent] | None = None,
 ) -> list[str]:
@@ -858,7 +858,7 @@ def orphaned(
 
 
 def _domains(conf: cfg.ConfigOpts) -> Any:
-    from accel_agent.mdev import domains
+    from accel_agent.devices import domains
 
     uri = conf.libvirt.uri
     return domains.LibvirtDomains(uri) if uri else domains.NoDomains()

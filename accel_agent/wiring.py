@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from accel_agent import config_cache, exception
 from accel_agent.config_cache import config_sources
-from accel_agent.mdev import policy as policy_mod
-from accel_agent.mdev.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
+from accel_agent.devices import policy as policy_mod
+from accel_agent.devices.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
 from accel_agent.sysfs.model import HostSnapshot
 
 # oslo.config is imported where a command loads the configuration: the
@@ -24,8 +24,8 @@ from accel_agent.sysfs.model import HostSnapshot
 if TYPE_CHECKING:
     from oslo_config import cfg
 
-    from accel_agent.mdev import inventory as inventory_mod
-    from accel_agent.mdev.ledger import Ledger
+    from accel_agent.devices import inventory as inventory_mod
+    from accel_agent.devices.ledger import Ledger
 
 
 @dataclass(frozen=True)
@@ -158,14 +158,14 @@ def build_manager(
     ``upgrade_ledger``: migrate a ledger of an older schema (after a backup
     copy), as the daemon does at its start; accelctl's offline commands pass
     False and get LedgerSchemaOld naming ``accelctl ledger upgrade``."""
-    from accel_agent.mdev import domains, ledger, manager, writers
+    from accel_agent.devices import domains, ledger, manager, writers
 
     policy = policy_mod.build_policy(conf)
     uri = conf.libvirt.uri
     writer = writer or writers.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir)
     book = ledger.Ledger(conf.state_dir, upgrade=upgrade_ledger)
     try:
-        return manager.MdevManager(
+        return manager.DeviceManager(
             sysfs_root=conf.sysfs_root,
             policy=policy,
             host=conf.host,
@@ -214,7 +214,7 @@ class LedgerView:
         )
 
 
-LEDGER_FILENAME = "ledger.sqlite3"  # accel_agent.mdev.ledger.LEDGER_FILENAME
+LEDGER_FILENAME = "ledger.sqlite3"  # accel_agent.devices.ledger.LEDGER_FILENAME
 
 
 def read_ledger(state_dir: str) -> LedgerView:
@@ -226,7 +226,7 @@ def read_ledger(state_dir: str) -> LedgerView:
     # on a host the agent never managed have no ledger at all.
     if not os.path.exists(os.path.join(state_dir, LEDGER_FILENAME)):
         return LedgerView()
-    from accel_agent.mdev import ledger
+    from accel_agent.devices import ledger
 
     with ledger.Ledger(state_dir, read_only=True) as book:
         if book.schema_version == 0:
@@ -244,7 +244,7 @@ class HostState:
     notes: tuple[str, ...] = ()
 
     def inventory(self) -> inventory_mod.Inventory:
-        from accel_agent.mdev import inventory as inventory_mod
+        from accel_agent.devices import inventory as inventory_mod
 
         return inventory_mod.compute_inventory(
             self.snapshot, self.policy, self.host, self.ledger.free

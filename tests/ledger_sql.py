@@ -11,7 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-LEDGER_FILENAME = "ledger.sqlite3"  # accel_agent.mdev.ledger.LEDGER_FILENAME
+LEDGER_FILENAME = "ledger.sqlite3"  # accel_agent.devices.ledger.LEDGER_FILENAME
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from accel_agent import exception
 from accel_agent.api import errors
 
 if TYPE_CHECKING:
-    from accel_agent.mdev.ledger import MdevRecord
-    from accel_agent.mdev.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
+    from accel_agent.devices.ledger import DeviceRecord
+    from accel_agent.devices.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
     from accel_agent.service import ReloadOutcome
 
@@ -84,7 +84,7 @@ class Backend(Protocol):
 
     def attach(self, instance: str, raw_requests: Any) -> Attachment: ...
 
-    def adopt(self, uuid: str) -> MdevRecord: ...
+    def adopt(self, uuid: str) -> DeviceRecord: ...
 
     def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan: ...
 

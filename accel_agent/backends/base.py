@@ -3,7 +3,7 @@
 A backend knows one device model: how its parents and devices appear in
 sysfs, how one device is made and unmade through the privileged helper, and
 what a guest's libvirt XML says about it.  It decides nothing: the manager
-(``accel_agent.mdev.manager``) keeps the ledger, the intents, the allocation,
+(``accel_agent.devices.manager``) keeps the ledger, the intents, the allocation,
 the recovery and the ownership for every backend alike, and calls a backend
 only for the device half of an operation.  Which backend serves a parent is
 what the scan found (``Parent.backend``), never configuration.
@@ -23,8 +23,8 @@ from accel_agent import exception
 from accel_agent.sysfs.model import HostSnapshot, Parent
 
 if TYPE_CHECKING:
+    from accel_agent.devices.inventory import Provider
     from accel_agent.libvirt_xml.devices import DeviceDescription
-    from accel_agent.mdev.inventory import Provider
 
 
 @dataclass(frozen=True, slots=True)

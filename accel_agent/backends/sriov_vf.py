@@ -32,8 +32,8 @@ from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
 from accel_agent.sysfs.model import Parent
 
 if TYPE_CHECKING:
+    from accel_agent.devices.inventory import Provider
     from accel_agent.libvirt_xml.devices import DeviceDescription
-    from accel_agent.mdev.inventory import Provider
     from accel_agent.sriov.vfpool import VfPools
 
 BACKEND = "sriov_vf"
@@ -83,7 +83,7 @@ class SriovVfBackend(DeviceBackend):
         class and traits (plus the agent's owner trait)."""
         if self.pools is None:
             return []
-        from accel_agent.mdev.inventory import OWNER_TRAIT, Provider
+        from accel_agent.devices.inventory import OWNER_TRAIT, Provider
 
         return [
             Provider(

@@ -122,7 +122,7 @@ def _validate(conf) -> tuple[list[str], list[str]]:
     schema is the daemon's to upgrade when it opens it (after a backup copy):
     nothing validate reports depends on the ledger's rows, so the check runs
     without them."""
-    from accel_agent.mdev.ledger import LedgerSchemaOld
+    from accel_agent.devices.ledger import LedgerSchemaOld
 
     try:
         return wiring.validate(conf)

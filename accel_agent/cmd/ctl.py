@@ -525,8 +525,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
         with offline_manager(conf) as manager:
             report = manager.recover(full_check=args.check).to_dict()
     if report.get("unrecorded"):
-        from accel_agent.mdev.ledger import LEDGER_FILENAME
-        from accel_agent.mdev.recovery import unrecorded_warning
+        from accel_agent.devices.ledger import LEDGER_FILENAME
+        from accel_agent.devices.recovery import unrecorded_warning
 
         ledger = os.path.join(conf.state_dir, LEDGER_FILENAME)
         output.warning(unrecorded_warning(ledger, report["unrecorded"]))

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accel_agent.mdev.ledger import LEDGER_FILENAME, SCHEMA_VERSION, Ledger
+    from accel_agent.devices.ledger import LEDGER_FILENAME, SCHEMA_VERSION, Ledger
 
     conf = wiring.load_config(args.config_file, args.config_dir, prog="accelctl")
     if daemon.runs(conf.api.socket_path):

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from accel_agent import exception
-from accel_agent.mdev.ledger import OwnerKind
-from accel_agent.mdev.manager import MdevManager
-from accel_agent.mdev.results import Allocation
+from accel_agent.devices.ledger import OwnerKind
+from accel_agent.devices.manager import DeviceManager
+from accel_agent.devices.results import Allocation
 from accel_agent.migration import versions as versions_mod
 from accel_agent.sysfs.scanner import is_canonical_uuid
 
@@ -57,7 +57,7 @@ def normalise_sources(sources: Any) -> dict[str, str]:
 class MigrationDestination:
     def __init__(
         self,
-        manager: MdevManager,
+        manager: DeviceManager,
         host_versions: Callable[[], versions_mod.HostVersions],
         minimums: versions_mod.Minimums | None = None,
         claim_timeout: float = 600.0,
@@ -70,7 +70,7 @@ class MigrationDestination:
         self.clock = clock
 
     @classmethod
-    def from_conf(cls, conf: Any, manager: MdevManager) -> MigrationDestination:
+    def from_conf(cls, conf: Any, manager: DeviceManager) -> MigrationDestination:
         """This host as a destination: versions asked of ``[libvirt] uri``,
         floors and claim lifetime from ``[migration]``."""
         uri = conf.libvirt.uri

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from accel_agent import exception
+from accel_agent.devices.manager import DeviceManager
 from accel_agent.libvirt_xml import list_mdev_uuids, list_pci_sources, rewrite_domain_xml
-from accel_agent.mdev.manager import MdevManager
 from accel_agent.migration import versions as versions_mod
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class SourceAgent(Protocol):
 class ManagerAgent:
     """The agent as the manager in this process."""
 
-    def __init__(self, manager: MdevManager) -> None:
+    def __init__(self, manager: DeviceManager) -> None:
         self.manager = manager
 
     def mdev_types(self) -> dict[str, str | None]:
@@ -208,14 +208,14 @@ def failed_side(message: str) -> tuple[str, str]:
 class MigrationSource:
     def __init__(
         self,
-        manager: MdevManager | SourceAgent,
+        manager: DeviceManager | SourceAgent,
         minimums: versions_mod.Minimums | None = None,
         host_versions: Callable[[Any], versions_mod.HostVersions] = versions_mod.probe,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.agent: SourceAgent = (
-            ManagerAgent(manager) if isinstance(manager, MdevManager) else manager
+            ManagerAgent(manager) if isinstance(manager, DeviceManager) else manager
         )
         self.minimums = minimums or versions_mod.Minimums()
         self.host_versions = host_versions

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from accel_agent.mdev.policy import MdevPolicy
+from accel_agent.devices.policy import MdevPolicy
 from accel_agent.sysfs.model import HostSnapshot
 
 BACKEND = "nvidia_vfio"

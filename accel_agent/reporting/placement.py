@@ -1,7 +1,7 @@
 """Keep this host's per-GPU resource providers in OpenStack Placement.
 
 The agent owns a subtree: one child provider per physical GPU (``Provider``
-from :mod:`accel_agent.mdev.inventory`) under the host's root provider, which
+from :mod:`accel_agent.devices.inventory`) under the host's root provider, which
 nova-compute normally creates.  A sync reads what Placement holds, plans the
 difference with the pure :func:`plan_provider` and writes only that, so a
 steady state costs two GETs (plus one per provider holding allocations) and no
@@ -51,7 +51,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from accel_agent import exception
-from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider
+from accel_agent.devices.inventory import OWNER_TRAIT, Inventory, Provider
 from accel_agent.reporting import placement_answers as answers
 from accel_agent.reporting.placement_answers import INVENTORY_FIELDS
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the listings that need no inventory do not import it
-    from accel_agent.mdev.inventory import Inventory
-    from accel_agent.mdev.policy import MdevPolicy
+    from accel_agent.devices.inventory import Inventory
+    from accel_agent.devices.policy import MdevPolicy
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
 

@@ -497,7 +497,7 @@ class KillHarness:
         kwargs: dict[str, Any] = {}
         if self.device_model.pool_vfs:
             from accel_agent.backends import builtin
-            from accel_agent.mdev.writers import DirectWriter
+            from accel_agent.devices.writers import DirectWriter
             from accel_agent.sriov.pools import build_pools
             from accel_agent.sriov.vfpool import VfPools
             from tests.configutil import make_conf

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent.mdev import ledger as ledger_mod
-from accel_agent.mdev import manager as manager_mod
-from accel_agent.mdev import policy as policy_mod
-from accel_agent.mdev import writers
+from accel_agent.devices import ledger as ledger_mod
+from accel_agent.devices import manager as manager_mod
+from accel_agent.devices import policy as policy_mod
+from accel_agent.devices import writers
 from accel_agent.simulator import build_spec
 from accel_agent.simulator import testing as sim_testing
 from tests.configutil import make_conf, write_conf
@@ -40,9 +40,9 @@ class SimHost:
         write_conf(path, ini + f"\n[DEFAULT]\nstate_dir = {self.state_dir}\n", self.root)
         return path
 
-    def manager(self, ini: str, **kwargs) -> manager_mod.MdevManager:
+    def manager(self, ini: str, **kwargs) -> manager_mod.DeviceManager:
         conf = make_conf(ini, sysfs_root=self.root)
-        return manager_mod.MdevManager(
+        return manager_mod.DeviceManager(
             sysfs_root=self.root,
             policy=policy_mod.build_policy(conf),
             host="testhost",

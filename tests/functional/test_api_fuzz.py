@@ -2,7 +2,7 @@
 
 Every operation gets positive (schema-conforming) and negative (schema-
 violating) cases, sent to the real WSGI application backed by a real agent
-(AgentCore, its MdevManager and ledger) on a FUSE-simulated host.  For each:
+(AgentCore, its DeviceManager and ledger) on a FUSE-simulated host.  For each:
 
 * no 5xx;
 * the answer conforms to the document (status documented, content type,
@@ -35,7 +35,7 @@ from schemathesis.specs.openapi import checks as openapi_checks  # noqa: E402
 from accel_agent.api.app import ApiApplication, load_openapi  # noqa: E402
 from accel_agent.api.client import ApiClient, quote  # noqa: E402
 from accel_agent.api.server import ApiServer, bind_socket, remove_socket  # noqa: E402
-from accel_agent.mdev import writers  # noqa: E402
+from accel_agent.devices import writers  # noqa: E402
 from accel_agent.service import AgentCore  # noqa: E402
 from tests.configutil import make_conf  # noqa: E402
 from tests.functional.daemon_fixture import short_dir  # noqa: E402

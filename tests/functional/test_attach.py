@@ -24,7 +24,7 @@ from accel_agent import exception
 from accel_agent.attach_requests import parse
 from accel_agent.backends import builtin
 from accel_agent.backends.sriov_vf import SriovVfBackend, device_uuid
-from accel_agent.mdev.writers import PrivsepWriter
+from accel_agent.devices.writers import PrivsepWriter
 from accel_agent.sriov.pools import build_pools
 from accel_agent.sriov.vfpool import VfPools
 from tests import ledger_sql

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from accel_agent import events
-from accel_agent.mdev import writers
+from accel_agent.devices import writers
 from accel_agent.service import AgentService
 from tests.configutil import make_conf
 from tests.functional.daemon_fixture import short_dir, wait_for

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent.mdev.ledger import MIGRATIONS, SCHEMA_VERSION, Ledger
+from accel_agent.devices.ledger import MIGRATIONS, SCHEMA_VERSION, Ledger
 from tests import ledger_sql
 from tests.functional.daemon_fixture import REPO_ROOT, AgentDaemon, agent_config, ctl, short_dir
 from tests.functional.privsep_fixture import _find_daemon_pid, skip_unless_root
@@ -258,7 +258,7 @@ NO_LEDGER = """
 import sys
 from accel_agent import wiring
 from accel_agent.cmd import ctl
-from accel_agent.mdev import ledger
+from accel_agent.devices import ledger
 
 def refuse(*args, **kwargs):
     raise AssertionError("accelctl opened the ledger while the daemon runs")

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from accel_agent import exception
-from accel_agent.mdev import domains as domains_mod
+from accel_agent.devices import domains as domains_mod
 from tests import ledger_sql
 from tests.functional.simhost import simulated_host
 

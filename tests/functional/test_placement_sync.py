@@ -27,7 +27,7 @@ from keystoneauth1 import session as ks_session
 from keystoneauth1 import token_endpoint
 from oslo_config import cfg
 
-from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
+from accel_agent.devices.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
 from accel_agent.reporting import placement_opts
 from accel_agent.reporting.placement import (
     MICROVERSION,
@@ -540,8 +540,8 @@ def test_vendor_vfio_gpus_are_one_provider_each_like_any_pci_gpu(
     mdev GPU, with the same names, traits and fields (issue 14, item 3)."""
     from accel_agent.backends import builtin
     from accel_agent.backends.host import scan_host
-    from accel_agent.mdev.inventory import compute_inventory
-    from accel_agent.mdev.policy import PolicyInputs, TypeOptions, resolve_policy
+    from accel_agent.devices.inventory import compute_inventory
+    from accel_agent.devices.policy import PolicyInputs, TypeOptions, resolve_policy
     from accel_agent.simulator import build_spec, materialise
 
     root = str(tmp_path / "sys")

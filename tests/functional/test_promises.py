@@ -34,8 +34,8 @@ from accel_agent import exception
 from accel_agent.attach_requests import parse
 from accel_agent.backends import builtin
 from accel_agent.backends.sriov_vf import SriovVfBackend, device_uuid
-from accel_agent.mdev import domains as domains_mod
-from accel_agent.mdev.writers import DirectWriter
+from accel_agent.devices import domains as domains_mod
+from accel_agent.devices.writers import DirectWriter
 from accel_agent.migration.destination import MigrationDestination
 from accel_agent.migration.versions import HostVersions
 from accel_agent.sriov.pools import build_pools
@@ -444,7 +444,7 @@ def test_free_devices_of_a_dropped_type_are_forgotten_after_a_reboot(
     env.manager.release("vm-2")
     assert set(env.rows()) == {mdev, vgpu, kept}
     after = reboot_with(env, conf)
-    caplog.set_level(logging.INFO, logger="accel_agent.mdev.manager")
+    caplog.set_level(logging.INFO, logger="accel_agent.devices")
     try:
         report = after.manager.recover()
         assert sorted(report.forgotten) == sorted([mdev, vgpu])

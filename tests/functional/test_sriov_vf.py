@@ -20,7 +20,7 @@ import pytest
 from accel_agent import exception, privileged_pci
 from accel_agent.backends.base import DeviceRef
 from accel_agent.backends.sriov_vf import SriovVfBackend, device_uuid
-from accel_agent.mdev.writers import PrivsepWriter
+from accel_agent.devices.writers import PrivsepWriter
 from accel_agent.sriov.pools import build_pools
 from accel_agent.sriov.vfpool import VfPools
 from tests.configutil import make_conf

@@ -12,20 +12,20 @@ from accel_agent import exception
 from accel_agent.api import errors
 from accel_agent.api.app import ApiApplication, load_openapi
 from accel_agent.api.handlers import ROUTES
+from accel_agent.devices.ledger import DeviceRecord, DeviceState
+from accel_agent.devices.results import Allocation, RecoveryReport
 from accel_agent.libvirt_xml.devices import MdevDevice
-from accel_agent.mdev.ledger import MdevRecord, MdevState
-from accel_agent.mdev.results import Allocation, RecoveryReport
 from accel_agent.reporting.metrics import AgentMetrics
 
 UUID = "0b1b2b3b-4b5b-4b6b-8b7b-9b0b1b2b3b4b"
 
 
-def record(uuid: str, owner: str | None) -> MdevRecord:
-    return MdevRecord(
+def record(uuid: str, owner: str | None) -> DeviceRecord:
+    return DeviceRecord(
         uuid=uuid,
         parent="0000:84:00.0",
         mdev_type="nvidia-35",
-        state=MdevState.PRESENT,
+        state=DeviceState.PRESENT,
         owner=owner,
         owner_kind=None,
         claim_expires_at=None,
@@ -85,7 +85,7 @@ class FakeBackend:
         self.calls.append(("release", instance, remove))
         return self.held.pop(instance, [])
 
-    def adopt(self, uuid: str) -> MdevRecord:
+    def adopt(self, uuid: str) -> DeviceRecord:
         self.calls.append(("adopt", uuid))
         return record(uuid, None)
 

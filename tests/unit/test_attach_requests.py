@@ -10,7 +10,7 @@ import pytest
 
 from accel_agent import exception
 from accel_agent.attach_requests import MAX_REQUESTS, parse
-from accel_agent.mdev.requests import DeviceRequest, PoolRequest, document
+from accel_agent.devices.requests import DeviceRequest, PoolRequest, document
 from accel_agent.sriov.pools import Pool
 
 POOLS = MappingProxyType(

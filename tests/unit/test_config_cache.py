@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from accel_agent import config_cache, exception, wiring
-from accel_agent.mdev import policy as policy_mod
+from accel_agent.devices import policy as policy_mod
 
 CONF_TEXT = """
 [DEFAULT]

@@ -43,6 +43,6 @@ def test_sample_documents_nova_compatible_options():
 
 def test_common_knows_the_ledger_file_name():
     from accel_agent import wiring
-    from accel_agent.mdev import ledger
+    from accel_agent.devices import ledger
 
     assert wiring.LEDGER_FILENAME == ledger.LEDGER_FILENAME

@@ -283,7 +283,7 @@ def test_no_option_is_registered_after_the_check(tmp_path):
     """Everything the daemon builds from a checked configuration (Placement's
     adapter with its auth plugin, the policy, the VF pools) reads options
     value_errors has read already: none is registered later."""
-    from accel_agent.mdev import policy
+    from accel_agent.devices import policy
     from accel_agent.reporting.placement import PlacementReporter
     from accel_agent.sriov.pools import build_pools
 

@@ -64,9 +64,9 @@ DEVICE_MODELS = (
     ("rooms", "forbidden"),
     [
         # The one decider drives backends through the interface only.
-        (("mdev",), DEVICE_MODELS),
+        (("devices",), DEVICE_MODELS),
         # A backend is driven; it never decides.
-        (("backends",), ("accel_agent.mdev.manager", "accel_agent.service", "accel_agent.cmd")),
+        (("backends",), ("accel_agent.devices.manager", "accel_agent.service", "accel_agent.cmd")),
         # Everything but the console scripts themselves stays out of cmd/.
         (
             (
@@ -74,7 +74,7 @@ DEVICE_MODELS = (
                 "wiring.py",
                 "config_lint.py",
                 "config_cache.py",
-                "mdev",
+                "devices",
                 "backends",
                 "api",
                 "reporting",
@@ -86,7 +86,7 @@ DEVICE_MODELS = (
         ),
         # The core's options: no reporter, no privileged side.
         (
-            ("conf.py", "mdev/ledger.py"),
+            ("conf.py", "devices/ledger.py"),
             ("accel_agent.reporting", "accel_agent.privileged", "accel_agent.cmd"),
         ),
     ],
@@ -107,7 +107,7 @@ def test_the_rule_sees_a_wrong_arrow(tmp_path: Path) -> None:
 def test_loading_the_ledger_loads_no_reporter_and_no_privsep() -> None:
     """At run time too: the ledger and the core's options alone."""
     code = (
-        "import sys, accel_agent.mdev.ledger, accel_agent.conf;"
+        "import sys, accel_agent.devices.ledger, accel_agent.conf;"
         "print(sorted(m for m in sys.modules if m.startswith(('accel_agent.reporting',"
         " 'accel_agent.privileged', 'oslo_privsep', 'keystoneauth1'))))"
     )
@@ -118,16 +118,16 @@ def test_loading_the_ledger_loads_no_reporter_and_no_privsep() -> None:
 
 
 # The decider's use cases ask the operation protocol to run their changes;
-# only accel_agent/mdev/protocol.py opens an operation's transactions, writes
+# only accel_agent/devices/protocol.py opens an operation's transactions, writes
 # and settles intents, makes and unmakes devices and names the crash points.
 USE_CASES = (
-    "mdev/allocations.py",
-    "mdev/attach.py",
-    "mdev/claims.py",
-    "mdev/takeover.py",
-    "mdev/recovery.py",
-    "mdev/planning.py",
-    "mdev/manager.py",
+    "devices/allocations.py",
+    "devices/attach.py",
+    "devices/claims.py",
+    "devices/takeover.py",
+    "devices/recovery.py",
+    "devices/planning.py",
+    "devices/manager.py",
 )
 PROTOCOL_ONLY = frozenset({
     "transaction",
@@ -164,7 +164,7 @@ def test_use_cases_change_the_host_only_through_the_protocol() -> None:
     assert offenders == []
     # ... and the protocol is where they are (the rule would pass vacuously
     # if the names moved away from it).
-    found = {call.rsplit(" ", 1)[1] for call in _protocol_calls(PACKAGE / "mdev/protocol.py")}
+    found = {call.rsplit(" ", 1)[1] for call in _protocol_calls(PACKAGE / "devices/protocol.py")}
     assert {"transaction()", "begin_intent()", "make()", "destroy()", "on_step()"} <= found
 
 

@@ -1,7 +1,7 @@
 """Inventory math (DESIGN.md §5) on simulated hosts: Nova's numbers and ours."""
 
-from accel_agent.mdev import inventory as inventory_mod
-from accel_agent.mdev import policy as policy_mod
+from accel_agent.devices import inventory as inventory_mod
+from accel_agent.devices import policy as policy_mod
 from accel_agent.simulator import SimulatedHost, build_spec, materialise
 from accel_agent.sysfs import scan
 from tests.configutil import make_conf

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from accel_agent import exception
-from accel_agent.mdev import ledger as ledger_mod
-from accel_agent.mdev.ledger import (
+from accel_agent.devices import ledger as ledger_mod
+from accel_agent.devices.ledger import (
     MIGRATIONS,
     SCHEMA_VERSION,
+    DeviceState,
     IntentKind,
     Ledger,
-    MdevState,
     OwnerKind,
 )
 
@@ -198,13 +198,13 @@ def test_garbage_file_is_a_ledger_error(state_dir: Path) -> None:
 def test_create_settle_assign_release_remove_forget(ledger: Ledger, clock: Clock) -> None:
     u = uid(1)
     rec = ledger.record_create_intent(u, PCI, NV)
-    assert rec.state is MdevState.CREATING and not rec.free
+    assert rec.state is DeviceState.CREATING and not rec.free
     assert [r.uuid for r in ledger.unsettled()] == [u]
     assert ledger.free_of_type(PCI, NV) == []
 
     clock.now += 1
     rec = ledger.settle_created(u)
-    assert rec.state is MdevState.PRESENT and rec.free
+    assert rec.state is DeviceState.PRESENT and rec.free
     assert rec.updated_at == rec.created_at + 1
     assert ledger.unsettled() == []
     assert [r.uuid for r in ledger.free_of_type(PCI, NV)] == [u]
@@ -223,7 +223,7 @@ def test_create_settle_assign_release_remove_forget(ledger: Ledger, clock: Clock
     assert ledger.by_owner("inst-a") == []
 
     rec = ledger.record_remove_intent(u)
-    assert rec.state is MdevState.REMOVING
+    assert rec.state is DeviceState.REMOVING
     assert [r.uuid for r in ledger.unsettled()] == [u]
     assert ledger.forget(u) is True
     assert ledger.get(u) is None
@@ -337,7 +337,7 @@ def test_database_constraints_hold_against_raw_sql(ledger: Ledger, clock: Clock)
         )
     conn.close()
     assert ledger.get(uid(1)).owner == "inst-a"
-    assert ledger.get(uid(1)).state is MdevState.PRESENT
+    assert ledger.get(uid(1)).state is DeviceState.PRESENT
 
 
 @pytest.mark.parametrize(
@@ -553,7 +553,7 @@ def test_open_transaction_excludes_other_writers(state_dir: Path) -> None:
 _KILLED_WRITER = textwrap.dedent(
     """
     import sys, time
-    from accel_agent.mdev.ledger import Ledger
+    from accel_agent.devices.ledger import Ledger
     led = Ledger(sys.argv[1])
     led.record_create_intent("00000000-0000-4000-8000-000000000001", "p", "t")
     with led.transaction():
@@ -586,10 +586,10 @@ def test_sigkilled_writer_leaves_nothing_half_written(state_dir: Path) -> None:
         assert led.check_integrity() == "ok"
         # The committed intent survived, the killed transaction did not.
         records = led.all()
-        assert [(r.uuid, r.state) for r in records] == [(uid(1), MdevState.CREATING)]
+        assert [(r.uuid, r.state) for r in records] == [(uid(1), DeviceState.CREATING)]
         # The write lock died with the process.
         led.settle_created(uid(1))
-        assert led.get(uid(1)).state is MdevState.PRESENT
+        assert led.get(uid(1)).state is DeviceState.PRESENT
 
 
 def test_constraint_failure_is_a_ledger_error(ledger: Ledger) -> None:

@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from accel_agent import exception
-from accel_agent.mdev.ledger import LEDGER_FILENAME, Ledger
+from accel_agent.devices.ledger import LEDGER_FILENAME, Ledger
 
 U1 = "11111111-2222-4333-8444-555555555555"
 U2 = "22222222-2222-4333-8444-555555555555"

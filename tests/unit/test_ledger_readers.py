@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from accel_agent import exception, wiring
-from accel_agent.mdev.ledger import (
+from accel_agent.devices.ledger import (
     LEDGER_FILENAME,
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -125,7 +125,7 @@ def test_the_last_reader_to_close_leaves_the_wal_to_the_writer(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, sys
-        from accel_agent.mdev.ledger import Ledger
+        from accel_agent.devices.ledger import Ledger
         led = Ledger(sys.argv[1])
         led.record_create_intent({U1!r}, "mtty", "mtty-1")
         os._exit(0)  # no close: as a crash leaves it

@@ -13,8 +13,8 @@ import pytest
 from accel_agent import exception, privileged
 from accel_agent.backends import builtin
 from accel_agent.backends.host import scan_host
-from accel_agent.mdev import inventory as inventory_mod
-from accel_agent.mdev import policy as policy_mod
+from accel_agent.devices import inventory as inventory_mod
+from accel_agent.devices import policy as policy_mod
 from accel_agent.simulator import build_spec
 from accel_agent.simulator.model import SimulatedHost
 from accel_agent.simulator.static import materialise

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from oslo_config import cfg
 
+from accel_agent.devices.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
 from accel_agent.exception import InvalidConfig
-from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
 from accel_agent.reporting import placement_answers as answers
 from accel_agent.reporting import placement_opts
 from accel_agent.reporting.placement import (

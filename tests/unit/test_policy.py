@@ -5,7 +5,7 @@ import os
 import pytest
 
 from accel_agent import exception
-from accel_agent.mdev import policy as policy_mod
+from accel_agent.devices import policy as policy_mod
 from tests.configutil import make_conf
 
 

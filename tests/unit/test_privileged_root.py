@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from accel_agent import exception, privileged
-from accel_agent.mdev.writers import PrivsepWriter
+from accel_agent.devices.writers import PrivsepWriter
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from accel_agent import service
-from accel_agent.mdev.inventory import Inventory, Provider
-from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind
-from accel_agent.mdev.policy import MdevPolicy, TypeConfig
+from accel_agent.devices.inventory import Inventory, Provider
+from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
+from accel_agent.devices.policy import MdevPolicy, TypeConfig
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.sysfs.model import HostSnapshot, Mdev
 
@@ -25,13 +25,13 @@ FOREIGN = "ffffffff-ffff-4fff-8fff-ffffffffffff"
 def rec(
     uuid: str,
     owner: str | None = None,
-    state: MdevState = MdevState.PRESENT,
+    state: DeviceState = DeviceState.PRESENT,
     kind: OwnerKind | None = None,
     parent: str = "0000:84:00.0",
     mdev_type: str = "nvidia-35",
     intent: int | None = None,
-) -> MdevRecord:
-    return MdevRecord(
+) -> DeviceRecord:
+    return DeviceRecord(
         uuid=uuid,
         parent=parent,
         mdev_type=mdev_type,
@@ -75,7 +75,7 @@ def test_count_mdevs_puts_each_mdev_in_one_state():
         rec(U2),
         rec(U3, "claim-1", kind=OwnerKind.CLAIM),
         rec(U4, "vm-4"),  # missing from sysfs
-        rec("55555555-5555-4555-8555-555555555555", state=MdevState.CREATING, intent=3),
+        rec("55555555-5555-4555-8555-555555555555", state=DeviceState.CREATING, intent=3),
     ]
     counts = service.count_mdevs(records, snapshot(U1, U2, U3, FOREIGN))
     assert counts == {

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from accel_agent import exception, privileged
-from accel_agent.mdev import inventory as inventory_mod
-from accel_agent.mdev import ledger as ledger_mod
-from accel_agent.mdev import manager as manager_mod
-from accel_agent.mdev import policy as policy_mod
-from accel_agent.mdev import writers
+from accel_agent.devices import inventory as inventory_mod
+from accel_agent.devices import ledger as ledger_mod
+from accel_agent.devices import manager as manager_mod
+from accel_agent.devices import policy as policy_mod
+from accel_agent.devices import writers
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.simulator import SimulatedHost, build_spec, materialise
 from accel_agent.sysfs import attributes, scan
@@ -296,7 +296,7 @@ def test_a_large_counter_does_not_make_an_allocation_allocate_that_much(tmp_path
     with open(attribute_path(root, f"{TYPES_DIR}/{TYPE}/available_instances"), "w") as f:
         f.write("5000000\n")
     conf = make_conf(f"[devices]\nenabled_mdev_types = {TYPE}\n", sysfs_root=root)
-    manager = manager_mod.MdevManager(
+    manager = manager_mod.DeviceManager(
         sysfs_root=root,
         policy=policy_mod.build_policy(conf),
         host="testhost",
@@ -556,7 +556,7 @@ def test_a_type_without_create_is_not_allocated(tmp_path):
     root = make_tree(tmp_path)
     os.unlink(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
     conf = make_conf(f"[devices]\nenabled_mdev_types = {TYPE}\n", sysfs_root=root)
-    manager = manager_mod.MdevManager(
+    manager = manager_mod.DeviceManager(
         sysfs_root=root,
         policy=policy_mod.build_policy(conf),
         host="testhost",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent.mdev.ledger import OwnerKind
+from accel_agent.devices.ledger import OwnerKind
 from tests.realkernel import mdevlab
 from tests.realkernel.migration import migrationlab
 from tests.realkernel.migration.migrationlab import Hosts

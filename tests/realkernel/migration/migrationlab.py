@@ -34,8 +34,8 @@ from typing import Any
 from lxml import etree
 
 from accel_agent.api.client import ApiClient
+from accel_agent.devices.ledger import DeviceRecord, Ledger
 from accel_agent.libvirt_xml import QEMU_NAMESPACE
-from accel_agent.mdev.ledger import Ledger, MdevRecord
 from accel_agent.migration import versions
 from accel_agent.migration.source import AgentApi, MigrationSource
 from tests.functional.daemon_fixture import AgentDaemon, wait_for
@@ -261,7 +261,7 @@ class Agent:
         """``accelctl --config-file <this agent's> ARGS`` (the venv's console script)."""
         return mdevlab.accelctl(*args, config=self.config)
 
-    def ledger(self) -> list[MdevRecord]:
+    def ledger(self) -> list[DeviceRecord]:
         """The ledger as the agent wrote it, read from its file (a second
         reader, read-only: it never migrates or checkpoints the agent's file)."""
         with Ledger(str(self.state_dir), read_only=True) as book:

@@ -18,7 +18,7 @@ import pytest
 
 from accel_agent import exception, privileged
 from accel_agent.api.client import ApiClient
-from accel_agent.mdev.ledger import OwnerKind
+from accel_agent.devices.ledger import OwnerKind
 from accel_agent.migration import versions
 from tests.realkernel import mdevlab
 from tests.realkernel.migration import migrationlab

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accel_agent import privileged, privileged_net
-from accel_agent.mdev.writers import PrivsepWriter
+from accel_agent.devices.writers import PrivsepWriter
 from accel_agent.sriov.pools import build_pools
 from accel_agent.sriov.vfpool import PrivsepNet, VfPools
 from accel_agent.sysfs import sriov as sriov_sysfs

@@ -21,7 +21,7 @@ from lxml import etree
 
 from accel_agent import exception, wiring
 from accel_agent.backends.sriov_vf import device_uuid
-from accel_agent.mdev.manager import MdevManager
+from accel_agent.devices.manager import DeviceManager
 from tests import ledger_sql
 from tests.configutil import make_conf
 from tests.realkernel.sriov.igblab import NUM_VFS, POOL, SYS, Lab
@@ -59,17 +59,17 @@ def state(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def manager(lab: Lab, state: Path, tmp_path: Path) -> MdevManager:
+def manager(lab: Lab, state: Path, tmp_path: Path) -> DeviceManager:
     conf = make_conf(_config(lab, state), directory=str(tmp_path))
     return wiring.build_manager(conf)  # the session's privsep daemons, both
 
 
-def attach(manager: MdevManager, requests: list[dict]) -> dict:
+def attach(manager: DeviceManager, requests: list[dict]) -> dict:
     return manager.attach("vm-1", wiring.attach_requests(manager, requests)).to_dict()
 
 
 def test_one_call_gives_an_mtty_mdev_and_an_igb_vf_set_through_the_driver(
-    lab: Lab, manager: MdevManager
+    lab: Lab, manager: DeviceManager
 ) -> None:
     answer = attach(manager, [VGPU, {"pool": POOL, "mac": MAC0, "vlan": 100}])
     mdev, vf = answer["attachments"]
@@ -91,7 +91,7 @@ def test_one_call_gives_an_mtty_mdev_and_an_igb_vf_set_through_the_driver(
     assert mdevs() == {mdev["uuid"]}
 
 
-def test_a_vf_setting_igb_refuses_rolls_the_mdev_back(lab: Lab, manager: MdevManager) -> None:
+def test_a_vf_setting_igb_refuses_rolls_the_mdev_back(lab: Lab, manager: DeviceManager) -> None:
     with pytest.raises(exception.VfSettingRefused) as info:
         attach(manager, [VGPU, {"pool": POOL, "mac": MAC0, "vlan": 200, "link_state": "enable"}])
     assert "EOPNOTSUPP" in str(info.value) and "link_state" in str(info.value)

@@ -16,17 +16,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.mdev import requests as requests_mod
-from accel_agent.mdev.protocol import PlanItem, Slot
+from accel_agent.devices import requests as requests_mod
+from accel_agent.devices.protocol import PlanItem, Slot
 
 if TYPE_CHECKING:
-    from accel_agent.mdev import inventory as inventory_mod
-    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.devices import inventory as inventory_mod
+    from accel_agent.devices.manager import DeviceManager
     from accel_agent.sysfs.model import HostSnapshot
 
 
 def plan(
-    m: MdevManager,
+    m: DeviceManager,
     snapshot: HostSnapshot,
     count: int,
     wanted_parent: str | None,
@@ -100,7 +100,7 @@ def plan(
 
 
 def _provider_slots(
-    m: MdevManager,
+    m: DeviceManager,
     snapshot: HostSnapshot,
     provider: inventory_mod.Provider,
     members: list[str],
@@ -130,7 +130,7 @@ def _provider_slots(
 
 
 def plan_attach(
-    m: MdevManager, snapshot: HostSnapshot, requests: Sequence[requests_mod.AttachRequest]
+    m: DeviceManager, snapshot: HostSnapshot, requests: Sequence[requests_mod.AttachRequest]
 ) -> tuple[list[PlanItem], list[int]]:
     """Every request's slots, each request planned around the ones before
     it; and which request each item answers."""

@@ -2,7 +2,7 @@
 migrations between them (``PRAGMA user_version`` is the version).
 
 Append only: MIGRATIONS[n] takes the schema from version n to n + 1, and a
-migration runs only where asked for, after a backup copy (accel_agent.mdev.
+migration runs only where asked for, after a backup copy (accel_agent.devices.
 ledger, DESIGN.md §5).
 """
 

@@ -28,23 +28,22 @@ from typing import TYPE_CHECKING, Any
 
 from accel_agent import backends as backends_mod
 from accel_agent import exception
-from accel_agent.backends.base import DeviceBackend
+from accel_agent.backends.base import DeviceBackend, DeviceWriter
 from accel_agent.backends.host import HostRescanner
-from accel_agent.mdev import allocations, attach, claims, protocol, recovery, takeover
-from accel_agent.mdev import inventory as inventory_mod
-from accel_agent.mdev.domains import DomainReferences, NoDomains
-from accel_agent.mdev.ledger import Ledger, MdevRecord
-from accel_agent.mdev.policy import MdevPolicy
-from accel_agent.mdev.writers import MdevWriter
+from accel_agent.devices import allocations, attach, claims, protocol, recovery, takeover
+from accel_agent.devices import inventory as inventory_mod
+from accel_agent.devices.domains import DomainReferences, NoDomains
+from accel_agent.devices.ledger import DeviceRecord, Ledger
+from accel_agent.devices.policy import MdevPolicy
 
 if TYPE_CHECKING:
+    from accel_agent.devices import requests as requests_mod
+    from accel_agent.devices.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.libvirt_xml.devices import DeviceDescription
-    from accel_agent.mdev import requests as requests_mod
-    from accel_agent.mdev.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
 
-class MdevManager:
+class DeviceManager:
     def __init__(
         self,
         *,
@@ -52,7 +51,7 @@ class MdevManager:
         policy: MdevPolicy,
         host: str,
         ledger: Ledger,
-        writer: MdevWriter,
+        writer: DeviceWriter,
         domains: DomainReferences | None = None,
         remove_timeout: float = 30.0,
         on_step: Callable[[str], None] | None = None,
@@ -120,7 +119,7 @@ class MdevManager:
         with self.thread_lock:
             self.policy = policy
 
-    def scanned_records(self, records: Iterable[MdevRecord]) -> list[MdevRecord]:
+    def scanned_records(self, records: Iterable[DeviceRecord]) -> list[DeviceRecord]:
         """The records of devices the host scan sees: not a pool's VFs, which
         their backend reports (they are never "missing" from the snapshot)."""
         return [
@@ -175,13 +174,13 @@ class MdevManager:
 
     # --- what guests are given ------------------------------------------------------------
 
-    def guest_devices(self, records: Iterable[MdevRecord]) -> list[DeviceDescription]:
+    def guest_devices(self, records: Iterable[DeviceRecord]) -> list[DeviceDescription]:
         """What a guest is given for each recorded device (``<hostdev type='mdev'>``
         by UUID, a VF by PCI address, ...), each said by the backend that made it,
         in the records' order."""
         return [self.backend(r.backend).guest_device(protocol.device_ref(r)) for r in records]
 
-    def pci_address(self, record: MdevRecord) -> str | None:
+    def pci_address(self, record: DeviceRecord) -> str | None:
         """The PCI address a guest is given for a recorded device, None when the
         guest is given it by UUID (an mdev)."""
         return self.backend(record.backend).pci_address(protocol.device_ref(record))
@@ -220,7 +219,7 @@ class MdevManager:
         with protocol.operation(self):
             return claims.release_expired(self)
 
-    def adopt(self, uuid: str) -> MdevRecord:
+    def adopt(self, uuid: str) -> DeviceRecord:
         return takeover.adopt(self, uuid)
 
     def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan:

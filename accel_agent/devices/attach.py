@@ -17,17 +17,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
-from accel_agent.mdev import planning, protocol
-from accel_agent.mdev import requests as requests_mod
-from accel_agent.mdev.ledger import MdevRecord, OwnerKind, validate_instance_id
-from accel_agent.mdev.results import Attachment
+from accel_agent.devices import planning, protocol
+from accel_agent.devices import requests as requests_mod
+from accel_agent.devices.ledger import DeviceRecord, OwnerKind, validate_instance_id
+from accel_agent.devices.results import Attachment
 
 if TYPE_CHECKING:
-    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.devices.manager import DeviceManager
 
 
 def attach(
-    m: MdevManager, instance: str, requests: Sequence[requests_mod.AttachRequest]
+    m: DeviceManager, instance: str, requests: Sequence[requests_mod.AttachRequest]
 ) -> Attachment:
     """Prepare every device ``requests`` (checked by ``attach_requests``) ask
     for, all or nothing."""
@@ -53,7 +53,7 @@ def attach(
         return _attachment(m, instance, document)
 
 
-def attachment(m: MdevManager, instance: str) -> Attachment:
+def attachment(m: DeviceManager, instance: str) -> Attachment:
     """The instance's attach handles; an instance that holds devices from
     ``allocate`` gets one handle per device, request index 0."""
     validate_instance_id(instance)
@@ -63,7 +63,7 @@ def attachment(m: MdevManager, instance: str) -> Attachment:
     return _attachment(m, instance, document)
 
 
-def _attachment(m: MdevManager, instance: str, document: Mapping[str, Any]) -> Attachment:
+def _attachment(m: DeviceManager, instance: str, document: Mapping[str, Any]) -> Attachment:
     handles = []
     for uuid, index in document["devices"]:
         record = m.ledger.get(uuid)
@@ -73,7 +73,7 @@ def _attachment(m: MdevManager, instance: str, document: Mapping[str, Any]) -> A
     return Attachment(instance, tuple(handles))
 
 
-def _handle(m: MdevManager, record: MdevRecord, index: int) -> dict[str, Any]:
+def _handle(m: DeviceManager, record: DeviceRecord, index: int) -> dict[str, Any]:
     """One attach handle: the device, and what its guest is given."""
     backend = m.backend(record.backend)
     ref = protocol.device_ref(record)

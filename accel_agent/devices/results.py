@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_agent.mdev.ledger import MdevRecord
+from accel_agent.devices.ledger import DeviceRecord
 
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
     instance: str
-    mdevs: tuple[MdevRecord, ...]
+    mdevs: tuple[DeviceRecord, ...]
 
     @property
     def uuids(self) -> list[str]:
@@ -40,7 +40,7 @@ class RecoveryReport:
     # Interrupted removes that found the mdev in use: kept, free, owned.
     kept_in_use: list[str] = field(default_factory=list)
     # Foreign mdevs that look like the agent's while its ledger was lost:
-    # see MdevManager.unrecorded.
+    # see DeviceManager.unrecorded.
     unrecorded: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[str]]:

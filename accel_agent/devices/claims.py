@@ -16,18 +16,20 @@ import logging
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.mdev import allocations, planning, protocol
-from accel_agent.mdev.ledger import OwnerKind, validate_instance_id
-from accel_agent.mdev.protocol import PlanItem
-from accel_agent.mdev.results import Allocation
+from accel_agent.devices import allocations, planning, protocol
+from accel_agent.devices.ledger import OwnerKind, validate_instance_id
+from accel_agent.devices.protocol import PlanItem
+from accel_agent.devices.results import Allocation
 
 if TYPE_CHECKING:
-    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.devices.manager import DeviceManager
 
-LOG = logging.getLogger("accel_agent.mdev.manager")
+LOG = logging.getLogger(__name__)
 
 
-def claim(m: MdevManager, owner: str, sources: dict[str, str], expires_at: float) -> dict[str, str]:
+def claim(
+    m: DeviceManager, owner: str, sources: dict[str, str], expires_at: float
+) -> dict[str, str]:
     """One device per source device, of the same type, held as an expiring
     claim.  Returns ``{source uuid: our uuid}``."""
     validate_instance_id(owner)
@@ -55,7 +57,7 @@ def claim(m: MdevManager, owner: str, sources: dict[str, str], expires_at: float
         }
 
 
-def commit(m: MdevManager, owner: str) -> Allocation:
+def commit(m: DeviceManager, owner: str) -> Allocation:
     """The migration landed: the claim becomes the instance's allocation."""
     validate_instance_id(owner)
     with protocol.operation(m):
@@ -70,7 +72,7 @@ def commit(m: MdevManager, owner: str) -> Allocation:
         return allocations.allocation(m, owner)
 
 
-def abort(m: MdevManager, owner: str, remove: bool = False) -> list[str]:
+def abort(m: DeviceManager, owner: str, remove: bool = False) -> list[str]:
     """The migration failed or was cancelled: free the claimed devices (kept
     for reuse), or with ``remove`` remove them like ``release`` does.
     Idempotent.
@@ -90,7 +92,7 @@ def abort(m: MdevManager, owner: str, remove: bool = False) -> list[str]:
         return [r.uuid for r in released]
 
 
-def release_expired(m: MdevManager) -> list[str]:
+def release_expired(m: DeviceManager) -> list[str]:
     """Free the expired claims (the caller holds the operation's lock: the
     file lock is not re-entrant)."""
     expired = m.ledger.expired_claims()

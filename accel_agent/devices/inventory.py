@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_agent.mdev.policy import MdevPolicy
+from accel_agent.devices.policy import MdevPolicy
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
 

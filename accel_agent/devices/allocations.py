@@ -15,16 +15,16 @@ import logging
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.mdev import planning, protocol
-from accel_agent.mdev import requests as requests_mod
-from accel_agent.mdev.ledger import MdevRecord, OwnerKind, validate_instance_id
-from accel_agent.mdev.results import Allocation
+from accel_agent.devices import planning, protocol
+from accel_agent.devices import requests as requests_mod
+from accel_agent.devices.ledger import DeviceRecord, OwnerKind, validate_instance_id
+from accel_agent.devices.results import Allocation
 from accel_agent.sysfs import address
 
 if TYPE_CHECKING:
-    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.devices.manager import DeviceManager
 
-LOG = logging.getLogger("accel_agent.mdev.manager")
+LOG = logging.getLogger(__name__)
 
 MAX_COUNT = requests_mod.MAX_COUNT
 
@@ -48,13 +48,13 @@ def check_request_names(parent: str | None, mdev_type: str | None) -> None:
         )
 
 
-def allocation(m: MdevManager, instance: str) -> Allocation:
+def allocation(m: DeviceManager, instance: str) -> Allocation:
     validate_instance_id(instance)
     return Allocation(instance, tuple(m.ledger.by_owner(instance, OwnerKind.INSTANCE)))
 
 
 def allocate(
-    m: MdevManager,
+    m: DeviceManager,
     instance: str,
     count: int,
     parent: str | None = None,
@@ -85,8 +85,8 @@ def allocate(
 
 
 def _holds(
-    m: MdevManager,
-    held: list[MdevRecord],
+    m: DeviceManager,
+    held: list[DeviceRecord],
     count: int,
     wanted_parent: str | None,
     mdev_type: str | None,
@@ -106,7 +106,7 @@ def _holds(
     )
 
 
-def release(m: MdevManager, instance: str, remove: bool = False) -> list[str]:
+def release(m: DeviceManager, instance: str, remove: bool = False) -> list[str]:
     """Free (or remove) the instance's devices; returns their UUIDs.  Idempotent.
 
     With ``remove``: one commit drops the assignments and records every
@@ -116,7 +116,7 @@ def release(m: MdevManager, instance: str, remove: bool = False) -> list[str]:
     return release_owner(m, instance, OwnerKind.INSTANCE, remove)
 
 
-def release_owner(m: MdevManager, owner: str, kind: OwnerKind, remove: bool) -> list[str]:
+def release_owner(m: DeviceManager, owner: str, kind: OwnerKind, remove: bool) -> list[str]:
     """``release`` for an instance's devices or a migration claim's."""
     with protocol.operation(m):
         records = m.ledger.by_owner(owner, kind)

@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceRef
-from accel_agent.mdev.ledger import IntentKind, MdevRecord, MdevState, OwnerKind
+from accel_agent.devices.ledger import DeviceRecord, DeviceState, IntentKind, OwnerKind
 
 if TYPE_CHECKING:
-    from accel_agent.mdev.manager import MdevManager
-    from accel_agent.mdev.results import RecoveryReport
+    from accel_agent.devices.manager import DeviceManager
+    from accel_agent.devices.results import RecoveryReport
     from accel_agent.sysfs.model import HostSnapshot
 
-LOG = logging.getLogger("accel_agent.mdev.manager")
+LOG = logging.getLogger(__name__)
 
 LOCK_NAME = "accel-agent-mdevs"
 
@@ -64,7 +64,7 @@ class Slot:
 PlanItem = tuple[Slot, str, str | None]
 
 
-def device_ref(record: MdevRecord) -> DeviceRef:
+def device_ref(record: DeviceRecord) -> DeviceRef:
     return DeviceRef(
         record.uuid, record.parent, record.mdev_type, record.backend, record.settings
     )
@@ -74,7 +74,7 @@ def device_ref(record: MdevRecord) -> DeviceRef:
 
 
 @contextlib.contextmanager
-def operation(m: MdevManager) -> Iterator[None]:
+def operation(m: DeviceManager) -> Iterator[None]:
     """The manager's lock: a thread lock plus a file lock in ``state_dir``, so
     that an offline ``accelctl`` and the daemon never interleave."""
     from oslo_concurrency import lockutils
@@ -88,13 +88,13 @@ def operation(m: MdevManager) -> Iterator[None]:
         yield
 
 
-def step(m: MdevManager, name: str) -> None:
+def step(m: DeviceManager, name: str) -> None:
     """A crash point: the crash tests kill the process here (``on_step``)."""
     m.on_step(name)
 
 
 @contextlib.contextmanager
-def apply(m: MdevManager) -> Iterator[None]:
+def apply(m: DeviceManager) -> Iterator[None]:
     """A change that writes no sysfs, in one durable transaction."""
     with m.ledger.transaction():
         yield
@@ -104,7 +104,7 @@ def apply(m: MdevManager) -> Iterator[None]:
 
 
 def make_and_assign(
-    m: MdevManager,
+    m: DeviceManager,
     snapshot: HostSnapshot,
     owner: str,
     items: list[PlanItem],
@@ -165,7 +165,7 @@ def make_and_assign(
 
 
 def _record_intent(
-    m: MdevManager,
+    m: DeviceManager,
     snapshot: HostSnapshot,
     owner: str,
     items: list[PlanItem],
@@ -201,7 +201,7 @@ def _record_intent(
 
 
 def _assign(
-    m: MdevManager,
+    m: DeviceManager,
     uuid: str,
     owner: str,
     owner_kind: OwnerKind,
@@ -229,7 +229,7 @@ def _log_assigned(owner: str, owner_kind: OwnerKind, uuids: list[str | None]) ->
     )
 
 
-def roll_back(m: MdevManager, intent: int, created: list[str]) -> None:
+def roll_back(m: DeviceManager, intent: int, created: list[str]) -> None:
     """Undo a failed make: remove what it created, free what it reserved.
 
     A privileged helper that fails meanwhile stops the rollback where it is:
@@ -241,11 +241,11 @@ def roll_back(m: MdevManager, intent: int, created: list[str]) -> None:
                   intent, exc.message)
 
 
-def _undo(m: MdevManager, intent: int, created: list[str]) -> None:
+def _undo(m: DeviceManager, intent: int, created: list[str]) -> None:
     for record in m.ledger.all():
         if record.intent_id != intent:
             continue
-        if record.state is MdevState.CREATING and record.uuid not in created:
+        if record.state is DeviceState.CREATING and record.uuid not in created:
             if m.backend(record.backend).outside_snapshot:
                 # Its make failed part-way (a VF's settings set, the
                 # hand-over refused): undo whatever step it reached.
@@ -260,9 +260,9 @@ def _undo(m: MdevManager, intent: int, created: list[str]) -> None:
             # It stays recorded (free, owned): reusable, never leaked.
             LOG.error("rollback could not remove mdev %s: %s", uuid, exc)
             record = m.ledger.get(uuid)
-            if record is not None and record.state is MdevState.REMOVING:
+            if record is not None and record.state is DeviceState.REMOVING:
                 m.ledger.cancel_remove(uuid)
-            elif record is not None and record.state is MdevState.CREATING:
+            elif record is not None and record.state is DeviceState.CREATING:
                 m.ledger.settle_created(uuid)
     m.ledger.finish_intent(intent)
 
@@ -270,7 +270,7 @@ def _undo(m: MdevManager, intent: int, created: list[str]) -> None:
 # --- unmake -------------------------------------------------------------------------------
 
 
-def destroy(m: MdevManager, uuid: str) -> None:
+def destroy(m: DeviceManager, uuid: str) -> None:
     """Unmake one recorded device through the backend that made it."""
     record = m.ledger.get(uuid)
     if record is None:
@@ -278,7 +278,7 @@ def destroy(m: MdevManager, uuid: str) -> None:
     m.backend(record.backend).destroy(m.writer, device_ref(record), m.remove_timeout)
 
 
-def _unmake_quietly(m: MdevManager, uuid: str) -> None:
+def _unmake_quietly(m: DeviceManager, uuid: str) -> None:
     try:
         with contextlib.suppress(exception.MdevNotFound):
             destroy(m, uuid)
@@ -288,7 +288,7 @@ def _unmake_quietly(m: MdevManager, uuid: str) -> None:
         LOG.error("device %s: undoing a failed make failed: %s", uuid, exc)
 
 
-def remove_owned(m: MdevManager, uuid: str) -> bool:
+def remove_owned(m: DeviceManager, uuid: str) -> bool:
     """Remove one owned, unassigned device (rollback and recovery paths).
 
     False when it is in use (its VFIO group is held, or the remove timed
@@ -305,13 +305,13 @@ def remove_owned(m: MdevManager, uuid: str) -> bool:
     return True
 
 
-def _kept_in_use(m: MdevManager, uuid: str, exc: exception.AccelAgentException) -> None:
+def _kept_in_use(m: DeviceManager, uuid: str, exc: exception.AccelAgentException) -> None:
     LOG.warning("mdev %s kept as a free mdev instead of removed: %s", uuid, exc.message)
     m.on_kept_in_use(uuid)
 
 
 def release_and_remove(
-    m: MdevManager, owner: str, kind: OwnerKind, removable: Sequence[str]
+    m: DeviceManager, owner: str, kind: OwnerKind, removable: Sequence[str]
 ) -> list[str]:
     """Drop every assignment of ``owner`` (of ``kind``) and remove
     ``removable`` among its devices: one commit with the release and every
@@ -339,7 +339,7 @@ def release_and_remove(
     return held
 
 
-def _remove_all(m: MdevManager, uuids: list[str]) -> tuple[list[str], list[str]]:
+def _remove_all(m: DeviceManager, uuids: list[str]) -> tuple[list[str], list[str]]:
     """The sysfs removes of recorded remove intents: (gone, still held)."""
     gone: list[str] = []
     held: list[str] = []
@@ -356,7 +356,7 @@ def _remove_all(m: MdevManager, uuids: list[str]) -> tuple[list[str], list[str]]
     return gone, held
 
 
-def release_quietly(m: MdevManager, records: Sequence[MdevRecord]) -> None:
+def release_quietly(m: DeviceManager, records: Sequence[DeviceRecord]) -> None:
     """Drop the assignments of ``records`` (expired claims), keeping the
     devices: one durable transaction."""
     with apply(m):
@@ -376,19 +376,19 @@ class Existing:
     snapshot: HostSnapshot
     outside: Mapping[str, Mapping[str, tuple[str, bool]]]
 
-    def exists(self, record: MdevRecord) -> bool:
+    def exists(self, record: DeviceRecord) -> bool:
         if record.backend in self.outside:
             found = self.outside[record.backend].get(record.parent)
             return bool(found and found[1])
         return record.uuid in self.snapshot.mdevs
 
-    def has_parent(self, record: MdevRecord) -> bool:
+    def has_parent(self, record: DeviceRecord) -> bool:
         if record.backend in self.outside:
             return record.parent in self.outside[record.backend]
         return record.parent in self.snapshot.parents
 
 
-def settle_interrupted(m: MdevManager, devices: Existing, report: RecoveryReport) -> None:
+def settle_interrupted(m: DeviceManager, devices: Existing, report: RecoveryReport) -> None:
     """Finish or undo every row an operation left half-done, from what sysfs
     shows, and end every intent (assignments and an intent's end commit
     together, so an intent still here never assigned anything)."""
@@ -403,7 +403,7 @@ def settle_interrupted(m: MdevManager, devices: Existing, report: RecoveryReport
             else:
                 report.kept_in_use.append(record.uuid)
             continue
-        if record.state is MdevState.CREATING:
+        if record.state is DeviceState.CREATING:
             if exists:
                 # The write happened, the process died before recording it:
                 # ours, free, reusable.
@@ -412,7 +412,7 @@ def settle_interrupted(m: MdevManager, devices: Existing, report: RecoveryReport
             else:
                 m.ledger.forget(record.uuid)
                 report.forgotten.append(record.uuid)
-        elif record.state is MdevState.REMOVING:
+        elif record.state is DeviceState.REMOVING:
             if exists:
                 if remove_owned(m, record.uuid):
                     report.removed.append(record.uuid)
@@ -425,7 +425,7 @@ def settle_interrupted(m: MdevManager, devices: Existing, report: RecoveryReport
         m.ledger.finish_intent(intent.id)
 
 
-def remake(m: MdevManager, record: MdevRecord) -> None:
+def remake(m: DeviceManager, record: DeviceRecord) -> None:
     """Make a recorded device missing from sysfs again: same UUID, same
     parent, same type (a VF: same settings), by the backend that made it.  No
     new intent: the row is one (recorded present, missing), and a crash here
@@ -435,7 +435,7 @@ def remake(m: MdevManager, record: MdevRecord) -> None:
     )
 
 
-def forget_gone(m: MdevManager, record: MdevRecord) -> None:
+def forget_gone(m: DeviceManager, record: DeviceRecord) -> None:
     """A free device gone from sysfs that nobody needs back (its type was
     dropped): forgotten."""
     m.ledger.forget(record.uuid)

@@ -15,19 +15,19 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
-from accel_agent.mdev import protocol
-from accel_agent.mdev.ledger import MdevRecord, MdevState, OwnerKind, validate_instance_id
-from accel_agent.mdev.results import TakeoverPlan
+from accel_agent.devices import protocol
+from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind, validate_instance_id
+from accel_agent.devices.results import TakeoverPlan
 from accel_agent.sysfs import scanner
 
 if TYPE_CHECKING:
-    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.devices.manager import DeviceManager
     from accel_agent.sysfs.model import HostSnapshot
 
-LOG = logging.getLogger("accel_agent.mdev.manager")
+LOG = logging.getLogger(__name__)
 
 
-def adopt(m: MdevManager, uuid: str) -> MdevRecord:
+def adopt(m: DeviceManager, uuid: str) -> DeviceRecord:
     """Take ownership of a foreign mdev so the agent may reuse or remove it."""
     text = uuid.strip().lower() if isinstance(uuid, str) else ""
     if not scanner.is_canonical_uuid(text):
@@ -47,7 +47,7 @@ def adopt(m: MdevManager, uuid: str) -> MdevRecord:
         return record
 
 
-def takeover(m: MdevManager, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan:
+def takeover(m: DeviceManager, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan:
     """Take over the mdevs of a host Nova ran: every libvirt domain's mdevs
     are adopted and assigned to the instance named by the domain's UUID
     (Nova's instance UUID); with ``adopt_unused`` the foreign mdevs no
@@ -94,7 +94,7 @@ def takeover(m: MdevManager, adopt_unused: bool = False, dry_run: bool = False) 
     return plan
 
 def _plan_takeover(
-    m: MdevManager,
+    m: DeviceManager,
     snapshot: HostSnapshot,
     domains: list[Any],
     adopt_unused: bool,
@@ -139,7 +139,12 @@ def _plan_takeover(
     return plan
 
 def _takeover_entry(
-    m: MdevManager, snapshot: HostSnapshot, uuid: str, instance: str, who: str, problems: list[str]
+    m: DeviceManager,
+    snapshot: HostSnapshot,
+    uuid: str,
+    instance: str,
+    who: str,
+    problems: list[str],
 ) -> dict[str, Any] | None:
     mdev = snapshot.mdevs.get(uuid)
     if mdev is None:
@@ -171,7 +176,7 @@ def _takeover_entry(
             f"{record.owner_kind} {record.owner}"
         )
         entry["action"] = "none"
-    elif record.state is not MdevState.PRESENT:
+    elif record.state is not DeviceState.PRESENT:
         problems.append(f"{who} uses mdev {uuid}, which the agent is {record.state}")
         entry["action"] = "none"
     else:

@@ -18,16 +18,16 @@ import logging
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.mdev import claims, protocol
-from accel_agent.mdev.ledger import MdevRecord, MdevState
-from accel_agent.mdev.protocol import Existing
-from accel_agent.mdev.results import RecoveryReport
+from accel_agent.devices import claims, protocol
+from accel_agent.devices.ledger import DeviceRecord, DeviceState
+from accel_agent.devices.protocol import Existing
+from accel_agent.devices.results import RecoveryReport
 
 if TYPE_CHECKING:
-    from accel_agent.mdev.manager import MdevManager
+    from accel_agent.devices.manager import DeviceManager
     from accel_agent.sysfs.model import HostSnapshot
 
-LOG = logging.getLogger("accel_agent.mdev.manager")
+LOG = logging.getLogger(__name__)
 
 
 def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
@@ -39,7 +39,7 @@ def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
     )
 
 
-def recover(m: MdevManager, full_check: bool = False) -> RecoveryReport:
+def recover(m: DeviceManager, full_check: bool = False) -> RecoveryReport:
     """Make sysfs and the ledger agree again.
 
     Refuses, changing nothing, when an assigned device would have to be
@@ -75,7 +75,7 @@ def recover(m: MdevManager, full_check: bool = False) -> RecoveryReport:
     return report
 
 
-def unrecorded(m: MdevManager, snapshot: HostSnapshot, foreign: list[str]) -> list[str]:
+def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> list[str]:
     """The foreign devices that look like the agent's own, when its ledger was
     lost (the state directory shows the agent ran here, but this process had
     to create the ledger): of the type the config gives their parent, so the
@@ -99,7 +99,7 @@ def unrecorded(m: MdevManager, snapshot: HostSnapshot, foreign: list[str]) -> li
     return found
 
 
-def _prepare_hosts(m: MdevManager) -> None:
+def _prepare_hosts(m: DeviceManager) -> None:
     """What each backend needs first (a pool's VFs enabled after a reboot)."""
     for backend in m.backends.values():
         try:
@@ -108,17 +108,17 @@ def _prepare_hosts(m: MdevManager) -> None:
             LOG.warning("backend %s cannot prepare the host: %s", backend.name, exc)
 
 
-def _configured_type(m: MdevManager, record: MdevRecord, devices: Existing) -> str | None:
+def _configured_type(m: DeviceManager, record: DeviceRecord, devices: Existing) -> str | None:
     if record.backend in devices.outside:
         found = devices.outside[record.backend].get(record.parent)
         return found[0] if found else None
     return m.policy.type_for_name(record.parent, devices.snapshot.parents)
 
 
-def _check_recreatable(m: MdevManager, devices: Existing) -> None:
+def _check_recreatable(m: DeviceManager, devices: Existing) -> None:
     errors: list[exception.AccelAgentException] = []
     for record in m.ledger.assigned():
-        if devices.exists(record) or record.state is not MdevState.PRESENT:
+        if devices.exists(record) or record.state is not DeviceState.PRESENT:
             continue
         if record.backend != "mdev" and not devices.has_parent(record):
             # A VF's configured type is its GPU's (its pool's); with the VF
@@ -138,7 +138,7 @@ def _check_recreatable(m: MdevManager, devices: Existing) -> None:
         raise exception.ConfigErrors(errors)
 
 
-def _return_free_vfs(m: MdevManager, report: RecoveryReport) -> None:
+def _return_free_vfs(m: DeviceManager, report: RecoveryReport) -> None:
     """Pool VFs recorded free (a release that found one in use): back to
     their driver now if nothing holds them any more."""
     for record in m.ledger.all():
@@ -149,9 +149,9 @@ def _return_free_vfs(m: MdevManager, report: RecoveryReport) -> None:
                 report.kept_in_use.append(record.uuid)
 
 
-def _recreate_missing(m: MdevManager, devices: Existing, report: RecoveryReport) -> None:
+def _recreate_missing(m: DeviceManager, devices: Existing, report: RecoveryReport) -> None:
     for record in m.ledger.all():
-        if devices.exists(record) or record.state is not MdevState.PRESENT:
+        if devices.exists(record) or record.state is not DeviceState.PRESENT:
             continue
         if not devices.has_parent(record):
             LOG.warning("mdev %s waits for parent %s to come back", record.uuid, record.parent)

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
-from accel_agent.mdev.requests import is_type_name
+from accel_agent.devices.requests import is_type_name
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
 from accel_agent.sysfs.scanner import MDEV_BUS

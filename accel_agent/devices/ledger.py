@@ -55,7 +55,7 @@ from typing import Any
 from accel_agent import exception
 
 # The schema's names, for the ledger's users (and its tests) as before.
-from accel_agent.mdev.ledger_schema import MIGRATIONS, SCHEMA_VERSION, Migration  # noqa: F401
+from accel_agent.devices.ledger_schema import MIGRATIONS, SCHEMA_VERSION, Migration  # noqa: F401
 
 LOG = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ _WRITE_FAILED = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQ
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-class MdevState(enum.StrEnum):
+class DeviceState(enum.StrEnum):
     CREATING = "creating"  # intent: the sysfs create may or may not have happened
     PRESENT = "present"  # settled: exists (free unless assigned)
     REMOVING = "removing"  # intent: the sysfs remove may or may not have happened
@@ -88,11 +88,11 @@ class IntentKind(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class MdevRecord:
+class DeviceRecord:
     uuid: str
     parent: str
     mdev_type: str
-    state: MdevState
+    state: DeviceState
     owner: str | None
     owner_kind: OwnerKind | None
     claim_expires_at: float | None
@@ -116,7 +116,7 @@ class MdevRecord:
     @property
     def free(self) -> bool:
         """Reusable now: present, unowned, not reserved by an operation."""
-        return self.state is MdevState.PRESENT and self.owner is None and self.intent_id is None
+        return self.state is DeviceState.PRESENT and self.owner is None and self.intent_id is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +245,7 @@ class Ledger:
         else:
             # The agent ran here before (its state directory holds something,
             # e.g. the manager's lock file) yet has no ledger: it was lost,
-            # with every record (see MdevManager.unrecorded).  A state
+            # with every record (see DeviceManager.unrecorded).  A state
             # directory that is absent or empty is a first start; one wiped
             # whole looks the same.
             ran_before = _has_entries(self.state_dir)
@@ -520,12 +520,12 @@ class Ledger:
     # --- reading ------------------------------------------------------------------
 
     @staticmethod
-    def _record(row: Sequence[Any]) -> MdevRecord:
-        return MdevRecord(
+    def _record(row: Sequence[Any]) -> DeviceRecord:
+        return DeviceRecord(
             uuid=row[0],
             parent=row[1],
             mdev_type=row[2],
-            state=MdevState(row[3]),
+            state=DeviceState(row[3]),
             owner=row[4],
             owner_kind=OwnerKind(row[5]) if row[5] is not None else None,
             claim_expires_at=row[6],
@@ -538,41 +538,41 @@ class Ledger:
             settings=json.loads(row[13]) if row[13] is not None else None,
         )
 
-    def _select(self, where: str = "", params: Sequence[Any] = ()) -> list[MdevRecord]:
+    def _select(self, where: str = "", params: Sequence[Any] = ()) -> list[DeviceRecord]:
         sql = _SELECT + (f" WHERE {where}" if where else "") + _ORDER
         with self._lock:
             return [self._record(r) for r in self._rows(sql, params)]
 
-    def get(self, uuid: str) -> MdevRecord | None:
+    def get(self, uuid: str) -> DeviceRecord | None:
         rows = self._select("m.uuid = ?", (_validate_uuid(uuid),))
         return rows[0] if rows else None
 
-    def _require(self, uuid: str) -> MdevRecord:
+    def _require(self, uuid: str) -> DeviceRecord:
         record = self.get(uuid)
         if record is None:
             raise exception.MdevNotFound(uuid=uuid)
         return record
 
-    def all(self) -> list[MdevRecord]:
+    def all(self) -> list[DeviceRecord]:
         return self._select()
 
-    def in_state(self, state: MdevState) -> list[MdevRecord]:
-        return self._select("m.state = ?", (MdevState(state).value,))
+    def in_state(self, state: DeviceState) -> list[DeviceRecord]:
+        return self._select("m.state = ?", (DeviceState(state).value,))
 
-    def unsettled(self) -> list[MdevRecord]:
+    def unsettled(self) -> list[DeviceRecord]:
         """Rows whose sysfs write may or may not have happened (creating/removing)."""
         return self._select("m.state IN ('creating', 'removing')")
 
-    def assigned(self) -> list[MdevRecord]:
+    def assigned(self) -> list[DeviceRecord]:
         return self._select("a.owner IS NOT NULL")
 
-    def by_owner(self, owner: str, owner_kind: OwnerKind | None = None) -> list[MdevRecord]:
+    def by_owner(self, owner: str, owner_kind: OwnerKind | None = None) -> list[DeviceRecord]:
         validate_instance_id(owner)
         if owner_kind is None:
             return self._select("a.owner = ?", (owner,))
         return self._select("a.owner = ? AND a.owner_kind = ?", (owner, OwnerKind(owner_kind)))
 
-    def free_of_type(self, parent: str, mdev_type: str) -> list[MdevRecord]:
+    def free_of_type(self, parent: str, mdev_type: str) -> list[DeviceRecord]:
         """Present, unassigned, unreserved mdevs of ``mdev_type`` on ``parent``."""
         return self._select(
             "m.parent = ? AND m.mdev_type = ? AND m.state = 'present' "
@@ -580,10 +580,10 @@ class Ledger:
             (parent, mdev_type),
         )
 
-    def claims(self) -> list[MdevRecord]:
+    def claims(self) -> list[DeviceRecord]:
         return self._select("a.owner_kind = 'claim'")
 
-    def expired_claims(self, now: float | None = None) -> list[MdevRecord]:
+    def expired_claims(self, now: float | None = None) -> list[DeviceRecord]:
         now = self._clock() if now is None else now
         return self._select("a.owner_kind = 'claim' AND a.claim_expires_at <= ?", (now,))
 
@@ -640,16 +640,16 @@ class Ledger:
         intent_id: int | None = None,
         backend: str = "mdev",
         settings: Mapping[str, Any] | None = None,
-    ) -> MdevRecord:
+    ) -> DeviceRecord:
         """Before the sysfs create write: a ``creating`` row (with the
         device's per-instance ``settings``, when it has any)."""
-        return self._insert(uuid, parent, mdev_type, MdevState.CREATING, False, intent_id,
+        return self._insert(uuid, parent, mdev_type, DeviceState.CREATING, False, intent_id,
                             action="record a create intent for", backend=backend,
                             settings=settings)
 
-    def adopt(self, uuid: str, parent: str, mdev_type: str, backend: str = "mdev") -> MdevRecord:
+    def adopt(self, uuid: str, parent: str, mdev_type: str, backend: str = "mdev") -> DeviceRecord:
         """Take ownership of an existing (foreign) mdev: it may then be reused or removed."""
-        return self._insert(uuid, parent, mdev_type, MdevState.PRESENT, True, None,
+        return self._insert(uuid, parent, mdev_type, DeviceState.PRESENT, True, None,
                             action="adopt", backend=backend)
 
     def _insert(
@@ -657,14 +657,14 @@ class Ledger:
         uuid: str,
         parent: str,
         mdev_type: str,
-        state: MdevState,
+        state: DeviceState,
         adopted: bool,
         intent_id: int | None,
         *,
         action: str,
         backend: str = "mdev",
         settings: Mapping[str, Any] | None = None,
-    ) -> MdevRecord:
+    ) -> DeviceRecord:
         _validate_uuid(uuid)
         encoded = None if settings is None else json.dumps(dict(settings), sort_keys=True)
         _validate_name("parent", parent)
@@ -686,25 +686,25 @@ class Ledger:
             )
             return self._require(uuid)
 
-    def _set_state(self, uuid: str, state: MdevState, **extra: Any) -> None:
+    def _set_state(self, uuid: str, state: DeviceState, **extra: Any) -> None:
         sets = ", ".join(["state = ?", "updated_at = ?", *(f"{k} = ?" for k in extra)])
         self._execute(
             f"UPDATE mdevs SET {sets} WHERE uuid = ?",
             (state.value, self._clock(), *extra.values(), uuid),
         )
 
-    def settle_created(self, uuid: str) -> MdevRecord:
+    def settle_created(self, uuid: str) -> DeviceRecord:
         """After the sysfs create succeeded (or recovery found the mdev): ``present``."""
         with self.transaction():
             record = self._require(uuid)
-            if record.state is not MdevState.CREATING:
+            if record.state is not DeviceState.CREATING:
                 raise exception.LedgerConflict(
                     action="settle the creation of", uuid=uuid, reason=f"it is {record.state}"
                 )
-            self._set_state(uuid, MdevState.PRESENT)
+            self._set_state(uuid, DeviceState.PRESENT)
             return self._require(uuid)
 
-    def reserve(self, uuid: str, intent_id: int) -> MdevRecord:
+    def reserve(self, uuid: str, intent_id: int) -> DeviceRecord:
         """Hold a free mdev for an operation (allocate reusing it), so no one else takes it."""
         with self.transaction():
             record = self._require(uuid)
@@ -728,7 +728,7 @@ class Ledger:
         claim_expires_at: float | None = None,
         intent_id: int | None = None,
         source_uuid: str | None = None,
-    ) -> MdevRecord:
+    ) -> DeviceRecord:
         """Give a present mdev to an instance (or a migration claim, with an expiry).
 
         ``intent_id``: the operation that reserved it; a row reserved by
@@ -746,7 +746,7 @@ class Ledger:
                 raise exception.MdevAlreadyAssigned(
                     uuid=uuid, owner=record.owner, owner_kind=record.owner_kind
                 )
-            if record.state is not MdevState.PRESENT:
+            if record.state is not DeviceState.PRESENT:
                 raise exception.LedgerConflict(
                     action="assign", uuid=uuid, reason=f"it is {record.state}"
                 )
@@ -766,7 +766,7 @@ class Ledger:
             self._execute("UPDATE mdevs SET updated_at = ? WHERE uuid = ?", (now, uuid))
             return self._require(uuid)
 
-    def release(self, uuid: str) -> MdevRecord:
+    def release(self, uuid: str) -> DeviceRecord:
         """Drop the mdev's owner, keeping the mdev (free for reuse).  Idempotent."""
         with self.transaction():
             record = self._require(uuid)
@@ -777,7 +777,7 @@ class Ledger:
                 )
             return self._require(uuid)
 
-    def release_owner(self, owner: str, owner_kind: OwnerKind | None = None) -> list[MdevRecord]:
+    def release_owner(self, owner: str, owner_kind: OwnerKind | None = None) -> list[DeviceRecord]:
         """Release everything ``owner`` holds; returns the released rows.  An
         instance's attach request goes with its devices."""
         with self.transaction():
@@ -802,7 +802,7 @@ class Ledger:
             rows = self._rows("SELECT document FROM attach_requests WHERE owner = ?", (owner,))
         return json.loads(rows[0][0]) if rows else None
 
-    def commit_claim(self, owner: str) -> list[MdevRecord]:
+    def commit_claim(self, owner: str) -> list[DeviceRecord]:
         """A migration claim becomes the instance's allocation (no expiry)."""
         validate_instance_id(owner)
         with self.transaction():
@@ -813,7 +813,7 @@ class Ledger:
             )
             return self.by_owner(owner, OwnerKind.INSTANCE)
 
-    def record_remove_intent(self, uuid: str, *, intent_id: int | None = None) -> MdevRecord:
+    def record_remove_intent(self, uuid: str, *, intent_id: int | None = None) -> DeviceRecord:
         """Before the sysfs remove write: ``removing``.  The mdev must be released first."""
         with self.transaction():
             record = self._require(uuid)
@@ -822,21 +822,21 @@ class Ledger:
                     action="remove", uuid=uuid,
                     reason=f"it is assigned to {record.owner_kind} {record.owner}",
                 )
-            if record.state is MdevState.REMOVING:
+            if record.state is DeviceState.REMOVING:
                 return record  # a retried remove: the intent is already there
             self._require_intent(intent_id)
-            self._set_state(uuid, MdevState.REMOVING, intent_id=intent_id)
+            self._set_state(uuid, DeviceState.REMOVING, intent_id=intent_id)
             return self._require(uuid)
 
-    def cancel_remove(self, uuid: str) -> MdevRecord:
+    def cancel_remove(self, uuid: str) -> DeviceRecord:
         """The remove did not happen and will not be retried: back to ``present``."""
         with self.transaction():
             record = self._require(uuid)
-            if record.state is not MdevState.REMOVING:
+            if record.state is not DeviceState.REMOVING:
                 raise exception.LedgerConflict(
                     action="cancel the removal of", uuid=uuid, reason=f"it is {record.state}"
                 )
-            self._set_state(uuid, MdevState.PRESENT, intent_id=None)
+            self._set_state(uuid, DeviceState.PRESENT, intent_id=None)
             return self._require(uuid)
 
     def forget(self, uuid: str) -> bool:

@@ -9,12 +9,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from accel_agent.backends.base import DeviceWriter
-
-# The privileged half (accel_agent.backends.base.DeviceWriter): the writes
-# that need root, for every backend.
-MdevWriter = DeviceWriter
-
 
 class PrivsepWriter:
     """Writes through the oslo.privsep daemon, started on first use with the
