@@ -359,15 +359,6 @@ def plan(
 # --- HTTP -----------------------------------------------------------------------------
 
 
-class PlacementAnswerRejected(exception.PlacementUnavailable):
-    # An answer the reporter cannot use (placement_answers says why): a
-    # Placement sending it is as good as down for this sync, which fails as a
-    # whole and is retried after the back-off, like any outage.
-    msg_fmt = (
-        "Placement's answer to %(method)s %(url)s rejected: %(reason)s (request %(request_id)s)"
-    )
-
-
 # What of an error body goes into a message: the gist, not megabytes.
 _DETAIL_CHARS = 200
 
@@ -433,7 +424,7 @@ class _Client:
                 raise answers.AnswerRejected(f"status {answer.status} without a body")
             return shape(answers.decode_json(answer.body))
         except answers.AnswerRejected as exc:
-            raise PlacementAnswerRejected(
+            raise exception.PlacementAnswerRejected(
                 method=method, url=url, reason=str(exc), request_id=answer.request_id
             ) from None
 
@@ -476,7 +467,7 @@ class _Client:
             complete = True
         except answers.AnswerRejected as exc:
             if resp.status_code in ok:
-                raise PlacementAnswerRejected(
+                raise exception.PlacementAnswerRejected(
                     method=method, url=url, reason=str(exc), request_id=request_id
                 ) from None
             data = bytearray()  # a failure: its status says enough
