@@ -445,7 +445,7 @@ class PlacementGenerationConflict(PlacementRequestFailed):
 
 
 class PlacementAnswerRejected(PlacementUnavailable):
-    # An answer the reporter cannot use (placement_answers says why): a
+    # An answer the reporter cannot use (reporting/placement/answers.py says why): a
     # Placement sending it is as good as down for this sync, which fails as a
     # whole and is retried after the back-off, like any outage.
     msg_fmt = (

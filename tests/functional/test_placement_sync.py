@@ -29,13 +29,10 @@ from oslo_config import cfg
 
 from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
 from accel_agent.reporting import placement_opts
-from accel_agent.reporting.placement import (
-    MICROVERSION,
-    PlacementReporter,
-    adapter_for_endpoint,
-    provider_uuid,
-)
-from accel_agent.reporting.placement_answers import MAX_ANSWER_BYTES
+from accel_agent.reporting.placement import PlacementReporter
+from accel_agent.reporting.placement.answers import MAX_ANSWER_BYTES
+from accel_agent.reporting.placement.client import MICROVERSION, adapter_for_endpoint
+from accel_agent.reporting.placement.plan import provider_uuid
 from tests.functional.placement_fixture import PlacementServer, placement_available
 from tests.functional.placement_standin import Answer, StandIn, body, endless
 

@@ -13,17 +13,16 @@ from oslo_config import cfg
 
 from accel_agent.exception import InvalidConfig
 from accel_agent.mdev.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
-from accel_agent.reporting import placement_answers as answers
 from accel_agent.reporting import placement_opts
-from accel_agent.reporting.placement import (
+from accel_agent.reporting.placement import PlacementReporter, answers
+from accel_agent.reporting.placement.client import build_adapter
+from accel_agent.reporting.placement.plan import (
     CreateProvider,
     DeleteProvider,
-    PlacementReporter,
     ProviderState,
     Refuse,
     SetInventory,
     SetTraits,
-    build_adapter,
     describe_inventory_change,
     plan,
     plan_provider,
