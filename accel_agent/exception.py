@@ -444,6 +444,15 @@ class PlacementGenerationConflict(PlacementRequestFailed):
     pass
 
 
+class PlacementAnswerRejected(PlacementUnavailable):
+    # An answer the reporter cannot use (reporting/placement/answers.py says why): a
+    # Placement sending it is as good as down for this sync, which fails as a
+    # whole and is retried after the back-off, like any outage.
+    msg_fmt = (
+        "Placement's answer to %(method)s %(url)s rejected: %(reason)s (request %(request_id)s)"
+    )
+
+
 # --- daemon and API (appended) ----------------------------------------------------------
 
 
