@@ -518,3 +518,17 @@ def test_context_holds_no_capabilities() -> None:
 
     assert cfg.CONF[privileged.CFG_SECTION].capabilities == []
     assert cfg.CONF[privileged.CFG_SECTION].user is None
+
+
+def test_the_helper_finds_each_context_where_the_facade_exports_it() -> None:
+    """The pypath is the helper's --privsep_context: oslo.privsep starts a
+    helper only when it imports back to the very context.  The sysfs
+    context's is the path it always had (accel_agent.privileged.sysfs_admin)."""
+    from oslo_utils import importutils
+
+    for context, path in [
+        (privileged.sysfs_admin, "accel_agent.privileged.sysfs_admin"),
+        (privileged.net_admin, "accel_agent.privileged.net_admin"),
+    ]:
+        assert context.pypath == path
+        assert importutils.import_class(path) is context
