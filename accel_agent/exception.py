@@ -163,7 +163,7 @@ class SysfsWriteFailed(AccelAgentException):
 
 
 class PrivilegedHelperUnavailable(AccelAgentException):
-    # The helper missed its deadline or died (accel_agent.privsep_guard): it
+    # The helper missed its deadline or died (accel_agent.privileged.guard): it
     # was killed and a new one is starting.  The write may or may not have
     # happened; the operation's intent stays for recovery.
     msg_fmt = (
