@@ -93,12 +93,12 @@ def register_daemon_options(conf: cfg.ConfigOpts) -> None:
     agent's, the privileged helpers', oslo.log's, ``[placement]`` with the
     options of the auth plugin ``auth_type`` names, and the per-name groups
     of the enabled mdev types and VF pools."""
-    from accel_agent import privileged, privileged_net
+    from accel_agent import privileged
     from accel_agent.reporting import placement_opts
 
     agent_conf.register_opts(conf)
     placement_opts.register_opts(conf)
-    for group, opts in [*privileged.list_opts(), *privileged_net.list_opts(), *_oslo_log_opts()]:
+    for group, opts in [*privileged.list_opts(), *_oslo_log_opts()]:
         _register_missing(conf, group, opts)
     types_ = _read_or_none(lambda: list(conf.devices.enabled_mdev_types or []))
     agent_conf.register_dynamic_opts(conf, types_ or [])

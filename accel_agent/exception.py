@@ -163,7 +163,7 @@ class SysfsWriteFailed(AccelAgentException):
 
 
 class PrivilegedHelperUnavailable(AccelAgentException):
-    # The helper missed its deadline or died (accel_agent.privsep_guard): it
+    # The helper missed its deadline or died (accel_agent.privileged.guard): it
     # was killed and a new one is starting.  The write may or may not have
     # happened; the operation's intent stays for recovery.
     msg_fmt = (
@@ -442,6 +442,15 @@ class PlacementGenerationConflict(PlacementRequestFailed):
     # Someone else changed the provider between our read and our write
     # (placement.concurrent_update, and the *.inuse races): refetch and redrive.
     pass
+
+
+class PlacementAnswerRejected(PlacementUnavailable):
+    # An answer the reporter cannot use (reporting/placement/answers.py says why): a
+    # Placement sending it is as good as down for this sync, which fails as a
+    # whole and is retried after the back-off, like any outage.
+    msg_fmt = (
+        "Placement's answer to %(method)s %(url)s rejected: %(reason)s (request %(request_id)s)"
+    )
 
 
 # --- daemon and API (appended) ----------------------------------------------------------

@@ -14,14 +14,13 @@ from oslo_config import cfg
 def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
     # Imported here: privileged pulls in oslo.privsep, the reporter
     # keystoneauth1; the generator is the only caller that needs them all.
-    from accel_agent import conf, privileged, privileged_net
+    from accel_agent import conf, privileged
     from accel_agent.migration import opts as migration_opts
     from accel_agent.reporting import placement_opts
 
     return [
         *conf.list_opts(),
         *privileged.list_opts(),
-        *privileged_net.list_opts(),
         *migration_opts.list_opts(),
         *placement_opts.list_opts(),
     ]

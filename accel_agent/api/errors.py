@@ -53,6 +53,7 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.ParentGone: 409,
     exception.RecoveryTypeNotConfigured: 409,
     exception.ConfigErrors: 409,
+    exception.ReloadRefused: 409,
     exception.MigrationVersionTooOld: 409,
     exception.MigrationTypesUnsupported: 409,
     exception.MigrationNotPossible: 409,

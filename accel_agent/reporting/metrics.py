@@ -50,7 +50,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 MDEV_STATES = ("assigned", "claimed", "free", "foreign", "missing", "transient")
 SYNC_STATES = ("disabled", "ok", "failing")
-HELPERS = ("sysfs", "net")  # the privsep contexts (accel_agent.privsep_guard)
+HELPERS = ("sysfs", "net")  # the privsep contexts (accel_agent.privileged.guard)
 # Local calls over a unix socket: most answer in milliseconds, a create or a
 # remove through privsep in tens, a remove blocked by a VM in seconds.
 LATENCY_BUCKETS = (

@@ -9,8 +9,8 @@
 * :mod:`.vfpool` -- inventory, ``sriov_numvfs``, and prepare/unprepare of one
   VF for an instance (settings + hand-over to vfio-pci, and back).
 
-The privileged entrypoints are in :mod:`accel_agent.privileged_net` (its own
-privsep context, CAP_NET_ADMIN only) and :mod:`accel_agent.privileged_pci`
-(the sysfs writer's context, no capability); the read side of sysfs is
-:mod:`accel_agent.sysfs.sriov`.
+The privileged entrypoints are in :mod:`accel_agent.privileged` (its
+``net`` module: a privsep context of its own, CAP_NET_ADMIN only; its
+``pci`` module: the sysfs writer's context, no capability); the read side
+of sysfs is :mod:`accel_agent.sysfs.sriov`.
 """

@@ -1,7 +1,7 @@
 """The PF's netdev over rtnetlink with pyroute2: :class:`vfconfig.VfLink`.
 
 Runs where CAP_NET_ADMIN is (the ``net_admin`` privsep daemon,
-``accel_agent.privileged_net``) or in tests against a real netlink socket.
+``accel_agent.privileged.net``) or in tests against a real netlink socket.
 One ``IPRoute`` socket per operation (os-vif's ``with IPRoute()``), never a
 long-lived one: the daemon may sit idle for days, and a socket that missed
 a netns or driver change would answer about a world that is gone.

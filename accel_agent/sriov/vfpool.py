@@ -70,16 +70,16 @@ class PrivsepNet:
     def apply(
         self, pf_netdev: str, vf: int, settings: Mapping[str, Any], pf: str
     ) -> dict[str, dict[str, Any]]:
-        from accel_agent import privileged_net
+        from accel_agent import privileged
 
-        privileged_net.ensure_net_privsep()
-        return privileged_net.apply_vf_settings(pf_netdev, vf, settings, pf=pf, clean=True)
+        privileged.ensure_net_privsep()
+        return privileged.apply_vf_settings(pf_netdev, vf, settings, pf=pf, clean=True)
 
     def reset(self, pf_netdev: str, vf: int, pf: str) -> dict[str, dict[str, Any]]:
-        from accel_agent import privileged_net
+        from accel_agent import privileged
 
-        privileged_net.ensure_net_privsep()
-        return privileged_net.reset_vf_settings(pf_netdev, vf, pf=pf)
+        privileged.ensure_net_privsep()
+        return privileged.reset_vf_settings(pf_netdev, vf, pf=pf)
 
 
 class LocalNet:
@@ -88,14 +88,14 @@ class LocalNet:
     def apply(
         self, pf_netdev: str, vf: int, settings: Mapping[str, Any], pf: str
     ) -> dict[str, dict[str, Any]]:
-        from accel_agent import privileged_net
+        from accel_agent import privileged
 
-        return privileged_net.apply_local(pf_netdev, vf, settings, pf, clean=True)
+        return privileged.apply_local(pf_netdev, vf, settings, pf, clean=True)
 
     def reset(self, pf_netdev: str, vf: int, pf: str) -> dict[str, dict[str, Any]]:
-        from accel_agent import privileged_net
+        from accel_agent import privileged
 
-        return privileged_net.reset_local(pf_netdev, vf, pf)
+        return privileged.reset_local(pf_netdev, vf, pf)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,13 +29,10 @@ from oslo_config import cfg
 
 from accel_agent.devices.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
 from accel_agent.reporting import placement_opts
-from accel_agent.reporting.placement import (
-    MICROVERSION,
-    PlacementReporter,
-    adapter_for_endpoint,
-    provider_uuid,
-)
-from accel_agent.reporting.placement_answers import MAX_ANSWER_BYTES
+from accel_agent.reporting.placement import PlacementReporter
+from accel_agent.reporting.placement.answers import MAX_ANSWER_BYTES
+from accel_agent.reporting.placement.client import MICROVERSION, adapter_for_endpoint
+from accel_agent.reporting.placement.plan import provider_uuid
 from tests.functional.placement_fixture import PlacementServer, placement_available
 from tests.functional.placement_standin import Answer, StandIn, body, endless
 
@@ -437,6 +434,53 @@ def test_writer_that_always_wins_fails_after_bounded_retries(
     assert admin.view(host) == expected_view(host, want(host, "84", 8), want(host, "85", 8))
 
 
+def test_a_provider_deleted_under_the_writer_is_created_again(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    """Someone deletes the agent's provider between its read and its write:
+    the write's 404 is a conflict like a 409, the provider is read again (gone)
+    and created again in the same sync, under the same UUID."""
+    reporter, adapter = reporter_for(server.endpoint, host)
+    target = gpu(host, "84")
+    assert reporter.sync(inventory_of(host, target)).ok
+    target_uuid = provider_uuid(target.name)
+    inventories = f"/resource_providers/{target_uuid}/inventories"
+    deleted: list[str] = []
+
+    def rival(method: str, url: str) -> None:
+        if method == "PUT" and url == inventories and not deleted:
+            deleted.append(url)
+            admin.call("DELETE", f"/resource_providers/{target_uuid}", ok=(204,))
+
+    adapter.before = rival
+
+    result = reporter.sync(inventory_of(host, gpu(host, "84", total=8)))
+
+    assert result.ok, result
+    assert deleted and result.conflicts == 1
+    assert result.created == (target.name,) and result.updated == ()
+    assert admin.view(host) == expected_view(host, want(host, "84", 8))
+    assert admin.provider(target.name)["uuid"] == target_uuid
+
+
+def test_the_reporter_logs_under_one_name(
+    server: PlacementServer, host: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever part of the reporter logs (the line per request, each write,
+    the sync's summary) logs as accel_agent.reporting.placement, the name
+    operators' log levels and filters know."""
+    reporter, _ = reporter_for(server.endpoint, host)
+    name = gpu(host, "84").name
+    with caplog.at_level(logging.DEBUG, logger="accel_agent.reporting.placement"):
+        assert reporter.sync(inventory_of(host, gpu(host, "84"))).ok
+    ours = [r for r in caplog.records if r.name.startswith("accel_agent")]
+    assert {r.name for r in ours} == {"accel_agent.reporting.placement"}
+    messages = [r.getMessage() for r in ours]
+    assert any(m.startswith(f"GET /resource_providers?name={host}: 200") for m in messages)
+    assert f"created provider {name} ({provider_uuid(name)})" in messages
+    assert "Placement sync: 1 created, 0 updated, 0 drained, 0 deleted (5 writes)" in messages
+
+
 def test_removed_gpu_is_deleted_or_drained_until_free(
     server: PlacementServer, admin: Admin, host: str
 ) -> None:
@@ -530,6 +574,31 @@ def test_placement_outage_backs_off_and_recovers_without_restart(tmp_path: Path)
         health = reporter.health()
         assert health["state"] == "ok" and health["consecutive_failures"] == 0
         assert health["providers"] == 2 and health["next_attempt_at"] is None
+
+
+def test_a_placement_rebuilt_from_scratch_is_filled_again_without_restart(
+    tmp_path: Path,
+) -> None:
+    """Placement's database lost (restored empty, redeployed on the same
+    endpoint): the custom traits and resource class the reporter created
+    before are gone with it, and the next sync creates them again before
+    using them."""
+    with PlacementServer(tmp_path / "placement") as server:
+        host = "rebuilt.example.org"
+        wanted = inventory_of(host, gpu(host, "84", rc="CUSTOM_NVIDIA_35"))
+        reporter, _ = reporter_for(server.endpoint, host, create_root=True)
+        assert reporter.sync(wanted).ok
+        server.stop()
+        server.database.unlink()
+        server.start()  # same port, an empty database
+
+        result = reporter.sync(wanted)
+
+        assert result.ok, result
+        assert result.created == (gpu(host, "84").name,)
+        assert Admin(server.endpoint).view(host) == expected_view(
+            host, want(host, "84", rc="CUSTOM_NVIDIA_35")
+        )
 
 
 def test_vendor_vfio_gpus_are_one_provider_each_like_any_pci_gpu(

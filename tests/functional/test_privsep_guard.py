@@ -1,4 +1,4 @@
-"""The privileged helper under faults (accel_agent.privsep_guard): a helper
+"""The privileged helper under faults (accel_agent.privileged.guard): a helper
 that stops answering, or dies with a call in flight, is killed and replaced;
 the caller gets PrivilegedHelperUnavailable instead of waiting forever.
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from accel_agent import exception, privileged_pci
+from accel_agent import exception, privileged
 from accel_agent.backends.base import DeviceRef
 from accel_agent.backends.sriov_vf import SriovVfBackend, device_uuid
 from accel_agent.devices.writers import PrivsepWriter
@@ -130,14 +130,14 @@ def test_num_vfs_is_not_changed_under_a_handed_over_vf(env) -> None:
     pools.ensure_num_vfs()
     pools.prepare("nic_a", {"mac": MAC})
     with pytest.raises(exception.VfsHandedOver) as info:
-        privileged_pci.set_num_vfs(PF0, 2, sysfs_root=host.root)
+        privileged.set_num_vfs(PF0, 2, sysfs_root=host.root)
     assert VF0 in str(info.value)
     assert _numvfs(host, PF0) == 3 and _driver(host, VF0) == "vfio-pci"
     # M after N goes through 0, which the kernel requires
-    assert privileged_pci.set_num_vfs(PF1, 2, sysfs_root=host.root) == 3
+    assert privileged.set_num_vfs(PF1, 2, sysfs_root=host.root) == 3
     assert _numvfs(host, PF1) == 2
     with pytest.raises(exception.SriovNumVfsRefused) as info:
-        privileged_pci.set_num_vfs(PF1, 8, sysfs_root=host.root)
+        privileged.set_num_vfs(PF1, 8, sysfs_root=host.root)
     assert info.value.kwargs["errno"] == "ERANGE"
 
 
@@ -239,7 +239,7 @@ def test_the_helper_refuses_anything_but_a_canonical_vf(env, vf) -> None:
     host, pools, _ = env
     pools.ensure_num_vfs()
     with pytest.raises((exception.PrivilegedInputRejected, exception.NotSriovVf)):
-        privileged_pci.bind_vfio(vf, sysfs_root=host.root)
+        privileged.bind_vfio(vf, sysfs_root=host.root)
     assert _driver(host, PF0) == "igb" and _driver(host, VF0) == "igbvf"
 
 

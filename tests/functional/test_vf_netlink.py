@@ -1,5 +1,5 @@
 """VF network settings against a REAL netlink socket, through the REAL
-CAP_NET_ADMIN privsep daemon (``accel_agent.privileged_net``).
+CAP_NET_ADMIN privsep daemon (``accel_agent.privileged.net``).
 
 The test thread moves into a network namespace of its own (namespaces are
 per thread: the rest of pytest stays where it was) holding a veth pair, and
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import exception, privileged_net
+from accel_agent import exception, privileged
 from accel_agent.sriov import netlink
 from accel_agent.sriov.vfconfig import LinkRefused
 from tests.functional.privsep_fixture import REPO_ROOT, skip_unless_root
@@ -83,7 +83,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), old) if p)
         try:
-            privileged_net.start_net_privsep([str(config)], [])
+            privileged.start_net_privsep([str(config)], [])
         finally:
             if old is None:
                 del os.environ["PYTHONPATH"]
@@ -92,7 +92,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         try:
             yield _daemon_pid(config)
         finally:
-            privileged_net.stop_net_privsep()
+            privileged.stop_net_privsep()
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -111,16 +111,16 @@ def test_daemon_holds_cap_net_admin_and_nothing_else(daemon: int) -> None:
 
 def test_a_netdev_without_vfs_is_named_through_the_daemon(daemon: int) -> None:
     with pytest.raises(exception.VfNotReported) as info:
-        privileged_net.apply_vf_settings(PF, 0, {"mac": "52:54:00:00:00:01"}, pf="0000:01:00.0")
+        privileged.apply_vf_settings(PF, 0, {"mac": "52:54:00:00:00:01"}, pf="0000:01:00.0")
     assert info.value.kwargs["pf"] == "0000:01:00.0"  # kwargs survive the channel
     assert "IFLA_NUM_VF: absent" in str(info.value)
     with pytest.raises(exception.VfNotReported):
-        privileged_net.reset_vf_settings(PF, 0)
+        privileged.reset_vf_settings(PF, 0)
 
 
 def test_a_missing_netdev_is_named(daemon: int) -> None:
     with pytest.raises(exception.PfNetdevNotFound) as info:
-        privileged_net.apply_vf_settings("nosuch0", 0, {"vlan": 5}, pf="0000:01:00.0")
+        privileged.apply_vf_settings("nosuch0", 0, {"vlan": 5}, pf="0000:01:00.0")
     assert "nosuch0" in str(info.value)
 
 
@@ -139,7 +139,7 @@ def test_bad_input_is_refused_in_the_daemon_before_any_request(
     daemon: int, pf_netdev: str, vf: int, settings: dict, refused: str | None
 ) -> None:
     with pytest.raises(exception.PrivilegedInputRejected) as info:
-        privileged_net.apply_vf_settings(pf_netdev, vf, settings)
+        privileged.apply_vf_settings(pf_netdev, vf, settings)
     if refused is not None:
         assert isinstance(info.value, exception.InvalidVfSetting)
         assert info.value.kwargs["field"] == refused
@@ -150,7 +150,7 @@ def test_read_is_unprivileged_and_says_no_vfs(daemon: int) -> None:
         assert link.num_vfs() is None
         assert link.states() == {}
     with pytest.raises(exception.VfNotReported):
-        privileged_net.read_vf(PF, 0)
+        privileged.read_vf(PF, 0)
 
 
 @pytest.mark.parametrize(

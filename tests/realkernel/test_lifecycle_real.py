@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from accel_agent import exception, privileged
+from accel_agent.privileged import mdev as mdev_writer
 from tests.realkernel import mdevlab
 from tests.realkernel.mdevlab import DEVICES_DIR, SYSFS
 
@@ -56,7 +57,7 @@ def test_kernel_einval_maps_to_mdev_create_invalid(monkeypatch: pytest.MonkeyPat
     with pytest.raises(exception.PrivilegedInputRejected):
         privileged.write_create(SYSFS, "mtty", "mtty-1", "not-a-uuid")
     # so let the kernel's own EINVAL through the real write path once.
-    monkeypatch.setattr(privileged, "validate_uuid", lambda value: value)
+    monkeypatch.setattr(mdev_writer, "validate_uuid", lambda value: value)
     with pytest.raises(exception.MdevCreateInvalid) as info:
         privileged.write_create(SYSFS, "mtty", "mtty-1", "not-a-uuid")
     assert (info.value.kwargs["mdev_type"], info.value.kwargs["parent"]) == ("mtty-1", "mtty")

@@ -3,7 +3,8 @@
 The neutral rooms (manager, ledger, inventory, policy) name no device
 model; a backend uses the sysfs reader and the privileged writer, never the
 manager; the daemon does not reach into the console scripts' room; the
-core's options import no other room's.  Each rule lists the imports the
+core's options import no other room's; the privileged package is used
+through its facade only, and what runs as root imports little.  Each rule lists the imports the
 package really has, so a new arrow the wrong way fails here by name.
 """
 
@@ -80,7 +81,7 @@ DEVICE_MODELS = (
                 "reporting",
                 "migration",
                 "sysfs",
-                "privileged.py",
+                "privileged",
             ),
             ("accel_agent.cmd",),
         ),
@@ -94,6 +95,50 @@ DEVICE_MODELS = (
 )
 def test_no_arrow_goes_the_wrong_way(rooms: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
     assert _offenders(_module_files(*rooms), forbidden) == []
+
+
+PRIVILEGED = PACKAGE / "privileged"
+# The modules behind the facade (accel_agent/privileged/__init__.py).
+PRIVILEGED_MODULES = tuple(
+    f"accel_agent.privileged.{path.stem}"
+    for path in sorted(PRIVILEGED.glob("*.py"))
+    if path.stem != "__init__"
+)
+
+
+def test_the_privileged_package_is_used_through_its_facade_only() -> None:
+    """What the agent may use of the privileged side is what the facade
+    exports: a reviewer of the facade sees every way in."""
+    assert "accel_agent.privileged.mdev" in PRIVILEGED_MODULES  # the rule is not vacuous
+    outside = [path for path in _module_files(".") if PRIVILEGED not in path.parents]
+    assert _offenders(outside, PRIVILEGED_MODULES) == []
+
+
+# What runs as root may import, beside itself: the exceptions, the agent's
+# options (the helper's own sysfs_root for a caller without one), the PCI
+# address parser and, for the net writer, the netlink link and the VF
+# settings' validation.  Packages' own __init__ are named by the from-imports.
+PRIVILEGED_MAY_IMPORT = (
+    "accel_agent",
+    "accel_agent.exception",
+    "accel_agent.conf",
+    "accel_agent.sysfs",
+    "accel_agent.sysfs.address",
+    "accel_agent.sriov",
+    "accel_agent.sriov.netlink",
+    "accel_agent.sriov.vfconfig",
+)
+
+
+def test_the_privileged_side_imports_little_of_the_agent() -> None:
+    found = sorted(
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for path in _module_files("privileged")
+        for name in _imports(path)
+        if name not in PRIVILEGED_MAY_IMPORT
+        and not (name == "accel_agent.privileged" or name.startswith("accel_agent.privileged."))
+    )
+    assert found == []
 
 
 def test_the_rule_sees_a_wrong_arrow(tmp_path: Path) -> None:

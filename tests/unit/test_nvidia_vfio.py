@@ -15,6 +15,7 @@ from accel_agent.backends import builtin
 from accel_agent.backends.host import scan_host
 from accel_agent.devices import inventory as inventory_mod
 from accel_agent.devices import policy as policy_mod
+from accel_agent.privileged import validate
 from accel_agent.simulator import build_spec
 from accel_agent.simulator.model import SimulatedHost
 from accel_agent.simulator.static import materialise
@@ -225,13 +226,13 @@ def test_a_gpu_offering_none_of_its_type_is_one_warning(tmp_path: Path) -> None:
 @pytest.mark.parametrize("vf", ["0000:C1:00.4", "c1:00.4", "0000:c1:00.4\n", "../x", 7, None])
 def test_a_vf_must_be_named_canonically(vf: object) -> None:
     with pytest.raises(exception.PrivilegedInputRejected):
-        privileged.validate_vf(vf)
+        validate.validate_vf(vf)
 
 
 @pytest.mark.parametrize("type_id", [0, -1, True, "1150", 1.0, 10**7])
 def test_a_type_id_must_be_a_positive_int(type_id: object) -> None:
     with pytest.raises(exception.PrivilegedInputRejected):
-        privileged.validate_vgpu_type_id(type_id)
+        validate.validate_vgpu_type_id(type_id)
 
 
 def test_typing_refuses_a_typed_vf_and_a_type_not_listed_writing_nothing(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 import uuid
@@ -11,19 +12,20 @@ from typing import Any
 import pytest
 from oslo_config import cfg
 
+from accel_agent import exception
 from accel_agent.devices.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
 from accel_agent.exception import InvalidConfig
-from accel_agent.reporting import placement_answers as answers
+from accel_agent.reporting import placement as placement_package
 from accel_agent.reporting import placement_opts
-from accel_agent.reporting.placement import (
+from accel_agent.reporting.placement import PlacementReporter, answers
+from accel_agent.reporting.placement.client import build_adapter
+from accel_agent.reporting.placement.plan import (
     CreateProvider,
     DeleteProvider,
-    PlacementReporter,
     ProviderState,
     Refuse,
     SetInventory,
     SetTraits,
-    build_adapter,
     describe_inventory_change,
     plan,
     plan_provider,
@@ -465,3 +467,63 @@ def test_an_answer_of_the_wrong_shape_is_rejected_saying_where(
 def test_a_body_that_is_no_json_is_rejected(data: bytes, reason: str) -> None:
     with pytest.raises(answers.AnswerRejected, match=re.escape(reason)):
         answers.decode_json(data)
+
+
+# --- the package's shape (issue 22) -----------------------------------------------------
+
+PACKAGE = Path(placement_package.__file__).parent
+
+# What planning may use: data in, data out.  No client, no clock, no log, no
+# randomness: the whole plan is unit-tested above without any of them.
+PLAN_MAY_IMPORT = {
+    "__future__",
+    "collections.abc",
+    "dataclasses",
+    "typing",
+    "uuid",
+    "accel_agent.devices.inventory",
+    "accel_agent.reporting.placement.answers",  # INVENTORY_FIELDS, a constant
+}
+
+
+def _imported(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.add(node.module or "")
+    return found
+
+
+def test_the_plan_needs_no_http_nor_any_other_io() -> None:
+    assert _imported(PACKAGE / "plan.py") - PLAN_MAY_IMPORT == set()
+
+
+def test_the_reporter_stays_in_small_modules() -> None:
+    """No module of 500 lines or more, no class of 300 or more: each part
+    of a sync stays readable on its own."""
+    too_big = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        text = path.read_text()
+        if text.count("\n") >= 500:
+            too_big.append(f"{path.name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                length = node.end_lineno - node.lineno + 1
+                if length >= 300:
+                    too_big.append(f"{path.name}: class {node.name}, {length} lines")
+    assert too_big == []
+
+
+def test_a_rejected_answer_is_an_outage_of_the_agent_s_own_kind() -> None:
+    """Raised by the client, defined with the agent's other exceptions: a
+    Placement sending what it never sends is as good as down (the whole sync
+    fails and backs off), and the message names the request."""
+    error = exception.PlacementAnswerRejected(
+        method="GET", url="/resource_providers", reason="uuid is missing", request_id="req-1"
+    )
+    assert isinstance(error, exception.PlacementUnavailable)
+    assert error.message == (
+        "Placement's answer to GET /resource_providers rejected: uuid is missing (request req-1)"
+    )

@@ -21,6 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accel_agent import exception, privileged
+from accel_agent.privileged import mdev, validate, writes
+from accel_agent.privileged import wire as wire_format
 
 PCI = "0000:84:00.0"
 NV = "nvidia-35"
@@ -88,10 +90,10 @@ def no_fs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
         return boom
 
-    monkeypatch.setattr(privileged.os, "open", guard("open"))
-    monkeypatch.setattr(privileged.os.path, "realpath", guard("realpath"))
-    monkeypatch.setattr(privileged.os.path, "isdir", guard("isdir"))
-    monkeypatch.setattr(privileged.os.path, "lexists", guard("lexists"))
+    monkeypatch.setattr(os, "open", guard("open"))
+    monkeypatch.setattr(os.path, "realpath", guard("realpath"))
+    monkeypatch.setattr(os.path, "isdir", guard("isdir"))
+    monkeypatch.setattr(os.path, "lexists", guard("lexists"))
     yield touched
     monkeypatch.undo()
 
@@ -230,28 +232,28 @@ def test_bad_inputs_leave_every_file_alone(tree: Tree) -> None:
 @given(st.text(max_size=80))
 def test_accepted_parent_is_one_safe_component(text: str) -> None:
     try:
-        privileged.validate_parent(text)
+        validate.validate_parent(text)
     except exception.PrivilegedInputRejected:
         return
     assert "/" not in text and "\x00" not in text and text not in (".", "..")
     assert text.isprintable() and not any(c.isspace() for c in text)
-    assert 0 < len(text) <= privileged.MAX_PARENT_LEN
+    assert 0 < len(text) <= validate.MAX_PARENT_LEN
 
 
 @given(st.text(max_size=80))
 def test_accepted_type_is_one_safe_component(text: str) -> None:
     try:
-        privileged.validate_mdev_type(text)
+        validate.validate_mdev_type(text)
     except exception.PrivilegedInputRejected:
         return
     assert "/" not in text and "\x00" not in text and text not in (".", "..")
-    assert 0 < len(text) <= privileged.MAX_TYPE_LEN
+    assert 0 < len(text) <= validate.MAX_TYPE_LEN
 
 
 @given(st.one_of(st.uuids().map(str), st.text(max_size=40)))
 def test_accepted_uuid_is_canonical(text: str) -> None:
     try:
-        privileged.validate_uuid(text)
+        validate.validate_uuid(text)
     except exception.PrivilegedInputRejected:
         return
     assert str(uuid_mod.UUID(text)) == text
@@ -325,7 +327,8 @@ def _kernel_answers(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     def fail(path: str, data: bytes) -> None:
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(privileged, "_write_once", fail)
+    monkeypatch.setattr(mdev, "write_once", fail)  # create
+    monkeypatch.setattr(writes, "write_once", fail)  # remove, in its RemoveWriter
 
 
 @pytest.mark.parametrize(
@@ -381,7 +384,7 @@ def test_remove_errno_mapping(
 
 
 def test_short_write_is_a_failure(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(privileged.os, "write", lambda fd, data: len(data) - 1)
+    monkeypatch.setattr(os, "write", lambda fd, data: len(data) - 1)
     with pytest.raises(exception.SysfsWriteFailed):
         privileged.write_create(str(tree.root), PCI, NV, U1)
 
@@ -445,7 +448,7 @@ def test_ebusy_on_the_group_node_keeps_the_mdev(
             raise OSError(errno.EBUSY, "Device or resource busy")
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(privileged.os, "open", held)
+    monkeypatch.setattr(os, "open", held)
     with pytest.raises(exception.MdevInUse, match=r"VFIO group .*/vfio/7 is open"):
         privileged.write_remove(str(tree.root), U1, 5)
     assert tree.remove.read_bytes() == b""
@@ -481,17 +484,17 @@ def test_vfio_dev_dir_follows_the_sysfs_root() -> None:
     ],
 )
 def test_exceptions_survive_the_wire_format(exc: exception.AccelAgentException) -> None:
-    wire = privileged._to_wire(exc)
+    wire = wire_format.to_wire(exc)
     # What oslo.privsep does: class name + args, rebuilt with cls(*args).
     rebuilt_wire = type(wire)(*wire.args)
-    back = privileged._from_wire(rebuilt_wire)
+    back = wire_format.from_wire(rebuilt_wire)
     assert type(back) is type(exc)
     assert back.message == exc.message
     assert back.kwargs == exc.kwargs
 
 
 def test_unknown_wire_class_degrades_to_base() -> None:
-    back = privileged._from_wire(privileged._WireError("os.system", "boom", {}))
+    back = wire_format.from_wire(wire_format.WireError("os.system", "boom", {}))
     assert type(back) is exception.AccelAgentException
     assert "boom" in back.message
 
@@ -501,7 +504,7 @@ def test_helper_command_as_root_uses_this_venv_without_sudo() -> None:
     import shlex
 
     argv = shlex.split(cmd)
-    assert argv[:3] == [sys.executable, "-m", "accel_agent.privsep_helper"]
+    assert argv[:3] == [sys.executable, "-m", "accel_agent.privileged.helper"]
     assert argv[3:] == [
         "--config-file", "/etc/a.conf",
         "--config-file", os.path.abspath("b c.conf"),
@@ -515,3 +518,17 @@ def test_context_holds_no_capabilities() -> None:
 
     assert cfg.CONF[privileged.CFG_SECTION].capabilities == []
     assert cfg.CONF[privileged.CFG_SECTION].user is None
+
+
+def test_the_helper_finds_each_context_where_the_facade_exports_it() -> None:
+    """The pypath is the helper's --privsep_context: oslo.privsep starts a
+    helper only when it imports back to the very context.  The sysfs
+    context's is the path it always had (accel_agent.privileged.sysfs_admin)."""
+    from oslo_utils import importutils
+
+    for context, path in [
+        (privileged.sysfs_admin, "accel_agent.privileged.sysfs_admin"),
+        (privileged.net_admin, "accel_agent.privileged.net_admin"),
+    ]:
+        assert context.pypath == path
+        assert importutils.import_class(path) is context

@@ -1,4 +1,4 @@
-"""What accel_agent.privsep_guard uses of oslo.privsep beyond its documented
+"""What accel_agent.privileged.guard uses of oslo.privsep beyond its documented
 API, pinned against the installed version: an upgrade that renames one of
 these fails here by name, not as a hang in production."""
 
@@ -9,14 +9,18 @@ import socket
 
 from oslo_privsep import comm, priv_context
 
-from accel_agent import privileged, privsep_guard
+from accel_agent import privileged
+from accel_agent.privileged import context, guard, wire
 
 
 def test_an_entrypoint_takes_the_timeout_keyword_and_names_its_context():
     assert "_wrap_timeout" in inspect.signature(priv_context.PrivContext._wrap).parameters
-    context = getattr(privileged._priv_pid, priv_context._ENTRYPOINT_ATTR)
-    assert context is privileged.sysfs_admin
-    assert privileged.guard_of(context).name == "sysfs"
+    sysfs = getattr(context._priv_sysfs_pid, priv_context._ENTRYPOINT_ATTR)
+    assert sysfs is privileged.sysfs_admin
+    assert privileged.guard_of(sysfs).name == "sysfs"
+    net = getattr(context._priv_net_pid, priv_context._ENTRYPOINT_ATTR)
+    assert net is privileged.net_admin
+    assert privileged.guard_of(net).name == "net"
 
 
 def test_the_client_channel_has_what_the_monitor_reads():
@@ -41,16 +45,16 @@ def test_the_client_channel_has_what_the_monitor_reads():
 
 
 def test_a_timeout_and_a_dead_channel_are_channel_failures_other_errors_are_not():
-    assert privsep_guard._is_channel_failure(comm.PrivsepTimeout())
-    assert privsep_guard._is_channel_failure(OSError("Premature eof"))
-    assert privsep_guard._is_channel_failure(BrokenPipeError())
-    assert not privsep_guard._is_channel_failure(privileged._WireError("X", "y", {}))
-    assert not privsep_guard._is_channel_failure(ValueError())
+    assert guard._is_channel_failure(comm.PrivsepTimeout())
+    assert guard._is_channel_failure(OSError("Premature eof"))
+    assert guard._is_channel_failure(BrokenPipeError())
+    assert not guard._is_channel_failure(wire.WireError("X", "y", {}))
+    assert not guard._is_channel_failure(ValueError())
 
 
 def test_health_says_ok_only_when_nothing_is_wrong():
-    def health(state: str) -> privsep_guard.HelperHealth:
-        return privsep_guard.HelperHealth("sysfs", state, None, 0, None, None)
+    def health(state: str) -> guard.HelperHealth:
+        return guard.HelperHealth("sysfs", state, None, 0, None, None)
 
     assert [s for s in ("ok", "starting", "restarting", "failed", "stopped") if health(s).ok] == [
         "ok", "starting", "stopped"

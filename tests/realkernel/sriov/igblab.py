@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from accel_agent import privileged, privileged_net
+from accel_agent import privileged
 from accel_agent.devices.writers import PrivsepWriter
 from accel_agent.sriov.pools import build_pools
 from accel_agent.sriov.vfpool import PrivsepNet, VfPools
@@ -99,7 +99,7 @@ def started(work: Path) -> Iterator[Lab]:
         "resource_class = CUSTOM_NIC_A\n"
     )
     privileged.start_privsep([str(config)], [])
-    privileged_net.start_net_privsep([str(config)], [])
+    privileged.start_net_privsep([str(config)], [])
     try:
         conf = make_conf(config.read_text())
         pools = VfPools(SYS, build_pools(conf), PrivsepWriter(SYS), PrivsepNet(), host="lab")
@@ -107,7 +107,7 @@ def started(work: Path) -> Iterator[Lab]:
         yield Lab(pf, pools)
     finally:
         with contextlib.suppress(Exception):
-            privileged_net.stop_net_privsep()
+            privileged.stop_net_privsep()
         with contextlib.suppress(Exception):
             privileged.stop_privsep()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import exception, privileged_net, privileged_pci
+from accel_agent import exception, privileged
 from tests.realkernel.sriov import igblab
 from tests.realkernel.sriov.igblab import NUM_VFS, POOL, Lab
 
@@ -73,7 +73,7 @@ def test_a_setting_igb_refuses_rolls_back_the_rest(lab: Lab) -> None:
 
 def test_min_tx_rate_is_refused_with_einval_and_rolled_back(lab: Lab) -> None:
     with pytest.raises(exception.VfSettingRefused) as info:
-        privileged_net.apply_vf_settings(
+        privileged.apply_vf_settings(
             lab.netdev, 1, {"mac": MAC1, "min_tx_rate": 10, "max_tx_rate": 100}, pf=lab.pf
         )
     assert (info.value.kwargs["setting"], info.value.kwargs["errno"]) == ("rate", "EINVAL")
@@ -108,7 +108,7 @@ def test_a_vf_whose_group_is_held_is_kept_with_its_settings(lab: Lab) -> None:
             lab.pools.unprepare(prepared.vf)
         assert lab.vf(0).driver == "vfio-pci" and MAC0 in lab.ip_vf(0)
         with pytest.raises(exception.VfsHandedOver):  # no sriov_numvfs under it
-            privileged_pci.set_num_vfs(lab.pf, 0, sysfs_root="/sys")
+            privileged.set_num_vfs(lab.pf, 0, sysfs_root="/sys")
         assert lab.info.num_vfs == NUM_VFS
     finally:
         os.close(fd)

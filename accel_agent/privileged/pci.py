@@ -1,9 +1,9 @@
-"""Privileged PCI writes for SR-IOV VFs, in the sysfs writer's context.
+"""The PCI writer: SR-IOV PFs and VFs, in ``sysfs_admin``.
 
 ``accel_agent.privileged.sysfs_admin`` (no capability, uid 0) writes these
 too: ``sriov_numvfs`` and ``driver_override`` are root-owned 0644,
 ``bind``/``unbind``/``drivers_probe`` root-owned 0200, so the owner-write bit
-is all a uid-0 process needs (that module's docstring has the proof).  The
+is all a uid-0 process needs (the package's docstring has the proof).  The
 same rules hold: inputs validated before any filesystem access (canonical
 PCI addresses only, driver names of one component), every path resolved and
 confined to ``sysfs_root`` with its last two components checked, files opened
@@ -26,48 +26,33 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from typing import Any
 
 from accel_agent import exception
-from accel_agent.privileged import (
-    _call,
-    _confine,
-    _daemon_side,
-    _daemon_sysfs_root,
-    _errno_text,
-    _probe_group,
-    _real_root,
-    _reject,
-    _write_once,
-    sysfs_admin,
-    validate_vf,
-    validate_vfio_dev_dir,
+from accel_agent.privileged.context import sysfs_admin
+from accel_agent.privileged.inuse import probe_group
+from accel_agent.privileged.lifecycle import call
+from accel_agent.privileged.validate import (
+    confine,
+    real_root,
+    reject,
+    validate_count,
+    validate_pci,
 )
+from accel_agent.privileged.wire import daemon_side, daemon_sysfs_root, daemon_vfio_dir
+from accel_agent.privileged.writes import errno_text, write_once
 
 VFIO_PCI = "vfio-pci"
-MAX_NUM_VFS = 0xFFFF
 _DRIVER_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def validate_pci(value: Any) -> str:
-    """A PF or VF, named by its canonical PCI address only."""
-    return validate_vf(value)
-
-
-def validate_count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NUM_VFS:
-        raise _reject(f"number of VFs {value!r} must be an integer in 0..{MAX_NUM_VFS}")
-    return value
-
-
 def _device_file(root: str, address: str, name: str) -> str:
-    return _confine(root, ("bus", "pci", "devices", address, name), name, address)
+    return confine(root, ("bus", "pci", "devices", address, name), name, address)
 
 
 def _device_dir(root: str, address: str) -> str:
     path = os.path.realpath(os.path.join(root, "bus", "pci", "devices", address))
     if os.path.commonpath([root, path]) != root or os.path.basename(path) != address:
-        raise _reject(f"bus/pci/devices/{address} resolves to {path}, outside {root}")
+        raise reject(f"bus/pci/devices/{address} resolves to {path}, outside {root}")
     if not os.path.isdir(path):
         raise exception.PciDeviceNotFound(address=address, root=root)
     return path
@@ -75,15 +60,15 @@ def _device_dir(root: str, address: str) -> str:
 
 def _driver_file(root: str, driver: str, name: str) -> str:
     if not _DRIVER_RE.fullmatch(driver) or driver in (".", ".."):
-        raise _reject(f"driver name {driver!r} is not one path component")
+        raise reject(f"driver name {driver!r} is not one path component")
     directory = os.path.join(root, "bus", "pci", "drivers", driver)
     if not os.path.isdir(directory):
         raise exception.PciDriverNotLoaded(driver=driver, path=directory)
-    return _confine(root, ("bus", "pci", "drivers", driver, name), name, driver)
+    return confine(root, ("bus", "pci", "drivers", driver, name), name, driver)
 
 
 def _probe_file(root: str) -> str:
-    return _confine(root, ("bus", "pci", "drivers_probe"), "drivers_probe", "pci")
+    return confine(root, ("bus", "pci", "drivers_probe"), "drivers_probe", "pci")
 
 
 def current_driver(root: str, address: str) -> str | None:
@@ -113,7 +98,7 @@ def _vfs_of(root: str, pf: str) -> list[str]:
 
 
 def _numvfs_error(pf: str, count: int, err: OSError) -> exception.SriovNumVfsRefused:
-    name, text = _errno_text(err)
+    name, text = errno_text(err)
     return exception.SriovNumVfsRefused(pf=pf, count=count, errno=name, error=text)
 
 
@@ -121,7 +106,7 @@ def write_num_vfs(sysfs_root: str, pf: str, count: int) -> int:
     """Make PF ``pf`` have ``count`` VFs; returns how many it had."""
     validate_pci(pf)
     validate_count(count)
-    root = _real_root(sysfs_root)
+    root = real_root(sysfs_root)
     path = _device_file(root, pf, "sriov_numvfs")
     try:
         current = int(_read(path) or "0")
@@ -134,12 +119,12 @@ def write_num_vfs(sysfs_root: str, pf: str, count: int) -> int:
         if handed:
             raise exception.VfsHandedOver(pf=pf, vfs=", ".join(handed))
         try:
-            _write_once(path, b"0")
+            write_once(path, b"0")
         except OSError as err:
             raise _numvfs_error(pf, count, err) from None
     if count:
         try:
-            _write_once(path, str(count).encode("ascii"))
+            write_once(path, str(count).encode("ascii"))
         except OSError as err:
             raise _numvfs_error(pf, count, err) from None
     found = int(_read(path) or "0")
@@ -154,7 +139,7 @@ def write_num_vfs(sysfs_root: str, pf: str, count: int) -> int:
 
 
 def _step(action: str, vf: str, step: str, err: OSError) -> exception.PciRebindFailed:
-    name, text = _errno_text(err)
+    name, text = errno_text(err)
     return exception.PciRebindFailed(action=action, address=vf, step=step, errno=name, error=text)
 
 
@@ -167,7 +152,7 @@ def write_bind_vfio(sysfs_root: str, vf: str) -> None:
     """Hand VF ``vf`` to ``vfio-pci`` (idempotent); on failure its own driver
     gets it back and PciRebindFailed names the step and the errno."""
     validate_pci(vf)
-    root = _real_root(sysfs_root)
+    root = real_root(sysfs_root)
     _is_vf(root, vf)
     override = _device_file(root, vf, "driver_override")
     bind = _driver_file(root, VFIO_PCI, "bind")
@@ -178,15 +163,15 @@ def write_bind_vfio(sysfs_root: str, vf: str) -> None:
     try:
         # driver_override first: once unbound, nothing but vfio-pci may take it
         # (a udev rule or drivers_autoprobe would give it back to igbvf).
-        _write_once(override, VFIO_PCI.encode())
+        write_once(override, VFIO_PCI.encode())
     except OSError as err:
         raise _step(action, vf, "driver_override", err) from None
     step = "unbind"
     try:
         if driver is not None:
-            _write_once(_driver_file(root, driver, "unbind"), vf.encode())
+            write_once(_driver_file(root, driver, "unbind"), vf.encode())
         step = "bind"
-        _write_once(bind, vf.encode())
+        write_once(bind, vf.encode())
     except OSError as err:
         _give_back(root, vf)
         raise _step(action, vf, f"{step} ({driver or 'no driver'})", err) from None
@@ -204,10 +189,10 @@ def write_bind_vfio(sysfs_root: str, vf: str) -> None:
 def _give_back(root: str, vf: str) -> None:
     """Best effort: clear the override and let the kernel probe the VF."""
     with contextlib.suppress(OSError, exception.AccelAgentException):
-        _write_once(_device_file(root, vf, "driver_override"), b"\n")
+        write_once(_device_file(root, vf, "driver_override"), b"\n")
     with contextlib.suppress(OSError, exception.AccelAgentException):
         if current_driver(root, vf) is None:
-            _write_once(_probe_file(root), vf.encode())
+            write_once(_probe_file(root), vf.encode())
 
 
 def write_unbind_vfio(
@@ -217,14 +202,14 @@ def write_unbind_vfio(
     VFIO group is held (nothing written).  ``give_back=False``: only take it
     off vfio-pci.  Returns the driver it ends on."""
     if not isinstance(give_back, bool):
-        raise _reject(f"give_back={give_back!r} is not a boolean")
+        raise reject(f"give_back={give_back!r} is not a boolean")
     validate_pci(vf)
-    root = _real_root(sysfs_root)
+    root = real_root(sysfs_root)
     _is_vf(root, vf)
     override = _device_file(root, vf, "driver_override")
     action = "return from vfio-pci"
     if current_driver(root, vf) == VFIO_PCI:
-        _probe_group(
+        probe_group(
             sysfs_root,
             ("bus", "pci", "devices", vf),
             f"VF {vf}",
@@ -232,7 +217,7 @@ def write_unbind_vfio(
             lambda reason: exception.VfInUse(vf=vf, reason=reason),
         )
         try:
-            _write_once(_driver_file(root, VFIO_PCI, "unbind"), vf.encode())
+            write_once(_driver_file(root, VFIO_PCI, "unbind"), vf.encode())
         except OSError as err:
             raise _step(action, vf, "unbind", err) from None
     if not give_back:
@@ -241,51 +226,47 @@ def write_unbind_vfio(
         return current_driver(root, vf)
     try:
         if _read(override) not in ("", "(null)"):
-            _write_once(override, b"\n")
+            write_once(override, b"\n")
         if current_driver(root, vf) is None:
-            _write_once(_probe_file(root), vf.encode())
+            write_once(_probe_file(root), vf.encode())
     except OSError as err:
         raise _step(action, vf, "driver_override/drivers_probe", err) from None
     return current_driver(root, vf)
 
 
-# --- entrypoints -------------------------------------------------------------------
+# --- through the helper -------------------------------------------------------------------
 
 
 @sysfs_admin.entrypoint
 def _priv_set_num_vfs(pf: str, count: int, sysfs_root: str | None = None) -> int:
-    return _daemon_side(lambda: write_num_vfs(_daemon_sysfs_root(sysfs_root), pf, count))
+    return daemon_side(lambda: write_num_vfs(daemon_sysfs_root(sysfs_root), pf, count))
 
 
 @sysfs_admin.entrypoint
 def _priv_bind_vfio(vf: str, sysfs_root: str | None = None) -> None:
-    _daemon_side(lambda: write_bind_vfio(_daemon_sysfs_root(sysfs_root), vf))
+    daemon_side(lambda: write_bind_vfio(daemon_sysfs_root(sysfs_root), vf))
 
 
 @sysfs_admin.entrypoint
 def _priv_unbind_vfio(
     vf: str, sysfs_root: str | None = None, vfio_dir: str | None = None, give_back: bool = True
 ) -> str | None:
-    from accel_agent import conf as agent_conf
-
-    directory = (
-        validate_vfio_dev_dir(vfio_dir)
-        if vfio_dir is not None
-        else str(agent_conf.CONF.vfio_dev_dir)
-    )
-    return _daemon_side(
-        lambda: write_unbind_vfio(_daemon_sysfs_root(sysfs_root), vf, directory, give_back)
+    # Outside daemon_side, as it always was: a refused directory crosses as
+    # PrivilegedInputRejected's message alone (oslo.privsep's own wire).
+    directory = daemon_vfio_dir(vfio_dir)
+    return daemon_side(
+        lambda: write_unbind_vfio(daemon_sysfs_root(sysfs_root), vf, directory, give_back)
     )
 
 
 def set_num_vfs(pf: str, count: int, *, sysfs_root: str | None = None) -> int:
     """:func:`write_num_vfs` in the privsep daemon."""
-    return _call(_priv_set_num_vfs, pf, count, sysfs_root=sysfs_root)
+    return call(_priv_set_num_vfs, pf, count, sysfs_root=sysfs_root)
 
 
 def bind_vfio(vf: str, *, sysfs_root: str | None = None) -> None:
     """:func:`write_bind_vfio` in the privsep daemon."""
-    _call(_priv_bind_vfio, vf, sysfs_root=sysfs_root)
+    call(_priv_bind_vfio, vf, sysfs_root=sysfs_root)
 
 
 def unbind_vfio(
@@ -296,6 +277,6 @@ def unbind_vfio(
     give_back: bool = True,
 ) -> str | None:
     """:func:`write_unbind_vfio` in the privsep daemon."""
-    return _call(
+    return call(
         _priv_unbind_vfio, vf, sysfs_root=sysfs_root, vfio_dir=vfio_dir, give_back=give_back
     )

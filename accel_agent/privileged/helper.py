@@ -5,7 +5,7 @@ on import (nine lines, every start of the helper, in the agent's log): an
 operator can do nothing about it and the agent never uses eventlet.  This
 entry point installs the filter first, then runs oslo.privsep's own
 ``helper_main`` unchanged; :func:`accel_agent.privileged.helper_command`
-starts it as ``python -m accel_agent.privsep_helper``.
+starts it as ``python -m accel_agent.privileged.helper``.
 """
 
 from __future__ import annotations

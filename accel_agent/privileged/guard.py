@@ -40,6 +40,13 @@ tests/unit/test_privsep_guard.py against the installed version): an
 entrypoint's ``_wrap_timeout`` keyword (what ``entrypoint_with_timeout``
 passes), the context's ``channel``, and the client channel's
 ``reader_thread``, ``lock``, ``outstanding_msgs`` and ``writer.writesock``.
+
+Longer than the package's other modules, on purpose: :class:`Guard` is one
+state machine (stopped, starting, ok, restarting, failed) whose every
+transition holds one lock, and its starts, kills, monitor and deadlines
+read each other's state under it; cut in two, the locking rules would be
+split across files.  It writes nothing itself; lifecycle.py gives each
+context its guard.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The second privileged context: VF network settings over rtnetlink.
+"""The net writer: VF network settings over rtnetlink, in ``net_admin``.
 
-``net_admin`` is a privsep context of its own with **CAP_NET_ADMIN only**,
+``net_admin`` (context.py) is a privsep context of its own with **CAP_NET_ADMIN only**,
 beside ``accel_agent.privileged.sysfs_admin``, which keeps no capability at
 all: writing ``IFLA_VF_*`` on a PF's netdev needs CAP_NET_ADMIN
 (``rtnl_setlink()`` checks it through ``netlink_ns_capable``), and nothing
@@ -16,39 +16,20 @@ Entrypoints take primitives (the PF's netdev name, the VF index, a dict of
 settings), validate them in the daemon before any request, and return the
 VF's state read back (``ext_mask=1``) before and after, as dicts.  Reading a
 VF's state needs no capability (RTM_GETLINK): :func:`read_vf` runs in the
-caller's process.  Errors cross the channel as ``accel_agent.privileged``'s
-do (class name, message, kwargs).
+caller's process.  Errors cross the channel as the sysfs writers' do
+(wire.py: class name, message, kwargs).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from oslo_config import cfg
-
 from accel_agent import exception
-
-# The wire format for errors is the sysfs context's, shared, not copied.
-from accel_agent.privileged import _call, _daemon_side, guard_of, register_guard, start_context
-
-# As in accel_agent.privileged: oslo.privsep pulls in eventlet, which warns on import.
-warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category=Warning)
-
-from oslo_privsep import capabilities as caps  # noqa: E402 - after the filter above
-from oslo_privsep import priv_context  # noqa: E402
-
-CFG_SECTION = "accel_agent_net_privileged"
-
-net_admin = priv_context.PrivContext(
-    "accel_agent",
-    cfg_section=CFG_SECTION,
-    pypath=__name__ + ".net_admin",
-    capabilities=[caps.CAP_NET_ADMIN],
-)
+from accel_agent.privileged.context import net_admin
+from accel_agent.privileged.lifecycle import call
+from accel_agent.privileged.wire import daemon_side
 
 MAX_PF_LABEL = 64
 _PF_LABEL_RE = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
@@ -93,22 +74,19 @@ def reset_local(pf_netdev: str, vf: int, pf: str | None = None) -> dict[str, dic
     return {"before": before.to_dict(), "after": after.to_dict()}
 
 
-@net_admin.entrypoint
-def _priv_pid() -> int:
-    """The helper's own pid (accel_agent.privsep_guard)."""
-    return os.getpid()
+# --- through the helper ------------------------------------------------------------
 
 
 @net_admin.entrypoint
 def _priv_apply(
     pf_netdev: str, vf: int, settings: dict[str, Any], pf: str | None = None, clean: bool = False
 ) -> dict[str, dict[str, Any]]:
-    return _daemon_side(lambda: apply_local(pf_netdev, vf, settings, pf, clean))
+    return daemon_side(lambda: apply_local(pf_netdev, vf, settings, pf, clean))
 
 
 @net_admin.entrypoint
 def _priv_reset(pf_netdev: str, vf: int, pf: str | None = None) -> dict[str, dict[str, Any]]:
-    return _daemon_side(lambda: reset_local(pf_netdev, vf, pf))
+    return daemon_side(lambda: reset_local(pf_netdev, vf, pf))
 
 
 def apply_vf_settings(
@@ -126,7 +104,7 @@ def apply_vf_settings(
     Raises InvalidVfSetting (nothing sent), PfNetdevNotFound, VfNotReported,
     VfIndexOutOfRange, VfSettingRefused (rolled back), VfRollbackFailed
     (half-configured), VfSettingNotApplied."""
-    return _call(_priv_apply, pf_netdev, vf, dict(settings), pf=pf, clean=clean)
+    return call(_priv_apply, pf_netdev, vf, dict(settings), pf=pf, clean=clean)
 
 
 def reset_vf_settings(
@@ -134,7 +112,7 @@ def reset_vf_settings(
 ) -> dict[str, dict[str, Any]]:
     """Back to MAC 0, VLAN 0, spoofchk on, trust off, link auto, no rate
     limit, writing only what differs (``vfconfig.reset``)."""
-    return _call(_priv_reset, pf_netdev, vf, pf=pf)
+    return call(_priv_reset, pf_netdev, vf, pf=pf)
 
 
 def read_vf(pf_netdev: str, vf: int, *, pf: str | None = None) -> dict[str, Any]:
@@ -143,30 +121,3 @@ def read_vf(pf_netdev: str, vf: int, *, pf: str | None = None) -> dict[str, Any]
 
     with netlink.PfLink(pf_netdev, pf) as link:
         return link.read(vfconfig.validate_vf_index(vf)).to_dict()
-
-
-# --- starting the daemon ---------------------------------------------------------
-
-
-def start_net_privsep(
-    config_files: Sequence[str] | None = None, config_dirs: Sequence[str] | None = None
-) -> None:
-    """Start the CAP_NET_ADMIN daemon now (``privileged.start_context``); an
-    operator's ``[accel_agent_net_privileged] helper_command`` wins."""
-    start_context(net_admin, CFG_SECTION, config_files, config_dirs)
-
-
-def ensure_net_privsep() -> None:
-    """Nothing to do any more: the guard starts the daemon on the first call
-    (with the command :func:`start_net_privsep` set, else from CONF's files)."""
-
-
-def stop_net_privsep() -> None:
-    guard_of(net_admin).stop()
-
-
-register_guard(net_admin, "net", CFG_SECTION, _priv_pid)
-
-
-def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
-    return [(CFG_SECTION, list(priv_context.OPTS))]

@@ -1,0 +1,106 @@
+"""The sync loop's state: how the last syncs went, when the next may run, the health document.
+
+Placement being down never raises into the caller's loop: a failed sync is
+recorded here, logged as one warning, and the next attempt waits
+``sync_interval * 2**(failures - 1)`` (at most ``max_backoff``, with jitter);
+a success clears the back-off.  :meth:`SyncHealth.document` is what
+``/v1/health`` shows as ``reporting`` and the metrics export.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from accel_agent.reporting.placement.result import SyncResult
+
+
+def iso(timestamp: float | None) -> str | None:
+    return None if timestamp is None else datetime.fromtimestamp(timestamp, UTC).isoformat()
+
+
+class SyncHealth:
+    """Failures in a row, back-off, last success and error; thread-safe (the
+    syncing thread records, any thread reads)."""
+
+    def __init__(
+        self,
+        *,
+        sync_interval: float,
+        max_backoff: float,
+        clock: Callable[[], float],
+        log: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        self._sync_interval = sync_interval
+        self._max_backoff = max_backoff
+        self._clock = clock
+        self._log = log
+        self._lock = threading.Lock()
+        self._last_success: float | None = None
+        self._last_error: str | None = None
+        self._failures = 0
+        self._next_attempt_at = 0.0
+        self._providers = 0
+
+    @property
+    def next_attempt_at(self) -> float:
+        with self._lock:
+            return self._next_attempt_at
+
+    @property
+    def failures(self) -> int:
+        with self._lock:
+            return self._failures
+
+    def document(self, *, enabled: bool) -> dict[str, Any]:
+        with self._lock:
+            state = "failing" if self._failures else "ok"
+            if not enabled:
+                state = "disabled"
+            return {
+                "enabled": enabled,
+                "state": state,
+                "last_success": iso(self._last_success),
+                "last_error": self._last_error,
+                "consecutive_failures": self._failures,
+                "providers": self._providers,
+                "next_attempt_at": iso(self._next_attempt_at) if self._failures else None,
+            }
+
+    def record(self, result: SyncResult) -> None:
+        now = self._clock()
+        with self._lock:
+            if result.ok:
+                self._last_success = now
+                self._failures = 0
+                self._next_attempt_at = 0.0
+            else:
+                self._failures += 1
+                self._last_error = result.error or "; ".join(
+                    f"{name}: {why}" for name, why in sorted(result.failures.items())
+                )
+                # Jitter spreads a fleet's retries once Placement comes back.
+                delay = min(self._sync_interval * 2 ** (self._failures - 1), self._max_backoff)
+                self._next_attempt_at = now + delay * random.uniform(0.8, 1.0)
+            if result.error is None:
+                self._providers = result.providers
+        if not result.ok:
+            self._log.warning(
+                "Placement sync failed (%d in a row, next attempt in %.0f s): %s",
+                self._failures,
+                self._next_attempt_at - now,
+                self._last_error,
+            )
+        elif result.changed:
+            self._log.info(
+                "Placement sync: %d created, %d updated, %d drained, %d deleted (%d writes)",
+                len(result.created),
+                len(result.updated),
+                len(result.drained),
+                len(result.deleted),
+                result.writes,
+            )
