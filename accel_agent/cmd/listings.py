@@ -1,7 +1,7 @@
 """The read-only listings (``types``, ``mdevs``, ``inventory``) read directly
 from sysfs and the ledger: what accelctl prints when no daemon runs.
 
-Shared by accelctl's parser path (accel_agent.cmd.ctl) and its plain path
+Shared by accelctl's parser path (accel_agent.cmd.ctl_listings) and its plain path
 (accel_agent.cmd.plain_listing), which must print the same bytes; this
 module imports neither argparse nor the API client.
 """

@@ -11,8 +11,10 @@ from typing import Any, TextIO
 from accel_agent import exception
 from accel_agent.exception import printable
 
+# accelctl's exit codes (a public contract, DESIGN.md §6).
 EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 
 
 def _cell(value: Any) -> str:
@@ -63,6 +65,18 @@ def emit_json(document: Any, out: TextIO | None = None) -> None:
         # Documents are trees built by the views: no cycle to guard against.
         out.write(json.dumps(document, separators=(",", ":"), check_circular=False))
     out.write("\n")
+
+
+def allocation(document: dict[str, Any], as_json: bool) -> None:
+    """An instance's allocation (``allocate``, ``migration commit``): the
+    document as JSON, or one row per mdev."""
+    if as_json:
+        emit_json(document)
+        return
+    table(
+        ("uuid", "parent", "type"),
+        [(m["uuid"], m["parent"], m["mdev_type"]) for m in document["mdevs"]],
+    )
 
 
 def emit_json_bytes(document: bytes) -> None:

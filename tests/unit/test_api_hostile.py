@@ -16,7 +16,7 @@ import pytest
 from accel_agent import exception
 from accel_agent.api.app import MAX_JSON_DEPTH, ApiApplication
 from accel_agent.api.client import ApiClient
-from accel_agent.cmd import ctl, output
+from accel_agent.cmd import ctl_migration, output
 from tests.functional.daemon_fixture import short_dir
 from tests.unit.test_api_app import FakeBackend, call
 
@@ -155,7 +155,7 @@ def test_warnings_and_errors_escape_control_characters(capsys):
 
 def test_accelctl_refuses_a_source_mdev_given_twice():
     with pytest.raises(exception.InvalidMigrationRequest, match="given twice"):
-        ctl._pairs([f"{UUID}=nvidia-35", f"{UUID}=nvidia-36"], "--mdev")
+        ctl_migration._pairs([f"{UUID}=nvidia-35", f"{UUID}=nvidia-36"], "--mdev")
 
 
 # --- an overloaded agent, as accelctl sees it -------------------------------------------------

@@ -1,0 +1,92 @@
+"""``accelctl check-config`` and ``accelctl reload``: the configuration,
+checked against this host or reloaded by the running daemon.
+
+``check-config`` reads no ledger while the daemon runs: nothing it reports
+depends on the ledger's rows (it would only catch a damaged file, which the
+daemon checks itself at its start and reports in ``/v1/health``).  Acting
+directly it opens the ledger read-only (never created, migrated or
+checkpointed).  (``accelctl ledger upgrade`` is accel_agent.cmd.ledger_upgrade.)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from accel_agent import exception, wiring
+from accel_agent.cmd import daemon, loading, output
+
+# Seconds `accelctl reload` waits for the daemon's answer.
+RELOAD_TIMEOUT = 300.0
+
+
+def add_check_config(subparsers: argparse._SubParsersAction) -> None:
+    check = subparsers.add_parser(
+        "check-config",
+        help="validate the config against this host's sysfs and print every problem",
+        description="Validate [devices] enabled_mdev_types and [mdev_<type>] sections "
+        "against the host. Errors (duplicate or malformed addresses, bad mdev_class) "
+        "exit 1; warnings (an address that is no mdev parent, a type a parent does not "
+        "offer) are printed and become errors with --strict.",
+    )
+    check.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    check.set_defaults(func=check_config)
+
+
+def add_reload(subparsers: argparse._SubParsersAction) -> None:
+    reload = subparsers.add_parser(
+        "reload",
+        help="make the running daemon re-read its configuration files (like SIGHUP) and "
+        "say whether it applied them",
+        description="Ask the running accel-agent to reload its configuration, as SIGHUP "
+        "(systemctl reload) does, and wait for the result. The daemon checks the files "
+        "exactly as at start-up (every value and range, named by file and line) and "
+        "refuses a configuration that would orphan an assigned device or that changes an "
+        "option needing a restart; a refused reload keeps the running configuration. "
+        "Exit status: 0 applied, 1 refused (the reason on stderr) or no daemon running.",
+    )
+    reload.add_argument("--json", action="store_true", help="the daemon's answer as JSON")
+    reload.set_defaults(func=reload_config)
+
+
+def check_config(args: argparse.Namespace) -> int:
+    conf = loading.load_config(args)
+    # The running daemon's ledger is its own (see the module's docstring).
+    running = not args.offline and daemon.runs(conf.api.socket_path)
+    ledger = wiring.LedgerView() if running else None
+    errors, warnings, state = wiring.check(conf, strict=args.strict, ledger=ledger)
+    for warning in warnings:
+        output.warning(warning)
+    if errors or state is None:
+        for error in errors:
+            output.error(error)
+        return output.EXIT_ERROR
+    providers = state.inventory().providers
+    print(
+        f"configuration OK: {len(state.policy.types)} mdev type(s) enabled, "
+        f"{len(providers)} provider(s) on {len(state.snapshot.parents)} mdev parent(s)"
+    )
+    return output.EXIT_OK
+
+
+def reload_config(args: argparse.Namespace) -> int:
+    """Ask the running daemon to reload its configuration, as SIGHUP does,
+    and say what happened: 0 applied, 1 refused (the reason on stderr) or
+    no daemon."""
+    listing, _errors = wiring.listing_config(args.config_file, args.config_dir, "accelctl")
+    from accel_agent.api.client import ApiClient
+
+    socket_path = listing.api_socket_path
+    try:
+        # Validating a configuration scans the host: give a large one time.
+        outcome = ApiClient(socket_path, timeout=RELOAD_TIMEOUT).call("POST", "/v1/reload")
+    except exception.AgentNotRunning:
+        output.error(f"accel-agent is not running (no API socket at {socket_path}): nothing "
+                     "to reload; the configuration is read when it starts")
+        return output.EXIT_ERROR
+    if args.json:
+        output.emit_json(outcome)
+        return output.EXIT_OK
+    for note in outcome.get("notes", []):
+        output.warning(note)
+    print("configuration reloaded")
+    return output.EXIT_OK
