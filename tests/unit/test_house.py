@@ -2,7 +2,8 @@
 
 The neutral rooms (manager, ledger, inventory, policy) name no device
 model; a backend uses the sysfs reader and the privileged writer, never the
-manager; the daemon does not reach into the console scripts' room; the
+manager; the daemon does not reach into the console scripts' room, and in
+that room accelctl's command modules meet only in ctl.py's registration; the
 core's options import no other room's; the privileged package is used
 through its facade only, and what runs as root imports little.  Each rule lists the imports the
 package really has, so a new arrow the wrong way fails here by name.
@@ -95,6 +96,41 @@ DEVICE_MODELS = (
 )
 def test_no_arrow_goes_the_wrong_way(rooms: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
     assert _offenders(_module_files(*rooms), forbidden) == []
+
+
+CMD = PACKAGE / "cmd"
+# accelctl's entry points (and accel-agent's), and what accelctl's commands share.
+CMD_ENTRY_POINTS = ("ctl", "accelctl", "plain_listing", "agent")
+CMD_SHARED = ("__init__", "common", "daemon", "loading", "output", "listings")
+# Every other module of cmd/ is a command module: one group of accelctl's
+# subcommands, registered by ctl.py (a new module is one unless named above).
+COMMAND_MODULES = tuple(
+    path.stem
+    for path in sorted(CMD.glob("*.py"))
+    if path.stem not in CMD_ENTRY_POINTS + CMD_SHARED
+)
+
+
+def _cmd(*stems: str) -> tuple[str, ...]:
+    return tuple(f"accel_agent.cmd.{stem}" for stem in stems)
+
+
+def test_accelctl_command_modules_meet_only_in_its_registration() -> None:
+    """ctl.py assembles the parser from the command modules; none of them
+    imports another, or an entry point, and nothing else in cmd/ imports one:
+    a group's code is found in its module alone."""
+    assert {"ctl_devices", "ctl_migration", "ledger_upgrade"} <= set(COMMAND_MODULES)
+    offenders = []
+    for path in sorted(CMD.glob("*.py")):
+        if path.stem == "ctl":
+            continue
+        others = _cmd(*(m for m in COMMAND_MODULES if m != path.stem))
+        if path.stem in COMMAND_MODULES:
+            others += _cmd(*CMD_ENTRY_POINTS)
+        offenders += _offenders([path], others)
+    assert offenders == []
+    # ... and ctl.py registers every one of them.
+    assert set(_cmd(*COMMAND_MODULES)) <= _imports(CMD / "ctl.py")
 
 
 PRIVILEGED = PACKAGE / "privileged"
