@@ -102,7 +102,9 @@ def test_lifecycle_through_the_cli(host):
     assert sorted(report["recreated"]) == sorted(before)
     assert sysfs_mdevs(host) == before
 
-    ctl(config, "release", "vm-1", "--remove")
+    released = ctl(config, "release", "vm-1", "--remove").stdout
+    assert released.startswith("released and removed 2 mdev(s) of vm-1: ")
+    assert all(u in released for u in uuids)
     assert not set(uuids) & host.sysfs_uuids()
     assert host.available("0000:84:00.0", "nvidia-35") == 16
     assert "nothing to do" in ctl(config, "release", "vm-1").stdout
@@ -113,7 +115,9 @@ def test_adopt_and_refusals(host):
     host.create_foreign("0000:85:00.0", "nvidia-35", FOREIGN)
     mdevs = json.loads(ctl(config, "mdevs", "--json").stdout)["mdevs"]
     assert mdevs[0]["uuid"] == FOREIGN and mdevs[0]["owned"] is False
-    ctl(config, "adopt", FOREIGN)
+    assert ctl(config, "adopt", FOREIGN).stdout == (
+        f"adopted {FOREIGN} (nvidia-35 on 0000:85:00.0)\n"
+    )
     mdevs = json.loads(ctl(config, "mdevs", "--json").stdout)["mdevs"]
     assert mdevs[0]["owned"] is True
     assert "not a UUID" in ctl(config, "adopt", "../../etc/passwd", rc=1).stderr
@@ -121,6 +125,12 @@ def test_adopt_and_refusals(host):
     proc = ctl(config, "--sysfs-root", "/tmp", "allocate", "vm", "--count", "1", rc=1)
     assert "--sysfs-root" in proc.stderr
     assert ctl(config, "allocate", "vm", rc=2).returncode == 2
+    usage = ctl(config, "adopt", rc=2).stderr
+    assert usage == "accelctl adopt: error: give either UUID or --from-libvirt\n"
+    # An instance with no claim: the abort is idempotent, and says what it freed.
+    assert ctl(config, "migration", "abort", "vm-9").stdout == (
+        "claim of vm-9 aborted; freed: none\n"
+    )
     assert not os.path.exists("/tmp/class")
 
 

@@ -165,6 +165,9 @@ def test_refuses_an_mdev_whose_type_the_config_does_not_give_its_parent(host, tm
     assert ledger(host) == {}
     out = ctl(conf, "adopt", "--from-libvirt", "--dry-run", rc=1).stdout
     assert "problem: domain instance-3" in out and "would be refused" in out
+    # The plan as JSON exits 1 too: a script reads the refusal from the status.
+    plan = json.loads(ctl(conf, "adopt", "--from-libvirt", "--dry-run", "--json", rc=1).stdout)
+    assert plan["applied"] is False and any("instance-3" in p for p in plan["problems"])
     assert ledger(host) == {}
 
 
