@@ -16,7 +16,8 @@ processes too.  Each step draws one of:
   kills: ``max_instances`` on and off), or a refused one (a bad value, an
   option that needs a restart);
 * offline readers beside a mutation (``check-config``, ``--offline``
-  listings) and ``accelctl recover --check`` through the daemon;
+  listings), an offline writer (``accelctl --offline recover``), and
+  ``accelctl recover --check`` through the daemon;
 * a daemon restart (SIGTERM, then start);
 * a stalled privsep helper (SIGSTOP, then a mutation that must get 503 or
   an answer, never hang) and a helper SIGKILLed in the middle of a mutation;
@@ -442,6 +443,10 @@ class DaemonHarness:
             ["--offline", "mdevs", "--json"],
             ["--offline", "inventory", "--json"],
             ["--offline", "types", "--json"],
+            # An offline writer beside the daemon (the file lock serialises
+            # them): the case where a second open inside the daemon would
+            # let this process's last close delete the daemon's WAL.
+            ["--offline", "recover", "--json"],
         ]
         chosen = self.rng.sample(commands, 2)
         procs = [
