@@ -42,6 +42,11 @@ ledger's rows with plain SQL and sysfs (``killharness.read_ledger`` /
 * the daemon never dies of a reload, a reader, a stalled or killed helper:
   only of the harness's own SIGKILLs.
 
+Deliberate faults this harness was seen to catch (besides the tests named in
+their patches): ``ledger-lock-dropping-open`` (seed 7: an adoption answered 200
+gone from the ledger 8 steps in, the daemon writing into a WAL another
+process's last close had deleted; then a committed claim lost after a kill).
+
 Run it alone: ``python -m tests.functional.daemonharness --kills 200``
 (``make soak`` runs it at length beside the other models).
 """
