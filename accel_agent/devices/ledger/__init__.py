@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from accel_agent.devices.ledger.attach import AttachRequestStore
 from accel_agent.devices.ledger.claims import ClaimStore
-from accel_agent.devices.ledger.connection import LEDGER_FILENAME, LedgerConnection
+from accel_agent.devices.ledger.connection import LEDGER_FILENAME
 from accel_agent.devices.ledger.devices import DeviceStore
 from accel_agent.devices.ledger.intents import IntentStore
 from accel_agent.devices.ledger.records import (
@@ -76,7 +76,6 @@ __all__ = [
     "Intent",
     "IntentKind",
     "Ledger",
-    "LedgerConnection",
     "LedgerSchemaOld",
     "Migration",
     "OwnerKind",
