@@ -597,3 +597,15 @@ class NoFreeVf(AccelAgentException):
 
 class VfNotInPool(AccelAgentException):
     msg_fmt = "%(vf)s is not a VF of a PF of a configured pool (%(reason)s)"
+
+
+class LedgerSchemaOld(LedgerError):
+    """A ledger of an older schema, opened by a reader or by a writer that
+    may not migrate it (only the daemon and ``accelctl ledger upgrade`` do,
+    after a backup)."""
+
+    msg_fmt = (
+        "the mdev ledger %(path)s has schema version %(found)s, older than this agent's "
+        "(%(supported)s); left unchanged: run 'accelctl ledger upgrade' (it keeps a backup "
+        "copy), or restart accel-agent, which upgrades it the same way"
+    )

@@ -16,7 +16,8 @@ processes too.  Each step draws one of:
   kills: ``max_instances`` on and off), or a refused one (a bad value, an
   option that needs a restart);
 * offline readers beside a mutation (``check-config``, ``--offline``
-  listings) and ``accelctl recover --check`` through the daemon;
+  listings), an offline writer (``accelctl --offline recover``), and
+  ``accelctl recover --check`` through the daemon;
 * a daemon restart (SIGTERM, then start);
 * a stalled privsep helper (SIGSTOP, then a mutation that must get 503 or
   an answer, never hang) and a helper SIGKILLed in the middle of a mutation;
@@ -40,6 +41,11 @@ ledger's rows with plain SQL and sysfs (``killharness.read_ledger`` /
 * foreign mdevs are never touched;
 * the daemon never dies of a reload, a reader, a stalled or killed helper:
   only of the harness's own SIGKILLs.
+
+Deliberate faults this harness was seen to catch (besides the tests named in
+their patches): ``ledger-lock-dropping-open`` (seed 7: an adoption answered 200
+gone from the ledger 8 steps in, the daemon writing into a WAL another
+process's last close had deleted; then a committed claim lost after a kill).
 
 Run it alone: ``python -m tests.functional.daemonharness --kills 200``
 (``make soak`` runs it at length beside the other models).
@@ -442,6 +448,10 @@ class DaemonHarness:
             ["--offline", "mdevs", "--json"],
             ["--offline", "inventory", "--json"],
             ["--offline", "types", "--json"],
+            # An offline writer beside the daemon (the file lock serialises
+            # them): the case where a second open inside the daemon would
+            # let this process's last close delete the daemon's WAL.
+            ["--offline", "recover", "--json"],
         ]
         chosen = self.rng.sample(commands, 2)
         procs = [

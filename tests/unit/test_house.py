@@ -4,9 +4,10 @@ The neutral rooms (manager, ledger, inventory, policy) name no device
 model; a backend uses the sysfs reader and the privileged writer, never the
 manager; the daemon does not reach into the console scripts' room, and in
 that room accelctl's command modules meet only in ctl.py's registration; the
-core's options import no other room's; the privileged package is used
-through its facade only, and what runs as root imports little.  Each rule lists the imports the
-package really has, so a new arrow the wrong way fails here by name.
+core's options and the ledger import no other room's; the privileged
+package and the ledger's are used through their facades only, and what
+runs as root imports little.  Each rule lists the imports the package
+really has, so a new arrow the wrong way fails here by name.
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ DEVICE_MODELS = (
             ),
             ("accel_agent.cmd",),
         ),
-        # The core's options: no reporter, no privileged side.
+        # The core's options and the ledger (every module of its package): no
+        # reporter, no privileged side.
         (
-            ("conf.py", "devices/ledger.py"),
+            ("conf.py", "devices/ledger"),
             ("accel_agent.reporting", "accel_agent.privileged", "accel_agent.cmd"),
         ),
     ],
@@ -185,17 +187,40 @@ def test_the_rule_sees_a_wrong_arrow(tmp_path: Path) -> None:
     assert _imports(module) == {"accel_agent.cmd", "accel_agent.cmd.common"}
 
 
+LEDGER = PACKAGE / "devices" / "ledger"
+# The modules behind the ledger's facade (accel_agent/devices/ledger/__init__.py).
+LEDGER_MODULES = tuple(
+    f"accel_agent.devices.ledger.{path.stem}"
+    for path in sorted(LEDGER.glob("*.py"))
+    if path.stem != "__init__"
+)
+
+
+def test_the_ledger_package_is_used_through_its_facade_only() -> None:
+    """The rest of the agent imports the ledger's facade, never one of its
+    modules: how the ledger is split stays its own business."""
+    assert "accel_agent.devices.ledger.connection" in LEDGER_MODULES  # not vacuous
+    outside = [path for path in _module_files(".") if LEDGER not in path.parents]
+    assert _offenders(outside, LEDGER_MODULES) == []
+
+
 def test_loading_the_ledger_loads_no_reporter_and_no_privsep() -> None:
     """At run time too: the ledger and the core's options alone."""
     code = (
         "import sys, accel_agent.devices.ledger, accel_agent.conf;"
         "print(sorted(m for m in sys.modules if m.startswith(('accel_agent.reporting',"
-        " 'accel_agent.privileged', 'oslo_privsep', 'keystoneauth1'))))"
+        " 'accel_agent.privileged', 'oslo_privsep', 'keystoneauth1'))));"
+        "print(sorted(m for m in sys.modules if m.startswith('accel_agent.devices.ledger.')))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == "[]"
+    forbidden, loaded = result.stdout.splitlines()
+    assert forbidden == "[]"
+    # Not vacuous: the import loaded every module of the ledger's package (one
+    # loaded later, lazily, would escape this check).
+    assert "accel_agent.devices.ledger.connection" in LEDGER_MODULES
+    assert loaded == str(sorted(LEDGER_MODULES))
 
 
 # The decider's use cases ask the operation protocol to run their changes;

@@ -212,6 +212,27 @@ def test_an_upgrade_keeps_a_backup_of_the_old_schema_beside_the_ledger(tmp_path)
     ]
 
 
+def test_an_upgrade_logs_where_the_backup_is_under_the_ledgers_name(tmp_path, caplog):
+    """Operators filter on the logger's name: the ledger's lines keep it,
+    whichever of the package's modules writes them."""
+    write_v1_ledger(tmp_path)
+    caplog.set_level("INFO", logger="accel_agent.devices.ledger")
+    with Ledger(tmp_path, upgrade=True) as led:
+        backup = led.backup_path
+    warnings = [(r.name, r.getMessage()) for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [(
+        "accel_agent.devices.ledger",
+        f"mdev ledger {tmp_path / LEDGER_FILENAME} upgraded from schema 1 to {SCHEMA_VERSION}; "
+        f"a copy of it as it was is at {backup}",
+    )]
+
+
+def test_the_older_schema_refusal_is_one_of_the_agents_ledger_errors():
+    """Callers catch it from accel_agent.exception or, as before, the ledger."""
+    assert LedgerSchemaOld is exception.LedgerSchemaOld
+    assert issubclass(LedgerSchemaOld, exception.LedgerError)
+
+
 def test_a_commit_between_the_backup_and_the_migration_gets_a_new_backup(tmp_path, monkeypatch):
     """The backup cannot be taken inside the migration's write transaction:
     another process's commit in between would be missing from it."""
