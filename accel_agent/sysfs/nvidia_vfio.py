@@ -163,6 +163,9 @@ class VfioScanner:
         self._path = os.path.join(state_dir, TABLES_FILE) if state_dir else None
         self._persist = persist and self._path is not None
         self._tables: dict[str, dict[int, str]] = self._load()
+        # PCI functions that are neither a VF nor an SR-IOV PF -> their bus
+        # link when the last scan saw them (skipped while it is the same).
+        self._unrelated: dict[str, str] = {}
 
     def _load(self) -> dict[str, dict[int, str]]:
         if self._path is None:
@@ -207,28 +210,45 @@ class VfioScanner:
         except OSError:
             os.close(bus_fd)
             return Discovery()
-        # Every PCI function of the host is looked at on every rescan: each
-        # is opened through its link (the kernel resolves it, one call) and
-        # asked its driver first, the cheapest test that rules most out; no
-        # realpath (an lstat per path component, per device).
+        # Every PCI function of the host is looked at on every rescan, so the
+        # walk is cheap: a function that is neither a VF nor an SR-IOV PF is
+        # skipped after one readlink while its bus link is the same (neither
+        # property changes in a device's life); the others are opened through
+        # their link (the kernel resolves it: no realpath, an lstat per path
+        # component) and asked their driver.
+        unrelated: dict[str, str] = {}
         try:
             for name in names:
                 if not address.is_canonical_parent_name(name) or not address.is_pci_address(name):
+                    continue
+                try:
+                    link = os.readlink(name, dir_fd=bus_fd)
+                except OSError:
+                    continue
+                if self._unrelated.get(name) == link:
+                    unrelated[name] = link
                     continue
                 try:
                     device_fd = os.open(name, _DIR_FLAGS, dir_fd=bus_fd)
                 except OSError:
                     continue
                 try:
+                    physfn = _link_name_at(device_fd, "physfn")
+                    if physfn is not None and not address.is_pci_address(physfn):
+                        physfn = None
+                    if physfn is None and not _sriov_total(device_fd):
+                        unrelated[name] = link
+                        continue
                     if _link_name_at(device_fd, "driver") != "nvidia":
                         continue
                     device = _device_path(root, device_fd, os.path.join(devices_dir, name))
                     if device is None:
                         continue
-                    vf = self._read_vf(root, name, device, device_fd, warnings.append)
-                    if vf is not None:
-                        vfs.append(vf)
-                    elif _is_idle_pf(device_fd):
+                    if physfn is not None:
+                        vf = self._read_vf(root, name, device, device_fd, physfn, warnings.append)
+                        if vf is not None:
+                            vfs.append(vf)
+                    elif _no_vfs_enabled(device_fd):
                         notes.append(
                             f"GPU {name} (nvidia) has SR-IOV but no VFs enabled: its vGPUs "
                             f"(vGPU 17 and later) live on VFs; enable them with NVIDIA's "
@@ -238,14 +258,18 @@ class VfioScanner:
                     os.close(device_fd)
         finally:
             os.close(bus_fd)
+        self._unrelated = unrelated
         return self._build(vfs, warnings, notes)
 
     def _read_vf(
-        self, root: str, name: str, device: str, device_fd: int, warn: Callable[[str], None]
+        self,
+        root: str,
+        name: str,
+        device: str,
+        device_fd: int,
+        physfn: str,
+        warn: Callable[[str], None],
     ) -> _Vf | None:
-        physfn = _link_name_at(device_fd, "physfn")
-        if physfn is None or not address.is_pci_address(physfn):
-            return None
         try:
             # Not followed: a link named nvidia is no vendor directory.
             dir_fd = os.open(NVIDIA_DIR, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=device_fd)
@@ -397,17 +421,19 @@ def _attribute(dir_fd: int, name: str, owner: str, warn: Callable[[str], None]) 
         return None
 
 
-def _is_idle_pf(device_fd: int) -> bool:
-    """An SR-IOV capable NVIDIA PF with no VF enabled (``sriov_totalvfs`` > 0,
-    no ``virtfn*`` link)."""
+def _sriov_total(device_fd: int) -> int:
+    """``sriov_totalvfs`` of a PCI function: 0 when it has no SR-IOV."""
     try:
         total = attributes.parse_int_or_none(
             attributes.read_at(device_fd, "sriov_totalvfs"), MAX_VFS
         )
     except attributes.NotAnAttribute:
         total = None
-    if not total:
-        return False
+    return total or 0
+
+
+def _no_vfs_enabled(device_fd: int) -> bool:
+    """An SR-IOV PF with no ``virtfn*`` link (no VF enabled)."""
     try:
         with os.scandir(device_fd) as entries:
             return not any(entry.name.startswith("virtfn") for entry in entries)
