@@ -90,6 +90,10 @@ class HostRescanner:
             self._last = (base, results, merged)
             return merged
 
+    def interrupt(self) -> None:
+        """The agent is stopping: see :meth:`Rescanner.interrupt`."""
+        self._mdevs.interrupt()
+
     def full(self) -> HostSnapshot:
         return self._with_others(self._mdevs.full())
 
