@@ -103,9 +103,18 @@ class _Entry:
 
     parent: Parent
     target: str
-    link: str
+    # None: not read (a seeded entry, :meth:`Rescanner.seed`): the link is
+    # then the same device when it leads to the parent's device path.
+    link: str | None
     basis: _Basis
     read_by: int
+
+    def same_device(self, link: str) -> bool:
+        if self.link is not None:
+            return self.link == link
+        # class/mdev_bus/<name> -> ../../devices/...: no link on the way in sysfs.
+        lexical = os.path.normpath(os.path.join(scanner.MDEV_BUS, link))
+        return lexical == self.parent.device_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +159,39 @@ class Rescanner:
     def _check_stop(self) -> None:
         if self._stop.is_set() and getattr(_local, "interruptible", False):
             raise ScanStopped("the agent is stopping")
+
+    def seed(self, snapshot: HostSnapshot, mdev_targets: Mapping[str, str] | None) -> bool:
+        """Start from a cold scan made moments ago (``scanner.scan``: the
+        daemon's start-up check), instead of reading every attribute again:
+        the next scan re-reads the parent and mdev lists and the counters it
+        needs, like any rescan.  ``mdev_targets``: the mdev links listed just
+        before that scan (None: not listed), the basis of its counters when
+        the scan found the same mdevs.  False (nothing done) once a scan ran."""
+        if mdev_targets is not None and mdev_targets.keys() != snapshot.mdevs.keys():
+            mdev_targets = None  # an mdev came or went during the scan
+        signatures = (
+            None
+            if mdev_targets is None
+            else _room_signatures(snapshot.parents, snapshot.mdevs, mdev_targets)
+        )
+        entries = {
+            name: _Entry(
+                parent,
+                os.path.join(snapshot.root, parent.device_path),
+                None,
+                None if signatures is None else signatures.get(_room(parent), frozenset()),
+                0,
+            )
+            for name, parent in snapshot.parents.items()
+        }
+        state = _State(
+            snapshot, MappingProxyType(entries), MappingProxyType(dict(mdev_targets or {})), 0
+        )
+        with self._lock:
+            if self._state is not None:
+                return False
+            self._state = state
+        return True
 
     def full(self) -> HostSnapshot:
         """A complete scan; what was cached is not used (and is replaced)."""
@@ -203,6 +245,7 @@ class Rescanner:
         entries: dict[str, _Entry] = {}
         parents: dict[str, Parent] = {}
         cached: list[str] = []
+        links: dict[str, str] = {}
         bus_dir = os.path.join(root, scanner.MDEV_BUS)
         bus_fd = scanner.open_dir(bus_dir)
         try:
@@ -214,11 +257,12 @@ class Rescanner:
                 except OSError:
                     link = ""
                 known = old.entries.get(name)
-                if known is not None and link and known.link == link:
+                if known is not None and link and known.same_device(link):
                     # Same link text as last time: same device (a readlink,
                     # not a realpath walk, per parent).
                     parents[name] = known.parent
                     cached.append(name)
+                    links[name] = link
                 else:
                     fresh = walker.parent(name)
                     if fresh is None:
@@ -254,9 +298,9 @@ class Rescanner:
             parents[name] = fresh
             read_all = wanted is None or fresh.types.keys() != parent.types.keys()
             entries[name] = (
-                _Entry(fresh, known.target, known.link, now, seq)
+                _Entry(fresh, known.target, links[name], now, seq)
                 if read_all
-                else dataclasses.replace(known, parent=fresh)
+                else dataclasses.replace(known, parent=fresh, link=links[name])
             )
         mdev_targets = MappingProxyType(mdev_targets)
         if _unchanged(old.snapshot, parents, mdevs, walker.warnings):
@@ -310,6 +354,23 @@ class Rescanner:
         if not changed:
             return parent
         return dataclasses.replace(parent, types=MappingProxyType(types))
+
+    @staticmethod
+    def mdev_targets(sysfs_root: str) -> dict[str, str] | None:
+        """uuid -> link target of bus/mdev/devices (None without it): what
+        :meth:`seed` wants listed before a cold scan."""
+        bus = os.path.join(sysfs_root, scanner.MDEV_DEVICES)
+        bus_fd = scanner.open_dir(bus)
+        if bus_fd is None:
+            return None
+        targets: dict[str, str] = {}
+        try:
+            for name in scanner._Scan.listdir(bus_fd):
+                with contextlib.suppress(OSError):
+                    targets[name] = os.readlink(name, dir_fd=bus_fd)
+        finally:
+            os.close(bus_fd)
+        return targets
 
     def _rescan_mdevs(
         self, walker: scanner._Scan, old: _State, reread: bool = False
@@ -388,7 +449,12 @@ def _merge(published: _State | None, new: _State) -> _State:
     taken = False
     for name, entry in newest.entries.items():
         theirs = other.entries.get(name)
-        if theirs is not None and theirs.link == entry.link and theirs.read_by > entry.read_by:
+        if (
+            theirs is not None
+            and theirs.link is not None
+            and theirs.link == entry.link
+            and theirs.read_by > entry.read_by
+        ):
             entries[name] = theirs
             taken = True
     if not taken:
