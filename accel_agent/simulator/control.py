@@ -207,6 +207,14 @@ class SimulatorClient:
                              type_id: int | None = None) -> None:
         self.call("fail-next-vgpu-write", errno=errno_name, vf=vf, type_id=type_id)
 
+    def stall_reads(self, match: str, seconds: float | None = None) -> None:
+        """Reads of paths containing ``match`` wait ``seconds`` (None: until
+        :meth:`unstall_reads`): a slow driver, for tests."""
+        self.call("stall-reads", match=match, seconds=seconds)
+
+    def unstall_reads(self) -> None:
+        self.call("unstall-reads")
+
     def stop(self) -> None:
         self.call("stop")
 
@@ -297,6 +305,15 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             vf = req.get("vf")
             host.fail_next_vgpu_write(errno_from_name(req["errno"]),
                                       None if vf is None else str(vf), type_id)
+        elif op == "stall-reads":
+            seconds = req.get("seconds")
+            if seconds is not None and (
+                isinstance(seconds, bool) or not isinstance(seconds, int | float)
+            ):
+                raise ValueError(f"seconds must be a number, got {seconds!r}")
+            host.stall_reads(str(req["match"]), seconds)
+        elif op == "unstall-reads":
+            host.unstall_reads()
         elif op == "stop":
             return "stopping"
         else:
