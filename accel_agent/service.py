@@ -52,6 +52,7 @@ from accel_agent.devices import policy as policy_mod
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 from accel_agent.reporting import placement_opts, views
 from accel_agent.reporting.metrics import AgentMetrics, MdevInfo, ProviderSample
+from accel_agent.sysfs.rescan import ScanStopped, interruptible
 
 if TYPE_CHECKING:
     from accel_agent.devices.manager import DeviceManager
@@ -276,9 +277,18 @@ class AgentCore:
         over it), recover (raises ConfigErrors when an assigned mdev's type is
         gone from the config), then a first rescan."""
         self.manager.ledger.verify()
-        report = self._run_recover(raise_config_errors=True)
-        self.rescan(frozenset({"startup"}))
+        # SIGTERM stops start-up's scans between two parents (ScanStopped
+        # reaches run(), which then stops without finishing the start).
+        with interruptible():
+            report = self._run_recover(raise_config_errors=True)
+            self._rescan_now(frozenset({"startup"}))
         return report
+
+    def interrupt_scans(self) -> None:
+        """SIGTERM: the scans of start-up and of the rescan thread stop at
+        their next parent (a whole scan of a large host takes seconds, and
+        minutes behind a slow FUSE tree); the API's short ones finish."""
+        self.manager.interrupt_scans()
 
     # --- reads (the API's GETs and accelctl's JSON) --------------------------------------
     #
@@ -488,8 +498,19 @@ class AgentCore:
     def rescan(self, reasons: Iterable[str] = ("periodic",)) -> RescanView:
         """Scan sysfs and the ledger; re-create recorded mdevs that vanished
         (their parent is there); free expired claims; refresh the metrics;
-        wake the Placement loop when the reported inventory changed."""
-        reasons = frozenset(reasons)
+        wake the Placement loop when the reported inventory changed.
+
+        Once :meth:`interrupt_scans` was called (the agent is stopping), a
+        rescan stops at its next parent and changes nothing."""
+        try:
+            with interruptible():
+                return self._rescan_now(frozenset(reasons))
+        except ScanStopped:
+            LOG.info("rescan stopped: the agent is stopping")
+            with self._state_lock:
+                return self._rescan
+
+    def _rescan_now(self, reasons: frozenset[str]) -> RescanView:
         with self._rescan_lock:
             started = time.monotonic()
             for reason in reasons:
@@ -929,6 +950,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
         self._stopped = False
         self._started_privsep = False
         self._reload_lock = threading.Lock()
+        self._scans_interrupted = False
 
     # --- life cycle ------------------------------------------------------------------
 
@@ -964,6 +986,8 @@ class AgentService(_service_base()):  # type: ignore[misc]
                 self._started_privsep = True
         core = AgentCore(conf, writer=self._writer)
         self.core = core
+        if self._scans_interrupted:  # SIGTERM came while the core was built
+            core.interrupt_scans()
         report = core.startup()
         if any(report.to_dict().values()):
             LOG.info(
@@ -1090,11 +1114,19 @@ class AgentService(_service_base()):  # type: ignore[misc]
         except (cfg.Error, ValueError) as exc:
             raise exception.ReloadRefused(reason=str(exc)) from None
 
+    def interrupt_scans(self) -> None:
+        """SIGTERM: the scans of start-up and of the rescan thread stop at
+        their next parent, so that stopping does not wait for a whole scan."""
+        self._scans_interrupted = True
+        if self.core is not None:
+            self.core.interrupt_scans()
+
     def stop(self, graceful: bool = True) -> None:
         if self._stopped:
             return
         self._stopped = True
         self._stopping.set()
+        self.interrupt_scans()
         LOG.info("stopping: no new connections, letting in-flight requests finish")
         if self.server is not None:
             self.server.stop()  # drains in-flight requests (shutdown_timeout)
@@ -1222,6 +1254,7 @@ def run(
         if early is not None:  # SIGTERM/SIGINT while starting
             LOG.info("%s during start-up: stopping without finishing it",
                      signal.Signals(early).name)
+            agent.interrupt_scans()
             _StopDeadline(agent.conf.api.shutdown_timeout, agent).start()
             agent.stop_helpers()
             agent.close_socket()

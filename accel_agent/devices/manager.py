@@ -111,6 +111,11 @@ class DeviceManager:
         for what no mdev change announces."""
         return self._rescanner.rescan(reread_mdevs=True)
 
+    def interrupt_scans(self) -> None:
+        """The agent is stopping: scans made inside
+        ``accel_agent.sysfs.rescan.interruptible()`` stop at their next parent."""
+        self._rescanner.interrupt()
+
     def _configured_types(self, parent: Parent) -> set[str]:
         mdev_type = self.policy.type_for(parent)
         return {mdev_type} if mdev_type else set()

@@ -211,6 +211,14 @@ class SimulatorClient:
     def accept_held_vgpu_destroy(self, accept: bool = True) -> None:
         self.call("accept-held-vgpu-destroy", accept=accept)
 
+    def stall_reads(self, match: str, seconds: float | None = None) -> None:
+        """Reads of paths containing ``match`` wait ``seconds`` (None: until
+        :meth:`unstall_reads`): a slow driver, for tests."""
+        self.call("stall-reads", match=match, seconds=seconds)
+
+    def unstall_reads(self) -> None:
+        self.call("unstall-reads")
+
     def stop(self) -> None:
         self.call("stop")
 
@@ -306,6 +314,16 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             if not isinstance(accept, bool):
                 raise ValueError(f"accept must be true or false, got {accept!r}")
             host.accept_held_vgpu_destroy(accept)
+
+        elif op == "stall-reads":
+            seconds = req.get("seconds")
+            if seconds is not None and (
+                isinstance(seconds, bool) or not isinstance(seconds, int | float)
+            ):
+                raise ValueError(f"seconds must be a number, got {seconds!r}")
+            host.stall_reads(str(req["match"]), seconds)
+        elif op == "unstall-reads":
+            host.unstall_reads()
         elif op == "stop":
             return "stopping"
         else:

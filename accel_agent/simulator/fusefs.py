@@ -2,12 +2,18 @@
 
 Choices, and why:
 
-* **No kernel caching** (``entry_timeout=0``, ``attr_timeout=0``,
+* **No kernel caching of names or contents** (``entry_timeout=0``,
   ``negative_timeout=0``, ``direct_io``): a write to ``create`` must make
   ``bus/mdev/devices/<uuid>`` visible to the very next ``stat``, and counters
   must be re-read on every ``read``, exactly like sysfs.  ``direct_io`` also
   maps every ``write(2)`` to one ``store`` call (no page-cache merging), which
-  is what kernfs does.
+  is what kernfs does.  Attributes (mode, size, link count) are kept for
+  ``attr_timeout``: every path walk still looks each name up (which returns
+  them fresh), so only a ``fstat`` of a descriptor held across a change could
+  see an old link count; without it, the kernel's permission check asked
+  for them again on every path component, a second upcall per component.
+* **No flush**: sysfs has no ``flush``; the kernel stops sending FLUSH after
+  the first ENOSYS, a third fewer upcalls per attribute read.
 * **Errno pass-through**: the model raises ``OSError(errno)``; mfusepy turns
   it into ``-errno`` for the kernel, so ``echo``/``os.write`` see EEXIST,
   EINVAL, ENOSPC, EUSERS, ENODEV as on a real host.
@@ -41,6 +47,9 @@ from accel_agent.simulator.control import FSNAME, SUBTYPE
 from accel_agent.simulator.model import Handle, SimulatedHost
 from accel_agent.simulator.tree import oserror
 
+# Seconds the kernel keeps a node's mode, size and link count (module docstring).
+ATTR_TIMEOUT = 60.0
+
 
 class SysfsOperations(mfusepy.Operations):
     """mfusepy operations over a SimulatedHost.  Paths from FUSE are absolute
@@ -61,7 +70,7 @@ class SysfsOperations(mfusepy.Operations):
             # Also passed as -o options; set here too so the values cannot be lost
             # in the option parsing of a different libfuse version.
             config_3.entry_timeout = 0.0
-            config_3.attr_timeout = 0.0
+            config_3.attr_timeout = ATTR_TIMEOUT
             config_3.negative_timeout = 0.0
             config_3.direct_io = 1
         if self._on_init is not None:
@@ -123,8 +132,8 @@ class SysfsOperations(mfusepy.Operations):
             handle.close()  # a VFIO group node lets its next opener in
         return 0
 
-    def flush(self, path: str, fh: int) -> int:
-        return 0
+    # sysfs has no flush: the kernel gets ENOSYS once and sends no more.
+    flush = None
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
         self._host.lstat(path)
@@ -176,7 +185,7 @@ def mount(host: SimulatedHost, mountpoint: str, *, on_init: Callable[[], None] |
         "subtype": SUBTYPE,
         "default_permissions": True,
         "entry_timeout": 0,
-        "attr_timeout": 0,
+        "attr_timeout": ATTR_TIMEOUT,
         "negative_timeout": 0,
         "direct_io": True,
     }

@@ -178,6 +178,7 @@ class Handle:
         # seq_file semantics: the value is produced at offset 0 and later reads
         # continue in that same snapshot.
         if offset == 0 or not self._cache:
+            self._host._stall_read(self.path)
             self._cache = self.read()
         return self._cache[offset:offset + size]
 
@@ -206,6 +207,10 @@ class SimulatedHost:
         self._seq = 0
         self.generation = 0
         self.blocked_removes: list[BlockedRemove] = []
+        # stall_reads(): (path substring, seconds per read or None: until unstall)
+        self._stall: tuple[str, float | None] | None = None
+        self.stalled_reads = 0  # reads that matched, in all
+        self.stalled_readers = 0  # readers waiting now
         self.boot_count = 1
         self._counters = Counters(self._parents)  # reads _parents live; filled by _build
         for base in (("class", "mdev_bus"), ("bus", "mdev", "devices"), ("bus", "mdev", "drivers"),
@@ -539,6 +544,38 @@ class SimulatedHost:
         with self._lock:
             return self._vgpus.writes()
 
+    def stall_reads(self, match: str, seconds: float | None = None) -> None:
+        """A slow driver, for tests: every read of a file whose path contains
+        ``match`` waits ``seconds`` before it is answered, or (None) until
+        :meth:`unstall_reads`.  Other requests are served meanwhile."""
+        if not match or (seconds is not None and not 0 <= seconds <= 3600):
+            raise ValueError("stall_reads needs a path fragment and 0..3600 seconds")
+        with self._lock:
+            self._stall = (match, seconds)
+
+    def unstall_reads(self) -> None:
+        with self._lock:
+            self._stall = None
+            self._cond.notify_all()
+
+    def _stall_read(self, path: str) -> None:
+        stall = self._stall
+        if stall is None or stall[0] not in path:
+            return
+        with self._lock:
+            self.stalled_reads += 1
+            self.stalled_readers += 1
+            try:
+                if stall[1] is None:
+                    while self._stall is stall:
+                        self._cond.wait()
+                else:
+                    deadline = time.monotonic() + stall[1]
+                    while self._stall is stall and time.monotonic() < deadline:
+                        self._cond.wait(deadline - time.monotonic())
+            finally:
+                self.stalled_readers -= 1
+
     def _mdev(self, uuid: str) -> _Mdev:
         mdev = self._mdevs.get(uuid.lower())
         if mdev is None:
@@ -610,6 +647,8 @@ class SimulatedHost:
             return {
                 "generation": self.generation,
                 "boot_count": self.boot_count,
+                "stalled_reads": self.stalled_reads,
+                "stalled_readers": self.stalled_readers,
                 "parents": parents,
                 "mdevs": [{"uuid": i.uuid, "parent": i.parent, "type_id": i.type_id,
                            "iommu_group": i.iommu_group, "held": i.held} for i in self.mdevs()],
@@ -728,8 +767,10 @@ class SimulatedHost:
         return out
 
     def close(self) -> None:
-        """Wake every blocked remove (they complete); used when the front stops."""
+        """Wake every blocked remove (they complete) and stalled read; used
+        when the front stops."""
         self.release_all()
+        self.unstall_reads()
 
 
 class _MdevParentBinding:

@@ -39,11 +39,24 @@ def oserror(code: int, detail: str | None = None) -> OSError:
 
 
 class Dir:
-    __slots__ = ("children", "mode")
+    __slots__ = ("children", "mode", "subdirs")
 
     def __init__(self, mode: int = DIR_MODE) -> None:
+        # Changed only through Tree (mkdir, add, remove), which keeps
+        # ``subdirs`` (the count ``st_nlink`` needs) in step.
         self.children: dict[str, Node] = {}
         self.mode = mode
+        self.subdirs = 0
+
+    def put(self, name: str, node: Node) -> None:
+        old = self.children.get(name)
+        self.subdirs += isinstance(node, Dir) - isinstance(old, Dir)
+        self.children[name] = node
+
+    def pop(self, name: str) -> Node | None:
+        node = self.children.pop(name, None)
+        self.subdirs -= isinstance(node, Dir)
+        return node
 
 
 class Attr:
@@ -109,8 +122,7 @@ class NodeStat:
 
 def node_stat(node: Node) -> NodeStat:
     if isinstance(node, Dir):
-        subdirs = sum(1 for c in node.children.values() if isinstance(c, Dir))
-        return NodeStat(stat.S_IFDIR | node.mode, 0, 2 + subdirs)
+        return NodeStat(stat.S_IFDIR | node.mode, 0, 2 + node.subdirs)
     if isinstance(node, Link):
         return NodeStat(stat.S_IFLNK | 0o777, len(node.target), 1)
     return NodeStat(stat.S_IFREG | node.mode, ATTR_SIZE, 1)
@@ -135,10 +147,19 @@ def split(path: str | Path) -> Path:
 
 
 class Tree:
-    """The node tree plus path resolution with symlink following."""
+    """The node tree plus path resolution with symlink following.
+
+    Resolved paths are remembered until the tree next changes: the FUSE
+    front resolves the whole path from the root on every request (one per
+    path component of every lookup, thousands a second during a scan), and
+    the tree changes only on a create, a remove, a (un)registration."""
 
     def __init__(self) -> None:
         self.root = Dir()
+        self._resolved: dict[tuple[str | Path, bool], tuple[Node, Path]] = {}
+
+    def _changed(self) -> None:
+        self._resolved.clear()
 
     # -- building -----------------------------------------------------------------
 
@@ -148,14 +169,17 @@ class Tree:
         for name in path:
             child = node.children.get(name)
             if child is None:
-                child = node.children[name] = Dir()
+                child = Dir()
+                node.put(name, child)
+                self._changed()
             elif not isinstance(child, Dir):
                 raise AssertionError(f"{'/'.join(path)}: {name} is not a directory")
             node = child
         return node
 
     def add(self, path: Path, node: Node) -> Node:
-        self.mkdir(path[:-1]).children[path[-1]] = node
+        self.mkdir(path[:-1]).put(path[-1], node)
+        self._changed()
         return node
 
     def attr(self, path: Path, show: bytes | str | Callable[[], bytes] | None = None,
@@ -179,8 +203,9 @@ class Tree:
             return None
         if not isinstance(parent, Dir):
             return None
-        node = parent.children.pop(path[-1], None)
+        node = parent.pop(path[-1])
         if node is not None:
+            self._changed()
             _kill(node)
         return node
 
@@ -189,6 +214,13 @@ class Tree:
     def resolve(self, path: str | Path, follow_final: bool = True) -> tuple[Node, Path]:
         """The node at ``path`` and its physical path (links followed on the way,
         ``..`` taken physically after a link, as the VFS does)."""
+        key = (path, follow_final)
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._resolved[key] = self._resolve(path, follow_final)
+        return found
+
+    def _resolve(self, path: str | Path, follow_final: bool) -> tuple[Node, Path]:
         pending = deque(split(path))
         stack: list[tuple[str, Node]] = []
         node: Node = self.root

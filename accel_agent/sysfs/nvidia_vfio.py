@@ -163,6 +163,9 @@ class VfioScanner:
         self._path = os.path.join(state_dir, TABLES_FILE) if state_dir else None
         self._persist = persist and self._path is not None
         self._tables: dict[str, dict[int, str]] = self._load()
+        # PCI functions that are neither a VF nor an SR-IOV PF -> their bus
+        # link when the last scan saw them (skipped while it is the same).
+        self._unrelated: dict[str, str] = {}
 
     def _load(self) -> dict[str, dict[int, str]]:
         if self._path is None:
@@ -199,36 +202,79 @@ class VfioScanner:
         vfs: list[_Vf] = []
         devices_dir = os.path.join(root, PCI_DEVICES)
         try:
-            names = sorted(os.listdir(devices_dir))
+            bus_fd = os.open(devices_dir, _DIR_FLAGS)
         except OSError:
             return Discovery()
-        for name in names:
-            if not address.is_canonical_parent_name(name) or not address.is_pci_address(name):
-                continue
-            device = _resolve(root, os.path.join(devices_dir, name))
-            if device is None or _link_name(device, "driver") != "nvidia":
-                continue
-            vf = self._read_vf(root, name, device, warnings.append)
-            if vf is not None:
-                vfs.append(vf)
-            elif _is_idle_pf(device):
-                notes.append(
-                    f"GPU {name} (nvidia) has SR-IOV but no VFs enabled: its vGPUs (vGPU 17 "
-                    f"and later) live on VFs; enable them with NVIDIA's sriov-manage "
-                    f"(/usr/lib/nvidia/sriov-manage -e {name})"
-                )
+        try:
+            names = sorted(os.listdir(bus_fd))
+        except OSError:
+            os.close(bus_fd)
+            return Discovery()
+        # Every PCI function of the host is looked at on every rescan, so the
+        # walk is cheap: a function that is neither a VF nor an SR-IOV PF is
+        # skipped after one readlink while its bus link is the same (neither
+        # property changes in a device's life); the others are opened through
+        # their link (the kernel resolves it: no realpath, an lstat per path
+        # component) and asked their driver.
+        unrelated: dict[str, str] = {}
+        try:
+            for name in names:
+                if not address.is_canonical_parent_name(name) or not address.is_pci_address(name):
+                    continue
+                try:
+                    link = os.readlink(name, dir_fd=bus_fd)
+                except OSError:
+                    continue
+                if self._unrelated.get(name) == link:
+                    unrelated[name] = link
+                    continue
+                try:
+                    device_fd = os.open(name, _DIR_FLAGS, dir_fd=bus_fd)
+                except OSError:
+                    continue
+                try:
+                    physfn = _link_name_at(device_fd, "physfn")
+                    if physfn is not None and not address.is_pci_address(physfn):
+                        physfn = None
+                    if physfn is None and not _sriov_total(device_fd):
+                        unrelated[name] = link
+                        continue
+                    if _link_name_at(device_fd, "driver") != "nvidia":
+                        continue
+                    device = _device_path(root, device_fd, os.path.join(devices_dir, name))
+                    if device is None:
+                        continue
+                    if physfn is not None:
+                        vf = self._read_vf(root, name, device, device_fd, physfn, warnings.append)
+                        if vf is not None:
+                            vfs.append(vf)
+                    elif _no_vfs_enabled(device_fd):
+                        notes.append(
+                            f"GPU {name} (nvidia) has SR-IOV but no VFs enabled: its vGPUs "
+                            f"(vGPU 17 and later) live on VFs; enable them with NVIDIA's "
+                            f"sriov-manage (/usr/lib/nvidia/sriov-manage -e {name})"
+                        )
+                finally:
+                    os.close(device_fd)
+        finally:
+            os.close(bus_fd)
+        self._unrelated = unrelated
         return self._build(vfs, warnings, notes)
 
     def _read_vf(
-        self, root: str, name: str, device: str, warn: Callable[[str], None]
+        self,
+        root: str,
+        name: str,
+        device: str,
+        device_fd: int,
+        physfn: str,
+        warn: Callable[[str], None],
     ) -> _Vf | None:
-        physfn = _link_name(device, "physfn")
-        if physfn is None or not address.is_pci_address(physfn):
+        try:
+            # Not followed: a link named nvidia is no vendor directory.
+            dir_fd = os.open(NVIDIA_DIR, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=device_fd)
+        except OSError:
             return None
-        nvidia = os.path.join(device, NVIDIA_DIR)
-        if os.path.islink(nvidia) or not os.path.isdir(nvidia):
-            return None
-        dir_fd = os.open(nvidia, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             raw_current = _attribute(dir_fd, CURRENT, f"VF {name}", warn)
             raw_creatable = _attribute(dir_fd, CREATABLE, f"VF {name}", warn)
@@ -241,17 +287,13 @@ class VfioScanner:
         if current is None:
             warn(f"VF {name}: {CURRENT} {raw_current!r} is not a type id; skipped")
             return None
-        dev_fd = os.open(device, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            numa = attributes.parse_int_or_none(
-                _attribute(dev_fd, "numa_node", f"VF {name}", warn), attributes.MAX_NUMA_NODE
-            )
-            vendor = _attribute(dev_fd, "vendor", f"VF {name}", warn)
-            device_id = _attribute(dev_fd, "device", f"VF {name}", warn)
-        finally:
-            os.close(dev_fd)
+        numa = attributes.parse_int_or_none(
+            _attribute(device_fd, "numa_node", f"VF {name}", warn), attributes.MAX_NUMA_NODE
+        )
+        vendor = _attribute(device_fd, "vendor", f"VF {name}", warn)
+        device_id = _attribute(device_fd, "device", f"VF {name}", warn)
         group = attributes.parse_int_or_none(
-            _link_name(device, "iommu_group"), attributes.MAX_IOMMU_GROUP
+            _link_name_at(device_fd, "iommu_group"), attributes.MAX_IOMMU_GROUP
         )
         return _Vf(
             address=name,
@@ -342,6 +384,9 @@ class VfioScanner:
         )
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
 def _resolve(root: str, path: str) -> str | None:
     real = os.path.realpath(path)
     if not (real == root or real.startswith(root + os.sep)) or not os.path.isdir(real):
@@ -349,9 +394,21 @@ def _resolve(root: str, path: str) -> str | None:
     return real
 
 
-def _link_name(directory: str, name: str) -> str | None:
+def _device_path(root: str, device_fd: int, link: str) -> str | None:
+    """Where an opened device directory is, when inside ``root``: the kernel
+    says it in /proc/self/fd (one readlink); realpath of ``link`` without /proc."""
     try:
-        return os.path.basename(os.readlink(os.path.join(directory, name)).rstrip("/")) or None
+        real = os.readlink(f"/proc/self/fd/{device_fd}")
+    except OSError:
+        return _resolve(root, link)
+    if real.endswith(" (deleted)") or not (real == root or real.startswith(root + os.sep)):
+        return None
+    return real
+
+
+def _link_name_at(dir_fd: int, name: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(name, dir_fd=dir_fd).rstrip("/")) or None
     except OSError:
         return None
 
@@ -364,22 +421,21 @@ def _attribute(dir_fd: int, name: str, owner: str, warn: Callable[[str], None]) 
         return None
 
 
-def _is_idle_pf(device: str) -> bool:
-    """An SR-IOV capable NVIDIA PF with no VF enabled (``sriov_totalvfs`` > 0,
-    no ``virtfn*`` link)."""
+def _sriov_total(device_fd: int) -> int:
+    """``sriov_totalvfs`` of a PCI function: 0 when it has no SR-IOV."""
     try:
-        fd = os.open(device, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        total = attributes.parse_int_or_none(attributes.read_at(fd, "sriov_totalvfs"), MAX_VFS)
+        total = attributes.parse_int_or_none(
+            attributes.read_at(device_fd, "sriov_totalvfs"), MAX_VFS
+        )
     except attributes.NotAnAttribute:
         total = None
-    finally:
-        os.close(fd)
-    if not total:
-        return False
+    return total or 0
+
+
+def _no_vfs_enabled(device_fd: int) -> bool:
+    """An SR-IOV PF with no ``virtfn*`` link (no VF enabled)."""
     try:
-        return not any(entry.startswith("virtfn") for entry in os.listdir(device))
+        with os.scandir(device_fd) as entries:
+            return not any(entry.name.startswith("virtfn") for entry in entries)
     except OSError:
         return False

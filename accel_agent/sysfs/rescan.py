@@ -55,10 +55,11 @@ it (the daemon keeps the encoded listings).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 
 from accel_agent import exception
@@ -70,48 +71,126 @@ CounterFilter = Callable[[Parent], "set[str] | None"]
 # (parent, whether the mdevs on its physical GPU changed since all its
 # counters were last read) -> the type ids to re-read (None: all of them)
 _Refresh = Callable[[Parent, bool], "set[str] | None"]
+# The mdevs sharing a parent's room, as (uuid, link target): listed just
+# before all of its counters were last read; None when no list vouches for them.
+_Basis = frozenset[tuple[str, str]] | None
+
+
+class ScanStopped(Exception):
+    """The agent is stopping: a scan run inside :func:`interruptible` gave up
+    between two parents (or two mdevs) and read nothing more."""
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Scans made by this thread inside the block stop (ScanStopped) once
+    :meth:`Rescanner.interrupt` was called: the daemon's rescan thread and
+    its start-up, whose scans of a large host SIGTERM must not wait for.  An
+    API request's scan is short and finishes (the server drains requests)."""
+    previous = getattr(_local, "interruptible", False)
+    _local.interruptible = True
+    try:
+        yield
+    finally:
+        _local.interruptible = previous
+
+
+@dataclasses.dataclass(frozen=True)
+class _State:
+    """One scan's result: immutable, published whole or merged (see
+    :func:`_merge`).  ``seq``: the scan's number, in the order the scans
+    started; ``base_seq``: the state it started from (0: none)."""
+
+    snapshot: HostSnapshot
+    # The kernel's own class/mdev_bus links (name -> link text), whose
+    # unchanged text means an unchanged device (cacheable_links).
+    parent_links: Mapping[str, str]
+    mdev_targets: Mapping[str, str]
+    # parent -> the mdevs sharing its room (uuid, link target) listed just
+    # before all of its counters were last read (None: no list vouches).
+    basis: Mapping[str, _Basis]
+    # parent -> the scan that last read all of its counters.
+    read_by: Mapping[str, int]
+    seq: int
+    base_seq: int = 0
+
+
+_NOTHING: Mapping = MappingProxyType({})
 
 
 class Rescanner:
+    """Steady-state rescans (module docstring), safe from any number of threads.
+
+    No lock is held while sysfs is read: a scan starts from the state last
+    published, reads without the lock, and publishes its result under it
+    (a few dict operations).  So a listing or an allocation never waits for
+    another thread's scan, however long that one is (the daemon's periodic
+    re-read of every counter takes seconds on a host with thousands of
+    parents, minutes behind a slow FUSE tree).  When scans overlap, each
+    caller still gets the snapshot of its own reads; what is kept for the
+    next scan is, per parent, what was read last, and the newest parent and
+    mdev lists (:func:`_merge`)."""
+
     def __init__(self, sysfs_root: str) -> None:
         self.sysfs_root = sysfs_root
         self._lock = threading.Lock()
-        self._snapshot: HostSnapshot | None = None
-        # The kernel's own class/mdev_bus links (name -> link text), whose
-        # unchanged text means an unchanged device (cacheable_links).
-        self._parent_links: dict[str, str] = {}
-        self._mdev_targets: dict[str, str] = {}
-        # parent -> the mdevs sharing its room (uuid, link target) listed
-        # just before all of its counters were last read.
-        self._basis: dict[str, frozenset[tuple[str, str]]] = {}
+        self._state: _State | None = None
+        self._next_seq = 1
+        self._stop = threading.Event()
 
-    def full(self) -> HostSnapshot:
-        """A complete scan; resets the cache."""
-        snapshot, links = scanner.scan_with_links(self.sysfs_root)
-        with self._lock:
-            self._remember(snapshot, links)
-        return snapshot
+    def interrupt(self) -> None:
+        """The agent is stopping: scans inside :func:`interruptible` raise
+        ScanStopped at their next parent or mdev, now and from now on."""
+        self._stop.set()
 
-    def _remember(self, snapshot: HostSnapshot, links: Mapping[str, str]) -> None:
-        root = snapshot.root
-        self._snapshot = snapshot
+    def _check_stop(self) -> None:
+        if self._stop.is_set() and getattr(_local, "interruptible", False):
+            raise ScanStopped("the agent is stopping")
+
+    def seed(self, snapshot: HostSnapshot, mdev_targets: Mapping[str, str] | None) -> bool:
+        """Start from a cold scan made moments ago (``scanner.scan``: the
+        daemon's start-up check), instead of reading every attribute again:
+        the next scan re-reads the parent and mdev lists and the counters it
+        needs, like any rescan.  ``mdev_targets``: the mdev links listed just
+        before that scan (None: not listed), the basis of its counters when
+        the scan found the same mdevs.  False (nothing done) once a scan ran."""
+        if mdev_targets is not None and mdev_targets.keys() != snapshot.mdevs.keys():
+            mdev_targets = None  # an mdev came or went during the scan
+        signatures = (
+            None
+            if mdev_targets is None
+            else _room_signatures(snapshot.parents, snapshot.mdevs, mdev_targets)
+        )
         texts = {}
         for name in snapshot.parents:
             try:
-                texts[name] = os.readlink(os.path.join(root, scanner.MDEV_BUS, name))
+                texts[name] = os.readlink(os.path.join(snapshot.root, scanner.MDEV_BUS, name))
             except OSError:
                 continue
-        self._parent_links = cacheable_links(snapshot.parents, links, texts)
-        bus = os.path.join(root, scanner.MDEV_DEVICES)
-        self._mdev_targets = {}
-        for uuid in snapshot.mdevs:
-            try:
-                self._mdev_targets[uuid] = os.readlink(os.path.join(bus, uuid))
-            except OSError:
-                continue
-        # A full scan reads the counters *before* the mdev list, so its list
-        # cannot vouch for them: the first listing reads every counter again.
-        self._basis = {}
+        links = {name: parent.device_path for name, parent in snapshot.parents.items()}
+        state = _State(
+            snapshot,
+            MappingProxyType(cacheable_links(snapshot.parents, links, texts)),
+            MappingProxyType(dict(mdev_targets or {})),
+            MappingProxyType({
+                name: None if signatures is None else signatures.get(_room(p), frozenset())
+                for name, p in snapshot.parents.items()
+            }),
+            MappingProxyType(dict.fromkeys(snapshot.parents, 0)),
+            0,
+        )
+        with self._lock:
+            if self._state is not None:
+                return False
+            self._state = state
+        return True
+
+    def full(self) -> HostSnapshot:
+        """A complete scan; what was cached is not used (and is replaced)."""
+        return self._scan(lambda parent, gpu_changed: None, reread_mdevs=True, cold=True)
 
     def rescan(
         self, counters: CounterFilter | None = None, *, reread_mdevs: bool = False
@@ -124,44 +203,55 @@ class Rescanner:
         def refresh(parent: Parent, gpu_changed: bool) -> set[str] | None:
             return None if counters is None else (counters(parent) or set())
 
-        return self._locked_rescan(refresh, reread_mdevs)
+        return self._scan(refresh, reread_mdevs)
 
     def listing(self) -> HostSnapshot:
         """A snapshot whose every counter is true, re-reading only those that
         can have changed since they were read (see the module's docstring)."""
-        return self._locked_rescan(lambda parent, gpu_changed: None if gpu_changed else set())
+        return self._scan(lambda parent, gpu_changed: None if gpu_changed else set())
 
-    def _locked_rescan(self, refresh: _Refresh, reread_mdevs: bool = False) -> HostSnapshot:
+    def _scan(self, refresh: _Refresh, reread_mdevs: bool = False, cold: bool = False
+              ) -> HostSnapshot:
         with self._lock:
-            if self._snapshot is None:
-                snapshot, links = scanner.scan_with_links(self.sysfs_root)
-                self._remember(snapshot, links)
-                return snapshot
-            return self._rescan(self._snapshot, refresh, reread_mdevs)
+            base = None if cold else self._state
+            seq = self._next_seq
+            self._next_seq += 1
+        if base is None:
+            # The first scan reads every parent in full, after the mdev list,
+            # like a new parent of a steady rescan: its counters come with
+            # their basis, so the first listing re-reads none of them.
+            base = _State(_EMPTY, _NOTHING, _NOTHING, _NOTHING, _NOTHING, 0)
+            refresh, reread_mdevs = (lambda parent, gpu_changed: None), True
+        state = self._rescan(base, refresh, reread_mdevs, seq)
+        with self._lock:
+            self._state = state if cold else _merge(self._state, state)
+        return state.snapshot
 
-    def _rescan(self, old: HostSnapshot, refresh: _Refresh, reread_mdevs: bool) -> HostSnapshot:
+    def _rescan(self, old: _State, refresh: _Refresh, reread_mdevs: bool, seq: int) -> _State:
         if not os.path.isdir(self.sysfs_root):
             raise exception.SysfsRootNotFound(root=self.sysfs_root)
         walker = scanner._Scan(self.sysfs_root)
         root = walker.root
         # The mdevs first: a counter read after the list can only be fresher
         # than the list, which the next rescan notices (module docstring).
-        mdevs, mdev_targets = self._rescan_mdevs(walker, old, reread_mdevs)
+        listed = self._rescan_mdevs(walker, old, reread_mdevs)
         fresh_texts: dict[str, str] = {}  # entries resolved again: name -> link text
-        trusted: dict[str, str] = {}  # the next rescan's _parent_links
+        trusted: dict[str, str] = {}  # the next rescan's parent_links
         cached: set[str] = set()  # device directories whose parent is reused
-        basis: dict[str, frozenset[tuple[str, str]]] = {}
+        basis: dict[str, _Basis] = {}
+        read_by: dict[str, int] = {}
         bus_dir = os.path.join(root, scanner.MDEV_BUS)
         bus_fd = scanner.open_dir(bus_dir)
         try:
             names = walker.listdir(bus_fd) if bus_fd is not None else []
             for name in names:
+                self._check_stop()
                 try:
                     text = os.readlink(name, dir_fd=bus_fd)
                 except OSError:
                     text = ""
-                reused = old.parents.get(name)
-                if reused is not None and text and self._parent_links.get(name) == text:
+                reused = old.snapshot.parents.get(name)
+                if reused is not None and text and old.parent_links.get(name) == text:
                     # The kernel's link, same text as last time: same device
                     # (a readlink, not a realpath walk, per parent).
                     walker.links[name] = reused.device_path
@@ -178,36 +268,44 @@ class Rescanner:
             if bus_fd is not None:
                 os.close(bus_fd)
         parents = walker.settle()
-        signatures = _room_signatures(parents, mdevs, mdev_targets)
+        if listed is None:
+            # No bus/mdev/devices (trees copied without bus/): the mdevs come
+            # from each type's devices/ directory, read after the counters,
+            # so no list vouches for any counter (basis None: re-read).
+            mdevs, mdev_targets = walker.mdevs(parents), {}
+            signatures: dict[str, frozenset[tuple[str, str]]] | None = None
+        else:
+            mdevs, mdev_targets = listed
+            signatures = _room_signatures(parents, mdevs, mdev_targets)
         for name, parent in parents.items():
-            now = signatures.get(_room(parent), frozenset())
+            now = None if signatures is None else signatures.get(_room(parent), frozenset())
             if parent.device_path not in cached:
                 basis[name] = now  # read in full above, after the mdev list
+                read_by[name] = seq
                 continue
-            gpu_changed = self._basis.get(name) != now
+            self._check_stop()
+            known = old.basis.get(name)
+            gpu_changed = known is None or known != now
             wanted = refresh(parent, gpu_changed)
             fresh = self._refresh_counters(walker, parent, wanted)
             parents[name] = fresh
             read_all = wanted is None or fresh.types.keys() != parent.types.keys()
-            basis[name] = now if read_all else self._basis.get(name, frozenset())
+            basis[name] = now if read_all else known
+            read_by[name] = seq if read_all else old.read_by.get(name, 0)
         trusted.update(cacheable_links(parents, walker.links, fresh_texts))
-        self._parent_links = trusted
-        self._mdev_targets = mdev_targets
-        self._basis = basis
-        if _unchanged(old, parents, mdevs, walker.warnings):
-            return old
-        by_parent: dict[str, list[Mdev]] = {}
-        for mdev in sorted(mdevs.values(), key=lambda m: m.uuid):
-            by_parent.setdefault(mdev.parent, []).append(mdev)
-        snapshot = HostSnapshot(
-            root=root,
-            parents=MappingProxyType(parents),
-            mdevs=MappingProxyType(mdevs),
-            warnings=tuple(walker.warnings),
-            by_parent=MappingProxyType({k: tuple(v) for k, v in by_parent.items()}),
+        if _unchanged(old.snapshot, parents, mdevs, walker.warnings):
+            snapshot = old.snapshot
+        else:
+            snapshot = _snapshot(root, parents, mdevs, walker.warnings)
+        return _State(
+            snapshot,
+            MappingProxyType(trusted),
+            MappingProxyType(mdev_targets),
+            MappingProxyType(basis),
+            MappingProxyType(read_by),
+            seq,
+            old.seq,
         )
-        self._snapshot = snapshot
-        return snapshot
 
     @staticmethod
     def _refresh_counters(
@@ -261,28 +359,48 @@ class Rescanner:
             return parent
         return dataclasses.replace(parent, types=MappingProxyType(types))
 
+    @staticmethod
+    def mdev_targets(sysfs_root: str) -> dict[str, str] | None:
+        """uuid -> link target of bus/mdev/devices (None without it): what
+        :meth:`seed` wants listed before a cold scan."""
+        bus = os.path.join(sysfs_root, scanner.MDEV_DEVICES)
+        bus_fd = scanner.open_dir(bus)
+        if bus_fd is None:
+            return None
+        targets: dict[str, str] = {}
+        try:
+            for name in scanner._Scan.listdir(bus_fd):
+                with contextlib.suppress(OSError):
+                    targets[name] = os.readlink(name, dir_fd=bus_fd)
+        finally:
+            os.close(bus_fd)
+        return targets
+
     def _rescan_mdevs(
-        self, walker: scanner._Scan, old: HostSnapshot, reread: bool = False
-    ) -> tuple[dict[str, Mdev], dict[str, str]]:
+        self, walker: scanner._Scan, old: _State, reread: bool = False
+    ) -> tuple[dict[str, Mdev], dict[str, str]] | None:
+        """The mdevs of bus/mdev/devices and their link targets, reading only
+        new or moved ones (every one with ``reread``); None without that
+        directory."""
         bus = os.path.join(walker.root, scanner.MDEV_DEVICES)
         if not os.path.isdir(bus):
-            mdevs = walker.mdevs(dict(old.parents))
-            return mdevs, {}
+            return None
         mdevs: dict[str, Mdev] = {}
         targets: dict[str, str] = {}
         bus_fd = scanner.open_dir(bus)
         try:
             for name in walker.listdir(bus):
+                self._check_stop()
                 try:
                     target = os.readlink(name, dir_fd=bus_fd) if bus_fd is not None else ""
                 except OSError:
                     target = ""
-                cached = old.mdevs.get(name)
+                cached = old.snapshot.mdevs.get(name)
                 if (
                     not reread
                     and cached is not None
                     and target
-                    and self._mdev_targets.get(name) == target
+                    and old.mdev_targets.get(name) == target
                 ):
                     mdevs[name] = cached
                     targets[name] = target
@@ -296,6 +414,73 @@ class Rescanner:
             if bus_fd is not None:
                 os.close(bus_fd)
         return mdevs, targets
+
+
+_EMPTY = HostSnapshot(
+    root="",
+    parents=MappingProxyType({}),
+    mdevs=MappingProxyType({}),
+    warnings=(),
+    by_parent=MappingProxyType({}),
+)
+
+
+def _snapshot(
+    root: str, parents: Mapping[str, Parent], mdevs: Mapping[str, Mdev], warnings: list[str]
+) -> HostSnapshot:
+    by_parent: dict[str, list[Mdev]] = {}
+    for mdev in sorted(mdevs.values(), key=lambda m: m.uuid):
+        by_parent.setdefault(mdev.parent, []).append(mdev)
+    return HostSnapshot(
+        root=root,
+        parents=MappingProxyType(dict(parents)),
+        mdevs=MappingProxyType(dict(mdevs)),
+        warnings=tuple(warnings),
+        by_parent=MappingProxyType({k: tuple(v) for k, v in by_parent.items()}),
+    )
+
+
+def _merge(published: _State | None, new: _State) -> _State:
+    """What to keep when ``new`` finishes: itself when nothing was published
+    since it started (the usual case); otherwise the parent and mdev lists
+    of the scan that started last, and for each parent there (the same
+    device) what the scan that read its counters last read: its counters and
+    basis agree with each other, whichever scan read them."""
+    if published is None or published.seq == new.base_seq:
+        return new
+    newest, other = (new, published) if new.seq > published.seq else (published, new)
+    parents = dict(newest.snapshot.parents)
+    basis = dict(newest.basis)
+    read_by = dict(newest.read_by)
+    links = dict(newest.parent_links)
+    taken = False
+    for name, parent in newest.snapshot.parents.items():
+        theirs = other.snapshot.parents.get(name)
+        if (
+            theirs is not None
+            and theirs.device_path == parent.device_path
+            and other.read_by.get(name, 0) > newest.read_by.get(name, 0)
+        ):
+            parents[name] = theirs
+            basis[name] = other.basis.get(name)
+            read_by[name] = other.read_by[name]
+            links.pop(name, None)  # resolved again next time
+            if name in other.parent_links:
+                links[name] = other.parent_links[name]
+            taken = True
+    if not taken:
+        return newest
+    snapshot = _snapshot(
+        newest.snapshot.root, parents, newest.snapshot.mdevs, list(newest.snapshot.warnings)
+    )
+    return _State(
+        snapshot,
+        MappingProxyType(links),
+        newest.mdev_targets,
+        MappingProxyType(basis),
+        MappingProxyType(read_by),
+        newest.seq,
+    )
 
 
 def cacheable_links(

@@ -144,23 +144,27 @@ def test_virtual_parents_share_their_driver_room_pci_parents_their_card():
     assert _room(vf) != _room(parent(OTHER_CARD_VF, OTHER_CARD_VF, "0000:42:00.0", "nvidia"))
 
 
-def test_a_create_between_a_full_scans_counters_and_its_mdev_list_is_not_missed(
-    tmp_path, monkeypatch
-):
+def test_a_create_during_a_first_scan_is_not_missed_by_the_next_listing(tmp_path, monkeypatch):
     from accel_agent.sysfs import scanner
 
     with simulated_host(tmp_path, ["mtty"]) as host:
-        real = scanner._Scan.mdevs
+        real = scanner._Scan.parent
 
-        def create_first(walker, parents):
-            # Another process creates an mdev after the counters were read.
-            monkeypatch.setattr(scanner._Scan, "mdevs", real)
+        def create_after(walker, name):
+            # Another process creates an mdev once the mdev list and the
+            # parent's counters were read: the snapshot misses it whole.
+            monkeypatch.setattr(scanner._Scan, "parent", real)
+            found = real(walker, name)
             host.create_foreign("mtty", "mtty-1", U[5])
-            return real(walker, parents)
+            return found
 
-        monkeypatch.setattr(scanner._Scan, "mdevs", create_first)
+        monkeypatch.setattr(scanner._Scan, "parent", create_after)
         rescanner = Rescanner(host.root)
         racy = rescanner.rescan()
-        assert U[5] in racy.mdevs and racy.parents["mtty"].types["mtty-1"].available_instances == 24
-        # The listing does not trust counters older than the mdev list.
-        same(rescanner.listing(), scan(host.root))
+        assert U[5] not in racy.mdevs
+        assert racy.parents["mtty"].types["mtty-1"].available_instances == 24
+        # The listing finds the mdev list changed since the one its counters
+        # were read after, and reads them again.
+        listed = rescanner.listing()
+        assert listed.parents["mtty"].types["mtty-1"].available_instances == 23
+        same(listed, scan(host.root))

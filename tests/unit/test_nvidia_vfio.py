@@ -267,3 +267,25 @@ def test_a_current_vgpu_type_outside_the_root_is_refused(tmp_path: Path) -> None
     with pytest.raises(exception.PrivilegedInputRejected, match="outside"):
         privileged.write_vgpu_type(root, VF1, Q4)
     assert (outside / "current_vgpu_type").read_text() == "0\n"
+
+
+def test_a_function_skipped_as_no_vf_is_looked_at_again_when_its_link_changes(
+    tmp_path: Path,
+) -> None:
+    root = Path(tree(l40s(), tmp_path))
+    link = root / "bus/pci/devices" / VF0
+    real = os.readlink(link)
+    # Another function at VF0's name: no physfn, no SR-IOV; skipped, and
+    # remembered as such while its link stays the same.
+    other = root / "devices/elsewhere" / VF0
+    other.mkdir(parents=True)
+    (other / "driver").symlink_to(os.path.realpath(root / "bus/pci/drivers/nvidia"))
+    link.unlink()
+    link.symlink_to(os.path.relpath(other, link.parent))
+    scanner = nvidia_vfio.VfioScanner(str(root))
+    assert VF0 not in scanner.scan().parents
+    assert VF0 not in scanner.scan().parents
+    # The VF is back under its own link: read again, found.
+    link.unlink()
+    link.symlink_to(real)
+    assert VF0 in scanner.scan().parents
