@@ -2,7 +2,10 @@
 
 * :mod:`.spec` - ``HostSpec`` and friends: a JSON-serialisable host description;
 * :mod:`.profiles` - ready-made hosts (``PROFILES``, ``build_spec``);
-* :mod:`.model` - ``SimulatedHost``: the reactive sysfs model (in-process, unit speed);
+* :mod:`.model` - ``SimulatedHost``: the reactive sysfs model (in-process, unit speed),
+  the wiring of its parts:
+* :mod:`.kernfs` - its file side: the tree under one lock, open handles, slow reads;
+* :mod:`.mdev` - its mdev side: parents, types, counters, ``create``/``remove``;
 * :mod:`.pci` - its PCI side: driver binding, ``driver_override``, SR-IOV VFs;
 * :mod:`.nvidia_vfio` - the ``nvidia/`` files of NVIDIA vGPU 17+ VFs;
 * :mod:`.static` - ``materialise``: a real directory tree of the current state;
@@ -14,14 +17,9 @@ Only the light modules are imported here: loading libfuse happens only when
 something is mounted.
 """
 
-from accel_agent.simulator.model import (
-    BlockedRemove,
-    Event,
-    Handle,
-    MdevInfo,
-    SimulatedHost,
-    TreeEntry,
-)
+from accel_agent.simulator.kernfs import Handle, TreeEntry
+from accel_agent.simulator.mdev import BlockedRemove, MdevInfo
+from accel_agent.simulator.model import Event, SimulatedHost
 from accel_agent.simulator.profiles import PROFILES, build_spec
 from accel_agent.simulator.spec import (
     POLICIES,

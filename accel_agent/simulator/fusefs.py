@@ -44,7 +44,8 @@ from typing import Any
 import mfusepy
 
 from accel_agent.simulator.control import FSNAME, SUBTYPE
-from accel_agent.simulator.model import Handle, SimulatedHost
+from accel_agent.simulator.kernfs import Handle
+from accel_agent.simulator.model import SimulatedHost
 from accel_agent.simulator.tree import oserror
 
 # Seconds the kernel keeps a node's mode, size and link count (module docstring).

@@ -2,7 +2,7 @@
 
 :class:`PciBus` owns every PCI function of the model and the files the PCI
 core and the driver core give them; :class:`~.model.SimulatedHost` delegates
-here and adds the mdev side on top.  Like the rest of the model it is not
+here and wires the mdev side (:mod:`.mdev`) on top.  Like the rest of the model it is not
 thread-safe on its own: the host calls it under its lock.
 
 Layout it adds (beside the model module's)::

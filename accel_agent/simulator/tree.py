@@ -2,8 +2,8 @@
 
 Both fronts (FUSE and the static materialiser) and in-process tests read the
 same node tree, so they cannot disagree about layout or contents.  The tree
-is not thread-safe on its own: :class:`~accel_agent.simulator.model.SimulatedHost`
-guards every access with its lock.
+is not thread-safe on its own: :class:`~accel_agent.simulator.kernfs.Kernfs` (the
+host's file side) guards every access with its lock.
 
 Attributes behave like kernfs ones: ``show`` computes the value on each read
 (so counters are always fresh), ``store`` is called with the raw bytes of one
