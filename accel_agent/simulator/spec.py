@@ -12,7 +12,9 @@ kernel-like sysfs model.
 
 Specs are frozen and validated on construction, so a bad spec fails where it
 is written (a profile builder, ``from_dict`` on a user's JSON file) with a
-message naming the offending field, not later inside the model.
+message naming the offending field, not later inside the model.  The field
+checks live in :mod:`.spec_fields`, the SR-IOV PF and vGPU type specs live in
+:mod:`.spec_sriov` and are importable from here like every spec.
 """
 
 from __future__ import annotations
@@ -24,9 +26,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_agent import exception
-from accel_agent.simulator.kabi import virtfn_address
+from accel_agent.simulator.spec_fields import (
+    canonical_pci,
+    canonical_uuid,
+    hex_id,
+    integer,
+    invalid,
+    json_fields,
+    sysfs_name,
+)
+from accel_agent.simulator.spec_sriov import MAX_VFS, SriovPfSpec, VgpuTypeSpec
 from accel_agent.sysfs import address
+
+# The spec's public names, wherever they are defined.
+__all__ = [
+    "DEFAULT_MDEV_DRIVERS", "DEVICE_APIS", "FALLBACK_MDEV_DRIVER", "KINDS", "MAX_VFS", "POLICIES",
+    "POLICIES_NEEDING_CAPACITY", "POLICIES_NEEDING_MAX", "HostSpec", "MdevSpec", "ParentSpec",
+    "PciDeviceSpec", "SriovPfSpec", "TypeSpec", "VgpuTypeSpec", "canonical_pci", "canonical_uuid",
+    "new_uuid",
+]
+
 
 # How a parent's available_instances counters behave (research §1.3 / §1.9):
 #   independent        every type has its own max_instances, types do not interact
@@ -50,65 +69,6 @@ DEFAULT_MDEV_DRIVERS = {"nvidia": "nvidia-vgpu-vfio", "mtty": "mtty", "mdpy": "m
 FALLBACK_MDEV_DRIVER = "vfio_mdev"
 
 _MAX_INSTANCE_RE = re.compile(r"(?:^|[\s,])max_instance=(\d+)")
-# A single sysfs path component made of tame characters.
-_COMPONENT_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,128}$")
-_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
-# A network interface name: IFNAMSIZ is 16 with the NUL, no '/', ':' or blanks
-# (net/core/dev.c dev_valid_name()).
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
-# The PCI core caps sriov_totalvfs at what a u16 holds; a bus carries at most 256.
-MAX_VFS = 256
-
-
-def _bad(reason: str) -> exception.SimulatorSpecInvalid:
-    return exception.SimulatorSpecInvalid(reason=reason)
-
-
-def _component(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not _COMPONENT_RE.match(value) or value in (".", ".."):
-        raise _bad(f"{what} {value!r} is not a valid sysfs name")
-    return value
-
-
-def _int(value: Any, what: str, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"{what} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise _bad(f"{what} must be >= {minimum}, got {value}")
-    return value
-
-
-def _hex_id(value: Any, what: str) -> int:
-    """PCI ids are written ``0x10de`` in JSON (as sysfs shows them); ints are accepted."""
-    if isinstance(value, str):
-        try:
-            value = int(value, 16)
-        except ValueError:
-            raise _bad(f"{what} {value!r} is not a hexadecimal id") from None
-    value = _int(value, what, 0)
-    if value > 0xFFFFFF:
-        raise _bad(f"{what} {value:#x} is out of range")
-    return value
-
-
-def canonical_pci(value: Any, what: str) -> str:
-    """The kernel's spelling of a PCI address; anything else is rejected, not fixed,
-    so that a spec never silently differs from the tree it produces."""
-    if not isinstance(value, str):
-        raise _bad(f"{what} must be a string, got {value!r}")
-    try:
-        canon = address.parse_pci_address(value)
-    except exception.InvalidPciAddress:
-        raise _bad(f"{what} {value!r} is not a PCI address (dddd:bb:ss.f)") from None
-    if canon != value:
-        raise _bad(f"{what} {value!r} must be written as the kernel does: {canon!r}")
-    return canon
-
-
-def canonical_uuid(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not _UUID_RE.match(value):
-        raise _bad(f"{what} {value!r} is not a UUID")
-    return value.lower()
 
 
 @dataclass(frozen=True)
@@ -131,16 +91,17 @@ class TypeSpec:
     weight: int = 1
 
     def __post_init__(self) -> None:
-        _component(self.type_id, "type_id")
+        sysfs_name(self.type_id, "type_id")
         if self.device_api not in DEVICE_APIS:
-            raise _bad(f"type {self.type_id}: device_api {self.device_api!r} not in {DEVICE_APIS}")
+            raise invalid(
+                f"type {self.type_id}: device_api {self.device_api!r} not in {DEVICE_APIS}")
         for attr in ("name", "description"):
             value = getattr(self, attr)
             if value is not None and not isinstance(value, str):
-                raise _bad(f"type {self.type_id}: {attr} must be a string or null")
+                raise invalid(f"type {self.type_id}: {attr} must be a string or null")
         if self.max_instances is not None:
-            _int(self.max_instances, f"type {self.type_id}: max_instances", 0)
-        _int(self.weight, f"type {self.type_id}: weight", 1)
+            integer(self.max_instances, f"type {self.type_id}: max_instances", 0)
+        integer(self.weight, f"type {self.type_id}: weight", 1)
 
     @property
     def limit(self) -> int | None:
@@ -164,7 +125,7 @@ class TypeSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "type") -> TypeSpec:
-        return cls(**_fields(data, where, required=("type_id",), optional=(
+        return cls(**json_fields(data, where, required=("type_id",), optional=(
             "device_api", "name", "description", "max_instances", "weight")))
 
 
@@ -182,11 +143,11 @@ class PciDeviceSpec:
 
     def __post_init__(self) -> None:
         canonical_pci(self.address, "device address")
-        _component(self.driver, f"device {self.address}: driver")
-        object.__setattr__(self, "vendor_id", _hex_id(self.vendor_id, "vendor_id"))
-        object.__setattr__(self, "device_id", _hex_id(self.device_id, "device_id"))
-        object.__setattr__(self, "class_code", _hex_id(self.class_code, "class_code"))
-        _int(self.numa_node, f"device {self.address}: numa_node", -1)
+        sysfs_name(self.driver, f"device {self.address}: driver")
+        object.__setattr__(self, "vendor_id", hex_id(self.vendor_id, "vendor_id"))
+        object.__setattr__(self, "device_id", hex_id(self.device_id, "device_id"))
+        object.__setattr__(self, "class_code", hex_id(self.class_code, "class_code"))
+        integer(self.numa_node, f"device {self.address}: numa_node", -1)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -200,7 +161,7 @@ class PciDeviceSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "device") -> PciDeviceSpec:
-        return cls(**_fields(data, where, required=("address",), optional=(
+        return cls(**json_fields(data, where, required=("address",), optional=(
             "driver", "vendor_id", "device_id", "class_code", "numa_node")))
 
 
@@ -231,64 +192,65 @@ class ParentSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise _bad(f"parent {self.name!r}: kind {self.kind!r} not in {KINDS}")
+            raise invalid(f"parent {self.name!r}: kind {self.kind!r} not in {KINDS}")
         if self.kind == "pci":
             canonical_pci(self.name, "parent name")
         else:
-            _component(self.name, "parent name")
+            sysfs_name(self.name, "parent name")
             if address.is_pci_address(self.name):
-                raise _bad(f"virtual parent {self.name!r} looks like a PCI address; use kind 'pci'")
+                raise invalid(
+                    f"virtual parent {self.name!r} looks like a PCI address; use kind 'pci'")
             if self.physfn is not None:
-                raise _bad(f"virtual parent {self.name!r} cannot have a physfn")
-        _component(self.driver, f"parent {self.name}: driver")
+                raise invalid(f"virtual parent {self.name!r} cannot have a physfn")
+        sysfs_name(self.driver, f"parent {self.name}: driver")
         if self.mdev_driver is not None:
-            _component(self.mdev_driver, f"parent {self.name}: mdev_driver")
-        object.__setattr__(self, "vendor_id", _hex_id(self.vendor_id, "vendor_id"))
-        object.__setattr__(self, "device_id", _hex_id(self.device_id, "device_id"))
-        object.__setattr__(self, "class_code", _hex_id(self.class_code, "class_code"))
-        _int(self.numa_node, f"parent {self.name}: numa_node", -1)
+            sysfs_name(self.mdev_driver, f"parent {self.name}: mdev_driver")
+        object.__setattr__(self, "vendor_id", hex_id(self.vendor_id, "vendor_id"))
+        object.__setattr__(self, "device_id", hex_id(self.device_id, "device_id"))
+        object.__setattr__(self, "class_code", hex_id(self.class_code, "class_code"))
+        integer(self.numa_node, f"parent {self.name}: numa_node", -1)
         if self.physfn is not None:
             canonical_pci(self.physfn, f"parent {self.name}: physfn")
             if self.physfn == self.name:
-                raise _bad(f"parent {self.name}: physfn cannot be the parent itself")
+                raise invalid(f"parent {self.name}: physfn cannot be the parent itself")
         self._check_policy()
         types = tuple(self.types)
         object.__setattr__(self, "types", types)
         if not types:
-            raise _bad(f"parent {self.name}: offers no types")
+            raise invalid(f"parent {self.name}: offers no types")
         seen: set[str] = set()
         for t in types:
             if not isinstance(t, TypeSpec):
-                raise _bad(f"parent {self.name}: types must be TypeSpec, got {t!r}")
+                raise invalid(f"parent {self.name}: types must be TypeSpec, got {t!r}")
             if t.type_id in seen:
-                raise _bad(f"parent {self.name}: type {t.type_id} listed twice")
+                raise invalid(f"parent {self.name}: type {t.type_id} listed twice")
             seen.add(t.type_id)
             # mdev_type_add(): kobject name is "<dev_driver_string(parent)>-<sysfs_name>".
             if not t.type_id.startswith(self.driver + "-"):
-                raise _bad(
+                raise invalid(
                     f"parent {self.name}: type id {t.type_id!r} must start with the parent's "
                     f"driver name ({self.driver}-), as the kernel forms it"
                 )
             if self.policy in POLICIES_NEEDING_MAX and t.limit is None:
-                raise _bad(
+                raise invalid(
                     f"parent {self.name}: type {t.type_id} needs max_instances (or "
                     f"'max_instance=N' in its description) under policy {self.policy}"
                 )
 
     def _check_policy(self) -> None:
         if self.policy not in POLICIES:
-            raise _bad(f"parent {self.name}: policy {self.policy!r} not in {POLICIES}")
+            raise invalid(f"parent {self.name}: policy {self.policy!r} not in {POLICIES}")
         if self.policy in POLICIES_NEEDING_CAPACITY:
             if self.capacity is None:
-                raise _bad(f"parent {self.name}: policy {self.policy} needs a capacity")
-            _int(self.capacity, f"parent {self.name}: capacity", 0)
+                raise invalid(f"parent {self.name}: policy {self.policy} needs a capacity")
+            integer(self.capacity, f"parent {self.name}: capacity", 0)
         elif self.capacity is not None:
-            raise _bad(f"parent {self.name}: capacity is only used by "
-                       f"{sorted(POLICIES_NEEDING_CAPACITY)}")
+            raise invalid(f"parent {self.name}: capacity is only used by "
+                          f"{sorted(POLICIES_NEEDING_CAPACITY)}")
         if self.pool is not None:
             if self.policy != "global":
-                raise _bad(f"parent {self.name}: pool is only used by policy global")
-            _component(self.pool, f"parent {self.name}: pool")
+                raise invalid(f"parent {self.name}: pool is only used by policy global")
+            sysfs_name(self.pool, f"parent {self.name}: pool")
 
     @property
     def pool_name(self) -> str:
@@ -324,11 +286,11 @@ class ParentSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "parent") -> ParentSpec:
-        kwargs = _fields(data, where, required=("name", "types"), optional=(
+        kwargs = json_fields(data, where, required=("name", "types"), optional=(
             "kind", "driver", "vendor_id", "device_id", "class_code", "numa_node", "physfn",
             "policy", "capacity", "pool", "mdev_driver"))
         if not isinstance(kwargs["types"], list):
-            raise _bad(f"{where}.types must be a list")
+            raise invalid(f"{where}.types must be a list")
         kwargs["types"] = tuple(
             TypeSpec.from_dict(t, f"{where}.types[{i}]") for i, t in enumerate(kwargs["types"])
         )
@@ -347,7 +309,7 @@ class MdevSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "uuid", canonical_uuid(self.uuid, "mdev uuid"))
         if not isinstance(self.held, bool):
-            raise _bad(f"mdev {self.uuid}: held must be true or false")
+            raise invalid(f"mdev {self.uuid}: held must be true or false")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"uuid": self.uuid, "parent": self.parent, "type_id": self.type_id}
@@ -359,155 +321,8 @@ class MdevSpec:
     def from_dict(cls, data: Any, where: str = "mdev") -> MdevSpec:
         if isinstance(data, list | tuple) and len(data) == 3:  # the short [uuid, parent, type] form
             return cls(*data)
-        return cls(**_fields(data, where, required=("uuid", "parent", "type_id"),
-                             optional=("held",)))
-
-
-@dataclass(frozen=True)
-class VgpuTypeSpec:
-    """One vGPU type of a vendor-specific-VFIO NVIDIA GPU (vGPU 17+): a line
-    ``<type_id> : <name>`` of a VF's ``nvidia/creatable_vgpu_types``.
-
-    ``type_id`` is the decimal id written to ``current_vgpu_type`` (unique per
-    card model only).  ``framebuffer_mib`` is what the equal-size rule compares
-    (research vendor-vfio-and-sriov.md §5); ``max_instances`` is the limit per
-    physical GPU.
-    """
-
-    type_id: int
-    name: str
-    framebuffer_mib: int
-    max_instances: int
-
-    def __post_init__(self) -> None:
-        _int(self.type_id, "vgpu type_id", 1)
-        if self.type_id > 0xFFFFFFFF:
-            raise _bad(f"vgpu type_id {self.type_id} does not fit 32 bits")
-        if (not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name
-                or self.name != self.name.strip()):
-            raise _bad(f"vgpu type {self.type_id}: name {self.name!r} must be one trimmed line")
-        _int(self.framebuffer_mib, f"vgpu type {self.type_id}: framebuffer_mib", 1)
-        _int(self.max_instances, f"vgpu type {self.type_id}: max_instances", 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type_id": self.type_id, "name": self.name,
-                "framebuffer_mib": self.framebuffer_mib, "max_instances": self.max_instances}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "vgpu type") -> VgpuTypeSpec:
-        return cls(**_fields(data, where, required=(
-            "type_id", "name", "framebuffer_mib", "max_instances"), optional=()))
-
-
-@dataclass(frozen=True)
-class SriovPfSpec:
-    """An SR-IOV physical function whose VFs the kernel creates and destroys on
-    a ``sriov_numvfs`` write (the model lives in :mod:`.pci`).
-
-    ``total_vfs`` is what ``sriov_totalvfs`` reads (the driver's limit),
-    ``num_vfs`` how many VFs exist at boot (a boot script such as NVIDIA's
-    ``sriov-manage -e`` enabled them).  VF ``i`` sits at the PF's routing id
-    + ``vf_offset`` + ``vf_stride`` * i, as the SR-IOV capability says, has
-    device id ``vf_device_id`` and binds to ``vf_driver``.  ``netdev`` names
-    the network interface the PF driver registers (``net/<netdev>``).
-    Non-empty ``vgpu_types`` make it an NVIDIA vGPU 17+ GPU: its VFs, bound to
-    ``nvidia``, carry ``nvidia/creatable_vgpu_types`` and friends.
-    """
-
-    address: str
-    driver: str
-    vf_driver: str
-    total_vfs: int
-    num_vfs: int = 0
-    vendor_id: int = 0x8086
-    device_id: int = 0
-    vf_device_id: int = 0
-    class_code: int = 0x020000
-    numa_node: int = -1
-    vf_offset: int = 1
-    vf_stride: int = 1
-    netdev: str | None = None
-    vgpu_types: tuple[VgpuTypeSpec, ...] = ()
-
-    def __post_init__(self) -> None:
-        where = f"SR-IOV PF {self.address}"
-        canonical_pci(self.address, "SR-IOV PF address")
-        _component(self.driver, f"{where}: driver")
-        _component(self.vf_driver, f"{where}: vf_driver")
-        for attr in ("vendor_id", "device_id", "vf_device_id", "class_code"):
-            object.__setattr__(self, attr, _hex_id(getattr(self, attr), f"{where}: {attr}"))
-        _int(self.numa_node, f"{where}: numa_node", -1)
-        _int(self.total_vfs, f"{where}: total_vfs", 1)
-        if self.total_vfs > MAX_VFS:
-            raise _bad(f"{where}: total_vfs {self.total_vfs} > {MAX_VFS}")
-        _int(self.num_vfs, f"{where}: num_vfs", 0)
-        if self.num_vfs > self.total_vfs:
-            raise _bad(f"{where}: num_vfs {self.num_vfs} > total_vfs {self.total_vfs}")
-        _int(self.vf_offset, f"{where}: vf_offset", 1)
-        _int(self.vf_stride, f"{where}: vf_stride", 1)
-        try:
-            self.vf_addresses()
-        except ValueError as exc:
-            raise _bad(f"{where}: {exc}") from None
-        if self.netdev is not None and (not isinstance(self.netdev, str)
-                                        or not _IFNAME_RE.match(self.netdev)):
-            raise _bad(f"{where}: netdev {self.netdev!r} is not an interface name")
-        types = tuple(self.vgpu_types)
-        object.__setattr__(self, "vgpu_types", types)
-        ids: set[int] = set()
-        for t in types:
-            if not isinstance(t, VgpuTypeSpec):
-                raise _bad(f"{where}: vgpu_types must be VgpuTypeSpec, got {t!r}")
-            if t.type_id in ids:
-                raise _bad(f"{where}: vgpu type {t.type_id} listed twice")
-            ids.add(t.type_id)
-
-    @property
-    def is_vgpu(self) -> bool:
-        """An NVIDIA vendor-specific-VFIO GPU (its VFs are typed, not passed as is)."""
-        return bool(self.vgpu_types)
-
-    def vf_address(self, index: int) -> str:
-        return virtfn_address(self.address, self.vf_offset, self.vf_stride, index)
-
-    def vf_addresses(self) -> list[str]:
-        """Every address a VF of this PF can ever have (``total_vfs`` of them)."""
-        return [self.vf_address(i) for i in range(self.total_vfs)]
-
-    def vgpu_type(self, type_id: int) -> VgpuTypeSpec | None:
-        for t in self.vgpu_types:
-            if t.type_id == type_id:
-                return t
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "address": self.address, "driver": self.driver, "vf_driver": self.vf_driver,
-            "total_vfs": self.total_vfs, "num_vfs": self.num_vfs,
-            "vendor_id": f"{self.vendor_id:#06x}", "device_id": f"{self.device_id:#06x}",
-            "vf_device_id": f"{self.vf_device_id:#06x}", "class_code": f"{self.class_code:#08x}",
-            "numa_node": self.numa_node, "vf_offset": self.vf_offset,
-            "vf_stride": self.vf_stride,
-        }
-        if self.netdev is not None:
-            out["netdev"] = self.netdev
-        if self.vgpu_types:
-            out["vgpu_types"] = [t.to_dict() for t in self.vgpu_types]
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "sriov_pf") -> SriovPfSpec:
-        kwargs = _fields(data, where, required=("address", "driver", "vf_driver", "total_vfs"),
-                         optional=("num_vfs", "vendor_id", "device_id", "vf_device_id",
-                                   "class_code", "numa_node", "vf_offset", "vf_stride",
-                                   "netdev", "vgpu_types"))
-        if "vgpu_types" in kwargs:
-            if not isinstance(kwargs["vgpu_types"], list):
-                raise _bad(f"{where}.vgpu_types must be a list")
-            kwargs["vgpu_types"] = tuple(
-                VgpuTypeSpec.from_dict(t, f"{where}.vgpu_types[{i}]")
-                for i, t in enumerate(kwargs["vgpu_types"]))
-        return cls(**kwargs)
+        return cls(**json_fields(data, where, required=("uuid", "parent", "type_id"),
+                                 optional=("held",)))
 
 
 @dataclass(frozen=True)
@@ -530,17 +345,17 @@ class HostSpec:
         names: set[str] = set()
         for p in self.parents:
             if not isinstance(p, ParentSpec):
-                raise _bad(f"parents must be ParentSpec, got {p!r}")
+                raise invalid(f"parents must be ParentSpec, got {p!r}")
             if p.name in names:
-                raise _bad(f"parent {p.name} defined twice")
+                raise invalid(f"parent {p.name} defined twice")
             names.add(p.name)
             if p.kind == "pci":
                 pci[p.name] = p
         for d in self.devices:
             if not isinstance(d, PciDeviceSpec):
-                raise _bad(f"devices must be PciDeviceSpec, got {d!r}")
+                raise invalid(f"devices must be PciDeviceSpec, got {d!r}")
             if d.address in pci:
-                raise _bad(f"PCI address {d.address} defined twice")
+                raise invalid(f"PCI address {d.address} defined twice")
             pci[d.address] = d
         self._validate_sriov_pfs(pci)
         pools: dict[str, int] = {}
@@ -548,14 +363,14 @@ class HostSpec:
             if p.physfn is not None:
                 pf = pci.get(p.physfn)
                 if pf is None:
-                    raise _bad(f"parent {p.name}: physfn {p.physfn} is not a PCI device "
-                               "of this spec")
+                    raise invalid(f"parent {p.name}: physfn {p.physfn} is not a PCI device "
+                                  "of this spec")
                 if isinstance(pf, ParentSpec) and pf.physfn is not None:
-                    raise _bad(f"parent {p.name}: physfn {p.physfn} is itself a VF")
+                    raise invalid(f"parent {p.name}: physfn {p.physfn} is itself a VF")
             if p.policy == "global":
                 cap = pools.setdefault(p.pool_name, p.capacity or 0)
                 if cap != p.capacity:
-                    raise _bad(
+                    raise invalid(
                         f"parent {p.name}: global pool {p.pool_name} capacity {p.capacity} "
                         f"differs from another parent's {cap}"
                     )
@@ -563,18 +378,18 @@ class HostSpec:
         by_name = {p.name: p for p in self.parents}
         for m in self.mdevs:
             if not isinstance(m, MdevSpec):
-                raise _bad(f"mdevs must be MdevSpec, got {m!r}")
+                raise invalid(f"mdevs must be MdevSpec, got {m!r}")
             if m.uuid in seen:
-                raise _bad(f"mdev {m.uuid} listed twice")
+                raise invalid(f"mdev {m.uuid} listed twice")
             seen.add(m.uuid)
             parent = by_name.get(m.parent)
             if parent is None:
-                raise _bad(f"mdev {m.uuid}: parent {m.parent} is not in the spec")
+                raise invalid(f"mdev {m.uuid}: parent {m.parent} is not in the spec")
             if parent.type(m.type_id) is None:
-                raise _bad(f"mdev {m.uuid}: parent {m.parent} does not offer {m.type_id}")
+                raise invalid(f"mdev {m.uuid}: parent {m.parent} does not offer {m.type_id}")
         for name in self.profiles:
             if not isinstance(name, str):
-                raise _bad(f"profile names must be strings, got {name!r}")
+                raise invalid(f"profile names must be strings, got {name!r}")
 
     def _validate_sriov_pfs(self, pci: dict[str, object]) -> None:
         """Every address a dynamic VF may take is reserved up front, so a VF
@@ -582,11 +397,11 @@ class HostSpec:
         taken = {a: f"PCI device {a}" for a in pci}
         for pf in self.sriov_pfs:
             if not isinstance(pf, SriovPfSpec):
-                raise _bad(f"sriov_pfs must be SriovPfSpec, got {pf!r}")
+                raise invalid(f"sriov_pfs must be SriovPfSpec, got {pf!r}")
             for addr, what in ((pf.address, f"SR-IOV PF {pf.address}"),
                                *((a, f"VF of {pf.address}") for a in pf.vf_addresses())):
                 if addr in taken:
-                    raise _bad(f"PCI address {addr} defined twice ({taken[addr]} and {what})")
+                    raise invalid(f"PCI address {addr} defined twice ({taken[addr]} and {what})")
                 taken[addr] = what
 
     # -- helpers --------------------------------------------------------------------
@@ -631,11 +446,11 @@ class HostSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> HostSpec:
-        kwargs = _fields(data, "spec", required=(), optional=(
+        kwargs = json_fields(data, "spec", required=(), optional=(
             "parents", "devices", "mdevs", "profiles", "sriov_pfs"))
         for key in kwargs:
             if not isinstance(kwargs[key], list):
-                raise _bad(f"spec.{key} must be a list")
+                raise invalid(f"spec.{key} must be a list")
         return cls(
             parents=tuple(ParentSpec.from_dict(p, f"parents[{i}]")
                           for i, p in enumerate(kwargs.get("parents", []))),
@@ -656,7 +471,7 @@ class HostSpec:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise _bad(f"not valid JSON: {exc}") from None
+            raise invalid(f"not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
     @classmethod
@@ -665,24 +480,8 @@ class HostSpec:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as exc:
-            raise _bad(f"cannot read {path}: {exc.strerror}") from None
+            raise invalid(f"cannot read {path}: {exc.strerror}") from None
         return cls.from_json(text)
-
-
-def _fields(data: Any, where: str, required: Iterable[str], optional: Iterable[str]) -> dict:
-    """Check a JSON object's keys: every required key present, nothing unknown."""
-    if not isinstance(data, Mapping):
-        raise _bad(f"{where} must be an object, got {type(data).__name__}")
-    required = tuple(required)
-    allowed = set(required) | set(optional)
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise _bad(f"{where}: unknown field(s) {', '.join(unknown)} "
-                   f"(allowed: {', '.join(sorted(allowed))})")
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise _bad(f"{where}: missing field(s) {', '.join(missing)}")
-    return dict(data)
 
 
 def new_uuid() -> str:
