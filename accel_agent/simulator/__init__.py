@@ -1,12 +1,14 @@
 """A kernel-faithful simulated mdev host (research sysfs-mdevctl-kubevirt.md §1.9).
 
-* :mod:`.spec` - ``HostSpec`` and friends: a JSON-serialisable host description;
+* :mod:`.spec` - ``HostSpec`` and friends: a JSON-serialisable host description
+  (its field checks in :mod:`.spec_fields`, the SR-IOV specs in :mod:`.spec_sriov`);
 * :mod:`.profiles` - ready-made hosts (``PROFILES``, ``build_spec``);
 * :mod:`.model` - ``SimulatedHost``: the reactive sysfs model (in-process, unit speed),
   the wiring of its parts:
 * :mod:`.kernfs` - its file side: the tree under one lock, open handles, slow reads;
 * :mod:`.mdev` - its mdev side: parents, types, counters, ``create``/``remove``;
-* :mod:`.pci` - its PCI side: driver binding, ``driver_override``, SR-IOV VFs;
+* :mod:`.pci` - its PCI side: driver binding, ``driver_override``, group nodes;
+* :mod:`.pci_sriov` - SR-IOV VFs that come and go with ``sriov_numvfs``;
 * :mod:`.nvidia_vfio` - the ``nvidia/`` files of NVIDIA vGPU 17+ VFs;
 * :mod:`.static` - ``materialise``: a real directory tree of the current state;
 * :mod:`.fusefs` / :mod:`.control` / :mod:`.daemon` - the FUSE front, its control

@@ -8,15 +8,17 @@ unregistration destroys its children.  Failures are ``OSError`` with the
 kernel's errno (research sysfs-mdevctl-kubevirt.md §1.4/§1.5, mtty-lab.md), so
 the FUSE front and in-process callers see the same numbers.
 
-The host is the wiring of four parts, each a model of one kernel piece that
+The host is the wiring of five parts, each a model of one kernel piece that
 names its sources:
 
 * :mod:`.kernfs` - the tree served as files (open handles, seq_file reads,
   ENODEV on a removed node), its lock and slow reads; the host *is* one;
 * :mod:`.mdev` - the mdev core: parents, types and counters, ``create`` and
   ``remove``, mdev group nodes, a parent's types living on its driver binding;
-* :mod:`.pci` - the PCI and driver cores: binding, ``driver_override``, SR-IOV
-  VFs that come and go with ``sriov_numvfs``, PCI group nodes;
+* :mod:`.pci` - the PCI and driver cores: functions, binding,
+  ``driver_override``, PCI group nodes;
+* :mod:`.pci_sriov` - SR-IOV: VFs that come and go with ``sriov_numvfs``, the
+  PF driver's network interface;
 * :mod:`.nvidia_vfio` - the ``nvidia/`` files of NVIDIA vGPU 17+ VFs.
 
 It keeps what they share: the IOMMU group numbers, the event log and the
@@ -43,8 +45,8 @@ Tree layout (every link relative, every value ending in ``\\n``)::
   bus/mdev/devices/<uuid>, bus/mdev/drivers/<mdev drv>/<uuid>
   kernel/iommu_groups/<N>/devices/<addr|uuid>
   vfio/<N>                                         stand-in for /dev/vfio/<N> of a group
-  (mdevs: see the mdev module; PCI binding, SR-IOV and nvidia/ files: the pci
-  and nvidia_vfio modules)
+  (mdevs: see the mdev module; PCI binding, SR-IOV and nvidia/ files: the pci,
+  pci_sriov and nvidia_vfio modules)
 
 ``vfio/<N>`` is not part of a real /sys: it plays the VFIO group node
 (``/dev/vfio/<N>``, root 0600) that the agent probes before a remove.  Like the
@@ -81,6 +83,7 @@ from accel_agent.simulator.mdev import (
 )
 from accel_agent.simulator.nvidia_vfio import NvidiaVgpus
 from accel_agent.simulator.pci import PciBus, PciGroupNode
+from accel_agent.simulator.pci_sriov import SriovPfs
 from accel_agent.simulator.spec import HostSpec, ParentSpec, PciDeviceSpec
 from accel_agent.simulator.tree import Attr, Path
 from accel_agent.sysfs import address
@@ -121,9 +124,12 @@ class SimulatedHost(Kernfs):
             self._tree.mkdir(base)
         self._pci = PciBus(self._tree, self._event, self._changed, self._alloc_group,
                            self._groups_used.discard)
+        self._sriov = SriovPfs(self._tree, self._pci, self._event, self._changed,
+                               self._alloc_group)
         self._mdev = MdevBus(self._tree, self._cond, self._event, self._changed,
                              self._alloc_group, self._groups_used.discard, remove_block_timeout)
         self._vgpus = NvidiaVgpus(self._tree, self._changed)
+        self._pci.add_listener(self._sriov)  # the PF driver's own remove() runs first
         self._pci.add_listener(self._mdev)
         self._pci.add_listener(self._vgpus)
         with self._lock:
@@ -162,8 +168,8 @@ class SimulatedHost(Kernfs):
             pfs[addr] = path
             self._pci.add_static(dev, path, phys, sorted(vfs_of.get(addr, [])))
         for pf in sorted(self.spec.sriov_pfs, key=lambda p: p.address):
-            self._pci.add_sriov_pf(pf, pci_path(pf.address))
-        self._pci.boot()
+            self._sriov.add_pf(pf, pci_path(pf.address))
+        self._sriov.boot()
         for p in self.spec.parents:
             self._mdev.add_parent(p, pfs[p.name] if p.kind == "pci" else None)
         self._mdev.boot(self.spec.mdevs)
@@ -216,7 +222,9 @@ class SimulatedHost(Kernfs):
         forgotten."""
         with self._lock:
             self._mdev.destroy_all()
+            self._sriov.shutdown()
             self._pci.reboot()
+            self._sriov.boot()
             self._vgpus.reset()
             self._mdev.rebooted()
             self.boot_count += 1
