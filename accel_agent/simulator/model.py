@@ -129,7 +129,9 @@ class SimulatedHost(Kernfs):
         self._mdev = MdevBus(self._tree, self._cond, self._event, self._changed,
                              self._alloc_group, self._groups_used.discard, remove_block_timeout)
         self._vgpus = NvidiaVgpus(self._tree, self._changed)
-        self._pci.add_listener(self._sriov)  # the PF driver's own remove() runs first
+        # In the order the drivers act: a PF driver's remove() disables SR-IOV
+        # before anything else living on a binding hears of the unbind.
+        self._pci.add_listener(self._sriov)
         self._pci.add_listener(self._mdev)
         self._pci.add_listener(self._vgpus)
         with self._lock:

@@ -411,6 +411,19 @@ def test_blocked_remove_gives_up_with_eintr_after_the_cap():
     assert host.mdevs() == []
 
 
+def test_the_cap_can_be_changed_on_a_live_host():
+    # remove_block_timeout stays a plain attribute of the host for its callers,
+    # although the mdev side (mdev.py) is what waits.
+    host = SimulatedHost(profiles.mtty(), remove_block_timeout=0.05)
+    host.remove_block_timeout = 0
+    assert host.remove_block_timeout == 0
+    host.create_mdev("mtty", "mtty-1", U1)
+    host.hold(U1)
+    with pytest.raises(OSError, match="still held after 0 s") as caught:
+        host.remove_mdev(U1)
+    assert caught.value.errno == errno.EINTR
+
+
 def test_vfio_group_node_is_exclusive_and_blocks_remove_while_open(mtty):
     mtty.create_mdev("mtty", "mtty-1", U1)
     (info,) = mtty.mdevs()
@@ -477,6 +490,13 @@ def test_reboot_drops_every_mdev_and_restores_counters():
     assert host.available("0000:06:00.0", "nvidia-11") == 16  # registered again
     assert host.available("0000:07:00.0", "nvidia-11") == 8
     assert host.boot_count == 2
+
+
+def test_reboot_forgets_an_injected_create_failure(mtty):
+    mtty.fail_next_create(errno.ENOSPC, parent="mtty")
+    mtty.reboot()
+    mtty.create_mdev("mtty", "mtty-1", U1)
+    assert [m.uuid for m in mtty.mdevs()] == [U1]
 
 
 def test_unregister_destroys_children_and_register_brings_types_back():

@@ -302,6 +302,18 @@ def test_group_node_opens_only_on_a_vfio_driver_and_once(igb):
     assert errno_of(igb.open, node) == errno.ENODEV
 
 
+def test_release_all_lets_go_of_pci_holds_too(igb):
+    # What the front's stop does (SimulatedHost.close): no VM may keep a device.
+    igb.write(f"{PF_DIR}/sriov_numvfs", "1")
+    to_vfio(igb, VF0)
+    igb.hold(VF0)
+    node = f"vfio/{vf_group(igb, VF0)}"
+    assert errno_of(igb.open, node) == errno.EBUSY
+    igb.release_all()
+    assert [v["held"] for v in igb.vfs()] == [False]
+    igb.open(node).close()
+
+
 def test_unbinding_the_pf_driver_disables_sriov_and_the_netdev(igb):
     igb.write(f"{PF_DIR}/sriov_numvfs", "2")
     to_vfio(igb, VF1)
