@@ -308,6 +308,8 @@ class MdevSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uuid", canonical_uuid(self.uuid, "mdev uuid"))
+        sysfs_name(self.parent, f"mdev {self.uuid}: parent")
+        sysfs_name(self.type_id, f"mdev {self.uuid}: type_id")
         if not isinstance(self.held, bool):
             raise invalid(f"mdev {self.uuid}: held must be true or false")
 

@@ -577,6 +577,8 @@ def _with(path: str, value: object) -> dict:
                    "types": [{"type_id": "nvidia-1", "max_instances": 1}]}]},
      "physfn 0000:84:00.0 is not a PCI device"),
     ({"parents": [], "mdevs": [[U1, "mtty", "mtty-1"]]}, "parent mtty is not in the spec"),
+    (_with("mdevs", [[U1, ["mtty"], "mtty-1"]]), "parent ['mtty'] is not a valid sysfs name"),
+    (_with("mdevs", [[U1, "mtty", {"a": 1}]]), "type_id {'a': 1} is not a valid sysfs name"),
     ({"parents": "x"}, "spec.parents must be a list"),
     ([], "spec must be an object"),
 ])
