@@ -32,10 +32,10 @@ from accel_agent import exception
 from accel_agent.api import errors
 
 if TYPE_CHECKING:
+    from accel_agent.daemon.reloads import ReloadOutcome
     from accel_agent.devices.ledger import DeviceRecord
     from accel_agent.devices.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
-    from accel_agent.service import ReloadOutcome
 
 LOG = logging.getLogger(__name__)
 
@@ -58,19 +58,8 @@ _REASONS = {
 }
 
 
-class Backend(Protocol):
-    """What the API needs from the agent (accel_agent.service.AgentCore)."""
-
-    metrics: AgentMetrics
-
-    def health(self) -> dict[str, Any]: ...
-
-    # The listings, encoded as compact JSON (reporting.views.encode).
-    def types_json(self) -> bytes: ...
-
-    def mdevs_json(self) -> bytes: ...
-
-    def inventory_json(self) -> bytes: ...
+class Devices(Protocol):
+    """The device use cases the API calls (accel_agent.devices.manager.DeviceManager)."""
 
     def allocation(self, instance: str) -> Allocation: ...
 
@@ -82,11 +71,34 @@ class Backend(Protocol):
 
     def attachment(self, instance: str) -> Attachment: ...
 
-    def attach(self, instance: str, raw_requests: Any) -> Attachment: ...
+    def attach(self, instance: str, requests: Any) -> Attachment: ...
 
     def adopt(self, uuid: str) -> DeviceRecord: ...
 
     def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan: ...
+
+    def guest_devices(self, records: Any) -> Any: ...
+
+
+class Listings(Protocol):
+    """The listings, encoded as compact JSON (reporting.views.encode)."""
+
+    def types_json(self) -> bytes: ...
+
+    def mdevs_json(self) -> bytes: ...
+
+    def inventory_json(self) -> bytes: ...
+
+
+class Backend(Protocol):
+    """What the API needs from the agent (accel_agent.daemon.core.AgentCore)."""
+
+    metrics: AgentMetrics
+    devices: Devices
+    listings: Listings
+    qemu_globals: list[str]
+
+    def health(self) -> dict[str, Any]: ...
 
     def recover(self, check: bool = False) -> RecoveryReport: ...
 
