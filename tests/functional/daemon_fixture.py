@@ -44,6 +44,13 @@ enabled_mdev_types = nvidia-35, mtty-2
 [mdev_mtty-2]
 device_addresses = mtty
 """
+# The mtty sample parent with one type: the daemon tests that need one parent.
+MTTY = """
+[devices]
+enabled_mdev_types = mtty-2
+[mdev_mtty-2]
+device_addresses = mtty
+"""
 _T = TypeVar("_T")
 
 

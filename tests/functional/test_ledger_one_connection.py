@@ -23,19 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.daemon_fixture import SimAgent, ctl, sim_agent, wait_for
+from tests.functional.daemon_fixture import MTTY, SimAgent, ctl, sim_agent, wait_for
 from tests.functional.privsep_fixture import _find_daemon_pid, skip_unless_root
 from tests.functional.simhost import simulated_host
 
 pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 
 LEDGER = "ledger.sqlite3"
-MTTY = """
-[devices]
-enabled_mdev_types = mtty-2
-[mdev_mtty-2]
-device_addresses = mtty
-"""
 
 
 @pytest.fixture(scope="module")

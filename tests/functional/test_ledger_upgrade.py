@@ -23,7 +23,7 @@ import pytest
 
 from accel_agent.devices.ledger import MIGRATIONS, SCHEMA_VERSION, Ledger
 from tests import ledger_sql
-from tests.functional.daemon_fixture import REPO_ROOT, SimAgent, ctl, sim_agent
+from tests.functional.daemon_fixture import MTTY, REPO_ROOT, SimAgent, ctl, sim_agent
 from tests.functional.privsep_fixture import _find_daemon_pid, skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -32,12 +32,6 @@ pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 LEDGER = "ledger.sqlite3"
 OLD = 3  # the schema before attach requests and per-device settings
 OLD_MDEV = "0ddc0ffe-0000-4000-8000-000000000001"
-MTTY = """
-[devices]
-enabled_mdev_types = mtty-2
-[mdev_mtty-2]
-device_addresses = mtty
-"""
 
 
 @pytest.fixture(scope="module")
