@@ -61,10 +61,10 @@ def write_block(path: str, lines: list[str], begin: str = BEGIN, end: str = END)
     Path(path).write_text(text)
 
 
-def render(summary: dict, command: str, machine: str) -> list[str]:
-    kills = summary["kills_per_operation"]
-    lines = [
-        "### (s) random-kill soak: SIGKILL at random instants, then recover",
+def _heading(title: str, summary: dict, command: str, machine: str) -> list[str]:
+    """A soak block's title, when, where, the command, and its table's head."""
+    return [
+        title,
         "",
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
         f"{machine}",
@@ -73,6 +73,14 @@ def render(summary: dict, command: str, machine: str) -> list[str]:
         "",
         "| what | result |",
         "| --- | --- |",
+    ]
+
+
+def render(summary: dict, command: str, machine: str) -> list[str]:
+    kills = summary["kills_per_operation"]
+    lines = [
+        *_heading("### (s) random-kill soak: SIGKILL at random instants, then recover",
+                  summary, command, machine),
         f"| runs (one operation each, then recover and the checks) | {summary['iterations']} |",
         f"| kills in all | {summary['kills']} |",
         *(f"| kills during {op} | {n} |" for op, n in kills.items()),
@@ -96,15 +104,8 @@ def render(summary: dict, command: str, machine: str) -> list[str]:
 def render_daemon(summary: dict, command: str, machine: str) -> list[str]:
     steps = summary["steps"]
     return [
-        "### (s2) random-kill soak of the running daemon (multi-process model)",
-        "",
-        f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
-        f"{machine}",
-        f"- command: `{command}` (what `make soak` runs), seed {summary['seed']}, "
-        f"{summary['seconds']} s",
-        "",
-        "| what | result |",
-        "| --- | --- |",
+        *_heading("### (s2) random-kill soak of the running daemon (multi-process model)",
+                  summary, command, machine),
         f"| steps in all | {sum(steps.values())} |",
         *(f"| steps: {kind} | {n} |" for kind, n in steps.items()),
         f"| SIGKILLs of the daemon (then a restart that recovers) | {summary['daemon_kills']} |",

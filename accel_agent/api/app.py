@@ -14,6 +14,12 @@ UUID, capacity) still run behind that and answer in the same error format.
 Paths are matched on the raw request URI, segment by segment, and each
 segment is percent-decoded after the split: an instance id may contain an
 encoded ``/`` without changing which route it reaches.
+
+Why one module of ~530 lines: it is the request path from the WSGI environ
+to the handler and back (body read within its limits, JSON with its depth
+and duplicate-key rules, OpenAPI validation, routing, the error table), and
+each step's checks assume the one before; apart, a reader would have to hold
+several files to see what a request passes before a handler runs.
 """
 
 from __future__ import annotations
@@ -35,7 +41,6 @@ if TYPE_CHECKING:
     from accel_agent.devices.ledger import DeviceRecord
     from accel_agent.devices.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
-    from accel_agent.service import ReloadOutcome
 
 LOG = logging.getLogger(__name__)
 
@@ -58,19 +63,8 @@ _REASONS = {
 }
 
 
-class Backend(Protocol):
-    """What the API needs from the agent (accel_agent.service.AgentCore)."""
-
-    metrics: AgentMetrics
-
-    def health(self) -> dict[str, Any]: ...
-
-    # The listings, encoded as compact JSON (reporting.views.encode).
-    def types_json(self) -> bytes: ...
-
-    def mdevs_json(self) -> bytes: ...
-
-    def inventory_json(self) -> bytes: ...
+class Devices(Protocol):
+    """The device use cases the API calls (accel_agent.devices.manager.DeviceManager)."""
 
     def allocation(self, instance: str) -> Allocation: ...
 
@@ -82,15 +76,39 @@ class Backend(Protocol):
 
     def attachment(self, instance: str) -> Attachment: ...
 
-    def attach(self, instance: str, raw_requests: Any) -> Attachment: ...
+    def attach(self, instance: str, requests: Any) -> Attachment: ...
 
     def adopt(self, uuid: str) -> DeviceRecord: ...
 
     def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan: ...
 
+    def guest_devices(self, records: Any) -> Any: ...
+
+
+class Listings(Protocol):
+    """The listings, encoded as compact JSON (reporting.views.encode)."""
+
+    def types_json(self) -> bytes: ...
+
+    def mdevs_json(self) -> bytes: ...
+
+    def inventory_json(self) -> bytes: ...
+
+
+class Backend(Protocol):
+    """What the API needs from the agent (accel_agent.daemon.core.AgentCore)."""
+
+    metrics: AgentMetrics
+    devices: Devices
+    listings: Listings
+    qemu_globals: list[str]
+
+    def health(self) -> dict[str, Any]: ...
+
     def recover(self, check: bool = False) -> RecoveryReport: ...
 
-    def request_reload(self) -> ReloadOutcome: ...
+    # A reload's outcome: anything with to_dict() (accel_agent.daemon.reloads).
+    def request_reload(self) -> Any: ...
 
 
 def load_openapi() -> dict[str, Any]:

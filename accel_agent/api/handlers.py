@@ -21,30 +21,35 @@ def health(req: Request) -> Response:
 
 
 # The listings come encoded from the backend, which keeps the bytes while
-# the host does not change (AgentCore._listing_body).
+# the host does not change (accel_agent.daemon.listings).
 
 
 def types(req: Request) -> Response:
-    return Response(200, req.backend.types_json())
+    return Response(200, req.backend.listings.types_json())
 
 
 def mdevs(req: Request) -> Response:
-    return Response(200, req.backend.mdevs_json())
+    return Response(200, req.backend.listings.mdevs_json())
 
 
 def inventory(req: Request) -> Response:
-    return Response(200, req.backend.inventory_json())
+    return Response(200, req.backend.listings.inventory_json())
+
+
+# The device use cases are the device manager's (backend.devices); each
+# change made through it asks the daemon for a rescan itself.
 
 
 def get_allocation(req: Request) -> Response:
-    return Response.json(req.backend.allocation(req.params["instance"]).to_dict())
+    return Response.json(req.backend.devices.allocation(req.params["instance"]).to_dict())
 
 
 def put_allocation(req: Request) -> Response:
     body = req.body
-    allocation = req.backend.allocate(
+    allocation = req.backend.devices.allocate(
         req.params["instance"], body["count"], body.get("parent"), body.get("mdev_type")
     )
+    req.backend.metrics.allocations.inc()
     return Response.json(allocation.to_dict())
 
 
@@ -61,7 +66,8 @@ def _remove_flag(req: Request) -> bool:
 
 def _released(req: Request, remove: bool) -> Response:
     instance = req.params["instance"]
-    released = req.backend.release(instance, remove)
+    released = req.backend.devices.release(instance, remove)
+    req.backend.metrics.releases.labels(remove=str(bool(remove)).lower()).inc()
     return Response.json({"instance": instance, "released": released, "removed": remove})
 
 
@@ -73,13 +79,19 @@ def delete_allocation(req: Request) -> Response:
 
 
 def get_attachments(req: Request) -> Response:
-    return Response.json(req.backend.attachment(req.params["instance"]).to_dict())
+    return Response.json(req.backend.devices.attachment(req.params["instance"]).to_dict())
 
 
 def post_attachments(req: Request) -> Response:
+    from accel_agent import wiring
+
     body = req.body
-    requests = body["requests"] if isinstance(body, dict) else body
-    return Response.json(req.backend.attach(req.params["instance"], requests).to_dict())
+    devices = req.backend.devices
+    # Checked whole, every field, before anything is prepared (400 naming it).
+    requests = wiring.attach_requests(devices, body["requests"] if isinstance(body, dict) else body)
+    attachment = devices.attach(req.params["instance"], requests)
+    req.backend.metrics.allocations.inc()
+    return Response.json(attachment.to_dict())
 
 
 def delete_attachments(req: Request) -> Response:
@@ -90,18 +102,18 @@ def domain_xml(req: Request) -> Response:
     from accel_agent.libvirt_xml import instance_devices_xml
 
     instance = req.params["instance"]
-    allocation = req.backend.allocation(instance)
+    allocation = req.backend.devices.allocation(instance)
     if not allocation.mdevs:
         raise exception.MdevNotFound(uuid=f"(any, for instance {instance})")
     # Each device as its backend gives it to a guest: <hostdev type='mdev'> by
     # UUID, a vGPU VF as <hostdev type='pci' managed='no'> by address.
-    devices = req.backend.guest_devices(allocation.mdevs)
+    devices = req.backend.devices.guest_devices(allocation.mdevs)
     xml = instance_devices_xml(devices, req.backend.qemu_globals)
     return Response.text(xml + "\n", "application/xml")
 
 
 def adopt(req: Request) -> Response:
-    record = req.backend.adopt(req.params["uuid"])
+    record = req.backend.devices.adopt(req.params["uuid"])
     return Response.json(
         {
             "uuid": record.uuid,
@@ -114,7 +126,7 @@ def adopt(req: Request) -> Response:
 
 
 def takeover(req: Request) -> Response:
-    plan = req.backend.takeover(
+    plan = req.backend.devices.takeover(
         adopt_unused=bool(req.query.get("all", False)),
         dry_run=bool(req.query.get("dry_run", False)),
     )

@@ -72,6 +72,8 @@ class DeviceManager:
         self.on_step = on_step or (lambda step: None)
         # Told the UUID of every device a remove kept because it is in use (metrics).
         self.on_kept_in_use = on_kept_in_use or (lambda uuid: None)
+        # Told after every operation, whatever its outcome: the daemon rescans.
+        self.on_changed: Callable[[], None] = lambda: None
         # The thread half of the operation's lock (protocol.operation).
         self.thread_lock = threading.RLock()
         # The agent keeps what the backends learn of the host beside its ledger.

@@ -79,13 +79,17 @@ def operation(m: DeviceManager) -> Iterator[None]:
     that an offline ``accelctl`` and the daemon never interleave."""
     from oslo_concurrency import lockutils
 
-    with (
-        m.thread_lock,
-        lockutils.lock(
-            LOCK_NAME, external=True, lock_path=str(m.ledger.path.parent), do_log=False
-        ),
-    ):
-        yield
+    try:
+        with (
+            m.thread_lock,
+            lockutils.lock(
+                LOCK_NAME, external=True, lock_path=str(m.ledger.path.parent), do_log=False
+            ),
+        ):
+            yield
+    finally:
+        # Whatever it did or failed to do, the host may have changed.
+        m.on_changed()
 
 
 def step(m: DeviceManager, name: str) -> None:

@@ -82,11 +82,9 @@ def validate_parent(value: Any) -> str:
     raise reject(f"mdev parent {value!r} is neither a PCI address nor a parent name")
 
 
-def validate_sysfs_root(value: Any) -> str:
-    """Return ``value`` if it is an absolute, normalised path of printable
-    characters (no ``..``, no ``//``, no trailing ``/``): what the agent's
-    configuration accepts as ``sysfs_root``.  Whether it is a directory is
-    checked where it is used."""
+def _absolute_path(value: Any, what: str) -> str:
+    """``value`` if it is an absolute, normalised path of printable characters
+    (no ``..``, no ``//``, no trailing ``/``), else refused naming ``what``."""
     if (
         not isinstance(value, str)
         or not 0 < len(value) <= MAX_ROOT_LEN
@@ -94,8 +92,14 @@ def validate_sysfs_root(value: Any) -> str:
         or not os.path.isabs(value)
         or os.path.normpath(value) != value
     ):
-        raise reject(f"sysfs root {value!r} is not an absolute, normalised path")
+        raise reject(f"{what} {value!r} is not an absolute, normalised path")
     return value
+
+
+def validate_sysfs_root(value: Any) -> str:
+    """What the agent's configuration accepts as ``sysfs_root``: an absolute,
+    normalised path.  Whether it is a directory is checked where it is used."""
+    return _absolute_path(value, "sysfs root")
 
 
 def validate_vfio_dev_dir(value: Any) -> str:
@@ -104,15 +108,7 @@ def validate_vfio_dev_dir(value: Any) -> str:
     read-only, but never a path the caller could steer with ``..``."""
     if value == "":
         return value
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= MAX_ROOT_LEN
-        or not value.isprintable()
-        or not os.path.isabs(value)
-        or os.path.normpath(value) != value
-    ):
-        raise reject(f"vfio device directory {value!r} is not an absolute, normalised path")
-    return value
+    return _absolute_path(value, "vfio device directory")
 
 
 def validate_timeout(value: Any) -> float:

@@ -1,5 +1,9 @@
 """Steady-state rescans: re-read only what changes (DESIGN.md §9).
 
+(Why one module of ~540 lines: the rules below, what may be skipped and why
+each skip stays true, and the concurrency of overlapping scans are one
+argument; each half is only correct given the other.)
+
 A full :func:`scan` reads every attribute of every type: ~25,000 files on a
 host of 256 parents x 24 types.  Between two rescans of a running daemon
 almost none of that changes: ``name``, ``description`` and ``device_api`` are

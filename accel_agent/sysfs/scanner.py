@@ -1,5 +1,9 @@
 """Read the kernel's mdev sysfs ABI into a :class:`HostSnapshot`.
 
+(Why one module of ~650 lines: one pass over one kernel ABI, with the
+hostile-tree rules each read needs beside the read itself; the steady-state
+re-reads are apart, in accel_agent.sysfs.rescan.)
+
 The layout (DESIGN.md §4, research/sysfs-mdevctl-kubevirt.md §1.1):
 
 * ``class/mdev_bus/<parent>`` is a *link* to the parent's device directory;

@@ -44,6 +44,13 @@ enabled_mdev_types = nvidia-35, mtty-2
 [mdev_mtty-2]
 device_addresses = mtty
 """
+# The mtty sample parent with one type: the daemon tests that need one parent.
+MTTY = """
+[devices]
+enabled_mdev_types = mtty-2
+[mdev_mtty-2]
+device_addresses = mtty
+"""
 _T = TypeVar("_T")
 
 
@@ -281,6 +288,48 @@ class AgentDaemon:
             if sample == name and labels.items() <= found.items():
                 return float(value)
         return 0.0
+
+
+class SimAgent:
+    """A daemon for a simulated host: its config (``body`` under the usual
+    [DEFAULT] and [api], rewritten by :meth:`write`), its API socket in a short
+    directory, its log in ``workdir``.  Not started: ``agent.daemon.start()``."""
+
+    def __init__(self, host: Any, workdir: Path, sockdir: Path, body: str = BOTH) -> None:
+        self.host = host
+        self.workdir = workdir
+        self.body = body
+        self.socket_path = str(sockdir / "api.sock")
+        self.config = workdir / "agent.conf"
+        self.write()
+        self.daemon = AgentDaemon(self.config, self.socket_path, workdir)
+
+    def write(self, extra: str = "", sysfs_root: str | None = None) -> None:
+        agent_config(self.config, sysfs_root or self.host.root, self.host.state_dir,
+                     self.socket_path, self.body, extra=extra)
+
+    def helper_pid(self) -> int | None:
+        """The running privsep helper's pid; None while there is none (or two)."""
+        from tests.functional.privsep_fixture import _find_daemon_pid
+
+        try:
+            return _find_daemon_pid(self.config.resolve())
+        except RuntimeError:
+            return None
+
+
+@contextlib.contextmanager
+def sim_agent(host: Any, workdir: Path, body: str = BOTH,
+              kind: type[SimAgent] = SimAgent) -> Iterator[SimAgent]:
+    """A :class:`SimAgent` (or ``kind``) on ``host`` made clean (its reset),
+    its daemon stopped afterwards whatever happened."""
+    host.reset()
+    with short_dir() as sockdir:
+        agent = kind(host, workdir, sockdir, body)
+        try:
+            yield agent
+        finally:
+            agent.daemon.close()
 
 
 def ctl(config: Path | str, *args: str, env: dict[str, str] | None = None,

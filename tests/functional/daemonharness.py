@@ -63,7 +63,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -84,6 +83,7 @@ from tests.functional.killharness import (
     _wait_gone,
     read_ledger,
     read_sysfs,
+    run_soak,
 )
 
 GPUS = 3
@@ -659,31 +659,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="write one line per step here")
     parser.add_argument("--json", help="write the summary as JSON here")
     args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    log_file = open(args.log, "w") if args.log else None  # noqa: SIM115
-    started = time.monotonic()
 
-    def log(line: str) -> None:
-        if log_file is not None:
-            log_file.write(line + "\n")
-            log_file.flush()
-        if line.startswith("VIOLATION"):
-            print(line, file=sys.stderr, flush=True)
+    def run(tmp: Path, seed: int, log: Callable[[str], None]) -> Stats:
+        with harness_host(tmp) as host, short_dir() as sockdir:
+            return DaemonHarness(host, sockdir, seed, log).run(args.kills)
 
-    with (
-        tempfile.TemporaryDirectory(prefix="accel-daemon-soak-") as tmp,
-        harness_host(Path(tmp)) as host,
-        short_dir() as sockdir,
-    ):
-        stats = DaemonHarness(host, sockdir, seed, log).run(args.kills)
-    summary = {"model": "daemon", "seed": seed,
-               "seconds": round(time.monotonic() - started), **stats.to_dict()}
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
-    if log_file is not None:
-        log_file.close()
-    return 1 if stats.violations else 0
+    return run_soak(args, "daemon", run)
 
 
 if __name__ == "__main__":

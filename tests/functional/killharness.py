@@ -922,6 +922,22 @@ def main(argv: list[str] | None = None) -> int:
     model = MODELS[args.model]
     from tests.functional.simhost import simulated_host
 
+    def run(tmp: Path, seed: int, log: Callable[[str], None]) -> Any:
+        with simulated_host(tmp, list(model.profiles), **model.host_options) as host:
+            return KillHarness(host, seed, log, model).run(args.kills)
+
+    return run_soak(args, model.name, run)
+
+
+def run_soak(
+    args: argparse.Namespace,
+    model: str,
+    run: Callable[[Path, int, Callable[[str], None]], Any],
+) -> int:
+    """The command line of a harness (``--seed``, ``--log``, ``--json``): ``run``
+    in a temporary directory with the seed and a log of one line per step
+    (violations also on stderr); the summary printed as JSON.  Exit status 1
+    on any violation."""
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     log_file = open(args.log, "w") if args.log else None  # noqa: SIM115
     started = time.monotonic()
@@ -933,13 +949,10 @@ def main(argv: list[str] | None = None) -> int:
         if line.startswith("VIOLATION"):
             print(line, file=sys.stderr, flush=True)
 
-    with (
-        tempfile.TemporaryDirectory(prefix="accel-soak-") as tmp,
-        simulated_host(Path(tmp), list(model.profiles), **model.host_options) as host,
-    ):
-        stats = KillHarness(host, seed, log, model).run(args.kills)
+    with tempfile.TemporaryDirectory(prefix="accel-soak-") as tmp:
+        stats = run(Path(tmp), seed, log)
     summary = {
-        "model": model.name,
+        "model": model,
         "seed": seed,
         "seconds": round(time.monotonic() - started),
         **stats.to_dict(),

@@ -35,8 +35,8 @@ from schemathesis.specs.openapi import checks as openapi_checks  # noqa: E402
 from accel_agent.api.app import ApiApplication, load_openapi  # noqa: E402
 from accel_agent.api.client import ApiClient, quote  # noqa: E402
 from accel_agent.api.server import ApiServer, bind_socket, remove_socket  # noqa: E402
+from accel_agent.daemon.core import AgentCore  # noqa: E402
 from accel_agent.devices import writers  # noqa: E402
-from accel_agent.service import AgentCore  # noqa: E402
 from tests.configutil import make_conf  # noqa: E402
 from tests.functional.daemon_fixture import short_dir  # noqa: E402
 from tests.functional.simhost import simulated_host  # noqa: E402
@@ -93,9 +93,9 @@ def agent(tmp_path_factory) -> Iterator[tuple[ApiApplication, AgentCore, object]
         core = AgentCore(conf, writer=writers.DirectWriter(host.root))
         core.startup()
         # Something to find: an allocated instance, a free owned mdev.
-        core.allocate("known-vm", 2)
-        core.allocate("spare", 1)
-        core.release("spare")
+        core.devices.allocate("known-vm", 2)
+        core.devices.allocate("spare", 1)
+        core.devices.release("spare")
         try:
             yield ApiApplication(core), core, host
         finally:
@@ -105,7 +105,7 @@ def agent(tmp_path_factory) -> Iterator[tuple[ApiApplication, AgentCore, object]
 def state(core: AgentCore, host) -> tuple[object, ...]:
     rows = tuple(
         (r.uuid, r.parent, r.mdev_type, r.state, r.owner, r.intent_id)
-        for r in core.manager.ledger.all()
+        for r in core.devices.ledger.all()
     )
     return rows, frozenset(host.sysfs_uuids())
 
@@ -165,11 +165,11 @@ AGENT_CHECKED_CONTENT = {
 def test_fuzzed_instances_never_share_an_mdev(agent):
     """After all that: the ledger and sysfs agree, and the known instance kept its mdevs."""
     _, core, host = agent
-    rows = core.manager.ledger.all()
+    rows = core.devices.ledger.all()
     sysfs = host.sysfs_uuids()
     assert {r.uuid for r in rows} <= sysfs
     assert sysfs - {r.uuid for r in rows} <= {FOREIGN}
-    assert core.manager.allocation("known-vm").mdevs  # never taken away by a 4xx
+    assert core.devices.allocation("known-vm").mdevs  # never taken away by a 4xx
 
 
 # --- through the socket -----------------------------------------------------------------

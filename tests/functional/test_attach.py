@@ -295,7 +295,7 @@ def test_a_kill_at_any_step_of_attach_then_recover_leaves_no_vf_without_an_owner
 
 def _api(env: Env):
     from accel_agent.api.app import ApiApplication
-    from accel_agent.service import AgentCore
+    from accel_agent.daemon.core import AgentCore
 
     conf = make_conf(CONF + f"\n[DEFAULT]\nstate_dir = {env.host.state_dir}\n",
                      sysfs_root=env.host.root)

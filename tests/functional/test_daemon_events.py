@@ -77,7 +77,7 @@ def test_uevents_trigger_rescans_that_recreate_vanished_mdevs(service):
     agent, host = service
     core, metrics = agent.core, agent.core.metrics
     assert agent.udev is not None  # the service wired its watcher
-    uuid = core.allocate("vm-u", 1).uuids[0]
+    uuid = core.devices.allocate("vm-u", 1).uuids[0]
     # The post-allocate ("api") rescan must have *finished* before the mdev
     # vanishes: a rescan still running would see it missing and re-create it
     # itself, and the udev path would prove nothing.  The scheduler counts a
@@ -102,7 +102,7 @@ def test_uevents_trigger_rescans_that_recreate_vanished_mdevs(service):
     assert metrics.value("accel_agent_rescans_total", {"reason": "api"}) == 1
     assert metrics.value("accel_agent_recreated_mdevs_total") == 1
     assert uuid in host.sysfs_uuids()
-    assert core.allocation("vm-u").uuids == [uuid]
+    assert core.devices.allocation("vm-u").uuids == [uuid]
 
     # A parent unregistering (driver unloaded) announces MDEV_STATE on itself.
     host.sim.unregister(GPU)
@@ -125,12 +125,12 @@ def test_a_rescan_frees_expired_migration_claims(service):
     core = agent.core
     source = "5a5a5a5a-0000-4000-8000-000000000001"
     now = time.time()
-    kept = core.manager.claim("mig-live", {source: "nvidia-35"}, expires_at=now + 3600)[source]
-    expired = core.manager.claim("mig-dead", {source: "nvidia-35"}, expires_at=now - 1)[source]
+    kept = core.devices.claim("mig-live", {source: "nvidia-35"}, expires_at=now + 3600)[source]
+    expired = core.devices.claim("mig-dead", {source: "nvidia-35"}, expires_at=now - 1)[source]
     core.rescan({"periodic"})
-    assert [r.uuid for r in core.manager.ledger.by_owner("mig-live")] == [kept]
-    assert core.manager.ledger.by_owner("mig-dead") == []
-    freed = core.manager.ledger.get(expired)
+    assert [r.uuid for r in core.devices.ledger.by_owner("mig-live")] == [kept]
+    assert core.devices.ledger.by_owner("mig-dead") == []
+    freed = core.devices.ledger.get(expired)
     assert freed is not None and freed.owner is None  # kept for reuse, not removed
     assert expired in host.sysfs_uuids()
     assert core.health()["mdevs"]["claimed"] == 1 and core.health()["mdevs"]["free"] == 1
@@ -139,7 +139,7 @@ def test_a_rescan_frees_expired_migration_claims(service):
 def test_a_failed_recreation_is_reported_and_retried(service):
     agent, host = service
     core = agent.core
-    uuid = core.allocate("vm-f", 1).uuids[0]
+    uuid = core.devices.allocate("vm-f", 1).uuids[0]
     host.sim.fail_next_create("ENOSPC", parent=GPU)
     remove_behind_the_back(host, uuid)
     agent.udev.handle(FakeDevice("mdev", "remove", f"/sys/devices/x/{GPU}/{uuid}"))
@@ -152,4 +152,4 @@ def test_a_failed_recreation_is_reported_and_retried(service):
     agent.udev.handle(FakeDevice("mdev", "remove", f"/sys/devices/x/{GPU}/{uuid}"))
     wait_for(lambda: uuid in host.sysfs_uuids(), what="the retry")
     wait_for(lambda: core.health()["status"] == "ok", what="health ok")
-    assert core.allocation("vm-f").uuids == [uuid]
+    assert core.devices.allocation("vm-f").uuids == [uuid]

@@ -20,9 +20,11 @@ from accel_agent.simulator import SimulatedHost, build_spec, materialise
 from tests.functional.daemon_fixture import (
     BOTH,
     AgentDaemon,
+    SimAgent,
     agent_config,
     ctl,
     short_dir,
+    sim_agent,
     wait_for,
 )
 from tests.functional.privsep_fixture import _find_daemon_pid, skip_unless_root
@@ -40,29 +42,10 @@ def sim(tmp_path_factory):
         yield host
 
 
-class Agent:
-    def __init__(self, host, workdir: Path, sockdir: Path) -> None:
-        self.host = host
-        self.workdir = workdir
-        self.socket_path = str(sockdir / "api.sock")
-        self.config = workdir / "agent.conf"
-        self.write(host.root)
-        self.daemon = AgentDaemon(self.config, self.socket_path, workdir)
-
-    def write(self, sysfs_root: str, extra: str = "") -> None:
-        agent_config(self.config, sysfs_root, self.host.state_dir, self.socket_path, BOTH,
-                     extra=extra)
-
-
 @pytest.fixture
-def agent(sim, tmp_path) -> Iterator[Agent]:
-    sim.reset()
-    with short_dir() as sockdir:
-        setup = Agent(sim, tmp_path, sockdir)
-        try:
-            yield setup
-        finally:
-            setup.daemon.close()
+def agent(sim, tmp_path) -> Iterator[SimAgent]:
+    with sim_agent(sim, tmp_path) as setup:
+        yield setup
 
 
 # --- 4. the privileged helper acts on the agent's view ------------------------------------
@@ -77,7 +60,7 @@ def test_a_restarted_privsep_helper_acts_on_the_agents_sysfs_root(agent):
     first = daemon.client().allocate("vm-1", 1)
     assert first["mdevs"][0]["uuid"] in agent.host.sysfs_uuids()
     # An operator points the config file elsewhere (a restart would apply it)...
-    agent.write(str(other))
+    agent.write(sysfs_root=str(other))
     # ...and the helper dies; oslo.privsep starts a new one on the next call,
     # which reads the edited file.
     os.kill(_find_daemon_pid(agent.config.resolve()), signal.SIGKILL)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -22,20 +21,13 @@ from typing import Any
 import pytest
 
 from accel_agent import exception
-from tests.functional.daemon_fixture import (
-    BOTH,
-    AgentDaemon,
-    agent_config,
-    ctl,
-    short_dir,
-    wait_for,
-)
-from tests.functional.privsep_fixture import _find_daemon_pid, skip_unless_root
+from tests import ledger_sql
+from tests.functional.daemon_fixture import SimAgent, ctl, sim_agent, wait_for
+from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
 pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 
-LEDGER = "ledger.sqlite3"
 HANG = 120.0
 
 
@@ -46,49 +38,20 @@ def sim(tmp_path_factory):
         yield host
 
 
-class Agent:
-    def __init__(self, host, workdir: Path, sockdir: Path) -> None:
-        self.host = host
-        self.workdir = workdir
-        self.socket_path = str(sockdir / "api.sock")
-        self.config = workdir / "agent.conf"
-        self.daemon = AgentDaemon(self.config, self.socket_path, workdir)
-
-    def write(self, extra: str = "") -> None:
-        agent_config(self.config, self.host.root, self.host.state_dir, self.socket_path, BOTH,
-                     extra=extra)
-
-    def helper_pid(self) -> int | None:
-        """The running helper's pid; None while there is none (or two)."""
-        try:
-            return _find_daemon_pid(self.config.resolve())
-        except RuntimeError:
-            return None
-
+class Agent(SimAgent):
     def ledger_rows(self) -> list[tuple[Any, ...]]:
         """(uuid, state, owner, intent_id) of every row, read apart from the agent."""
-        uri = f"file:{Path(self.host.state_dir) / LEDGER}?mode=ro"
-        with sqlite3.connect(uri, uri=True) as conn:
-            return conn.execute(
-                "SELECT m.uuid, m.state, a.owner, m.intent_id FROM mdevs m "
-                "LEFT JOIN assignments a ON a.uuid = m.uuid ORDER BY m.uuid"
-            ).fetchall()
+        rows = ledger_sql.rows(self.host.state_dir)
+        return [(r.uuid, r.state, r.owner, r.intent_id) for r in rows]
 
     def pending_intents(self) -> int:
-        uri = f"file:{Path(self.host.state_dir) / LEDGER}?mode=ro"
-        with sqlite3.connect(uri, uri=True) as conn:
-            return conn.execute("SELECT count(*) FROM intents").fetchone()[0]
+        return ledger_sql.pending_intents(self.host.state_dir)
 
 
 @pytest.fixture
 def agent(sim, tmp_path) -> Iterator[Agent]:
-    sim.reset()
-    with short_dir() as sockdir:
-        setup = Agent(sim, tmp_path, sockdir)
-        try:
-            yield setup
-        finally:
-            setup.daemon.close()
+    with sim_agent(sim, tmp_path, kind=Agent) as setup:
+        yield setup  # type: ignore[misc]
 
 
 def _in_thread(call) -> tuple[threading.Thread, list[Any]]:

@@ -23,19 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir, wait_for
+from tests.functional.daemon_fixture import MTTY, SimAgent, ctl, sim_agent, wait_for
 from tests.functional.privsep_fixture import _find_daemon_pid, skip_unless_root
 from tests.functional.simhost import simulated_host
 
 pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 
 LEDGER = "ledger.sqlite3"
-MTTY = """
-[devices]
-enabled_mdev_types = mtty-2
-[mdev_mtty-2]
-device_addresses = mtty
-"""
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +39,7 @@ def sim(tmp_path_factory):
         yield host
 
 
-class Agent:
-    def __init__(self, host, workdir: Path, sockdir: Path) -> None:
-        self.host = host
-        self.config = agent_config(
-            workdir / "agent.conf", host.root, host.state_dir, str(sockdir / "api.sock"), MTTY
-        )
-        self.daemon = AgentDaemon(self.config, str(sockdir / "api.sock"), workdir)
-
+class Agent(SimAgent):
     @property
     def ledger_path(self) -> Path:
         return Path(self.host.state_dir) / LEDGER
@@ -94,13 +81,8 @@ class Agent:
 
 @pytest.fixture
 def agent(sim, tmp_path) -> Iterator[Agent]:
-    sim.reset()
-    with short_dir() as sockdir:
-        setup = Agent(sim, tmp_path, sockdir)
-        try:
-            yield setup
-        finally:
-            setup.daemon.close()
+    with sim_agent(sim, tmp_path, MTTY, kind=Agent) as setup:
+        yield setup  # type: ignore[misc]
 
 
 OFFLINE = {

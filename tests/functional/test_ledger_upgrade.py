@@ -23,7 +23,7 @@ import pytest
 
 from accel_agent.devices.ledger import MIGRATIONS, SCHEMA_VERSION, Ledger
 from tests import ledger_sql
-from tests.functional.daemon_fixture import REPO_ROOT, AgentDaemon, agent_config, ctl, short_dir
+from tests.functional.daemon_fixture import MTTY, REPO_ROOT, SimAgent, ctl, sim_agent
 from tests.functional.privsep_fixture import _find_daemon_pid, skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -32,12 +32,6 @@ pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
 LEDGER = "ledger.sqlite3"
 OLD = 3  # the schema before attach requests and per-device settings
 OLD_MDEV = "0ddc0ffe-0000-4000-8000-000000000001"
-MTTY = """
-[devices]
-enabled_mdev_types = mtty-2
-[mdev_mtty-2]
-device_addresses = mtty
-"""
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +41,10 @@ def sim(tmp_path_factory):
         yield host
 
 
-class Agent:
-    def __init__(self, host, workdir: Path, sockdir: Path) -> None:
-        self.host = host
-        self.state_dir = Path(host.state_dir)
-        self.socket_path = str(sockdir / "api.sock")
-        self.config = agent_config(
-            workdir / "agent.conf", host.root, host.state_dir, self.socket_path, MTTY
-        )
-        self.daemon = AgentDaemon(self.config, self.socket_path, workdir)
+class Agent(SimAgent):
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.host.state_dir)
 
     @property
     def ledger(self) -> Path:
@@ -104,13 +93,8 @@ class Agent:
 
 @pytest.fixture
 def agent(sim, tmp_path) -> Iterator[Agent]:
-    sim.reset()
-    with short_dir() as sockdir:
-        setup = Agent(sim, tmp_path, sockdir)
-        try:
-            yield setup
-        finally:
-            setup.daemon.close()
+    with sim_agent(sim, tmp_path, MTTY, kind=Agent) as setup:
+        yield setup  # type: ignore[misc]
 
 
 def one_line_refusal(proc: subprocess.CompletedProcess[str]) -> str:

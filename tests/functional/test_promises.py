@@ -133,7 +133,7 @@ def env(sim: SimHost) -> Iterator[Env]:
 def api(env: Env) -> Callable[..., tuple[int, dict[str, str], Any]]:
     """The real WSGI application over the real AgentCore and this manager."""
     from accel_agent.api.app import ApiApplication
-    from accel_agent.service import AgentCore
+    from accel_agent.daemon.core import AgentCore
 
     conf = make_conf(CONF + f"\n[DEFAULT]\nstate_dir = {env.host.state_dir}\n",
                      sysfs_root=env.host.root)

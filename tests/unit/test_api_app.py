@@ -37,10 +37,13 @@ def record(uuid: str, owner: str | None) -> DeviceRecord:
 
 
 class FakeBackend:
-    """Just enough agent: one instance may hold mdevs; capacity 4."""
+    """Just enough agent: one instance may hold mdevs; capacity 4.  It plays
+    the device use cases and the listings itself (``devices``, ``listings``)."""
 
     def __init__(self) -> None:
         self.metrics = AgentMetrics()
+        self.devices = self
+        self.listings = self
         self.held: dict[str, list[str]] = {}
         self.calls: list[tuple[Any, ...]] = []
         self.fail: BaseException | None = None

@@ -74,6 +74,7 @@ DEVICE_MODELS = (
         (
             (
                 "service.py",
+                "daemon",
                 "wiring.py",
                 "config_lint.py",
                 "config_cache.py",
@@ -93,8 +94,14 @@ DEVICE_MODELS = (
             ("conf.py", "devices/ledger"),
             ("accel_agent.reporting", "accel_agent.privileged", "accel_agent.cmd"),
         ),
+        # The daemon is built around the decider, never the other way: the
+        # use cases, the backends and the API know nothing of its threads.
+        (
+            ("devices", "backends", "api", "migration", "privileged", "sysfs"),
+            ("accel_agent.daemon", "accel_agent.service"),
+        ),
     ],
-    ids=["neutral-rooms", "backends", "not-into-cmd", "core-options"],
+    ids=["neutral-rooms", "backends", "not-into-cmd", "core-options", "not-into-daemon"],
 )
 def test_no_arrow_goes_the_wrong_way(rooms: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
     assert _offenders(_module_files(*rooms), forbidden) == []

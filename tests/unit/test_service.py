@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from accel_agent import service
+from accel_agent.daemon.core import AgentCore
+from accel_agent.daemon.counts import count_mdevs, placement_signature
+from accel_agent.daemon.reloads import orphaned
 from accel_agent.devices.inventory import Inventory, Provider
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 from accel_agent.devices.policy import MdevPolicy, TypeConfig
@@ -62,8 +65,8 @@ def snapshot(*uuids: str) -> HostSnapshot:
 
 def test_orphaned_names_every_assigned_mdev_whose_parent_changes_type():
     assigned = [rec(U1, "vm-1"), rec(U2, "vm-2", parent="mtty", mdev_type="mtty-2")]
-    assert service.orphaned(assigned, policy({"mtty": "mtty-2"}, default="nvidia-35")) == []
-    reasons = service.orphaned(assigned, policy({"0000:84:00.0": "nvidia-36"}))
+    assert orphaned(assigned, policy({"mtty": "mtty-2"}, default="nvidia-35")) == []
+    reasons = orphaned(assigned, policy({"0000:84:00.0": "nvidia-36"}))
     assert len(reasons) == 2
     assert U1 in reasons[0] and "vm-1" in reasons[0] and "type nvidia-36" in reasons[0]
     assert U2 in reasons[1] and "no type" in reasons[1]
@@ -77,7 +80,7 @@ def test_count_mdevs_puts_each_mdev_in_one_state():
         rec(U4, "vm-4"),  # missing from sysfs
         rec("55555555-5555-4555-8555-555555555555", state=DeviceState.CREATING, intent=3),
     ]
-    counts = service.count_mdevs(records, snapshot(U1, U2, U3, FOREIGN))
+    counts = count_mdevs(records, snapshot(U1, U2, U3, FOREIGN))
     assert counts == {
         "assigned": 1,
         "claimed": 1,
@@ -106,10 +109,10 @@ def provider(name: str, total: int, used: int) -> Provider:
 
 
 def test_placement_signature_ignores_usage_only():
-    base = service.placement_signature(Inventory("h", (provider("a", 16, 0),)))
-    assert service.placement_signature(Inventory("h", (provider("a", 16, 5),))) == base
-    assert service.placement_signature(Inventory("h", (provider("a", 8, 0),))) != base
-    assert service.placement_signature(Inventory("h", ())) != base
+    base = placement_signature(Inventory("h", (provider("a", 16, 0),)))
+    assert placement_signature(Inventory("h", (provider("a", 16, 5),))) == base
+    assert placement_signature(Inventory("h", (provider("a", 8, 0),))) != base
+    assert placement_signature(Inventory("h", ())) != base
 
 
 def test_sd_notify(tmp_path, monkeypatch):
@@ -157,7 +160,7 @@ class FakeReporter:
 
 
 @pytest.fixture
-def core(tmp_path) -> service.AgentCore:
+def core(tmp_path) -> AgentCore:
     from oslo_config import cfg
 
     from accel_agent import conf as agent_conf
@@ -173,7 +176,7 @@ def core(tmp_path) -> service.AgentCore:
         state_dir=tmp_path,
     )
     manager = SimpleNamespace(host="h", ledger=ledger)
-    return service.AgentCore(
+    return AgentCore(
         conf,
         manager=manager,  # type: ignore[arg-type]
         reporter=FakeReporter(),  # type: ignore[arg-type]

@@ -1,0 +1,111 @@
+"""``GET /v1/health``: ``ok`` or ``degraded``, with every problem an operator
+must act on, in one document (its shape is in openapi.json).
+
+Degraded while: Placement syncs fail, the last rescan or recovery failed,
+recorded devices are missing or wait for their parent, the last reload was
+refused, a privileged helper is restarting or cannot be started, the ledger
+cannot record new work (deleted or replaced under the agent, a failed write,
+a full filesystem), or devices that look like the agent's were found while
+its ledger was missing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import accel_agent
+from accel_agent.daemon.counts import RescanView, iso
+from accel_agent.daemon.rescans import helper_guards
+
+if TYPE_CHECKING:
+    from accel_agent.daemon.core import AgentCore
+    from accel_agent.devices.ledger import Ledger
+
+
+def no_space_left(directory: str) -> bool:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    # f_bavail: what an unprivileged writer has; root may still use the reserve.
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
+
+
+def ledger_problems(ledger: Ledger, rescan: RescanView) -> list[str]:
+    """What keeps the ledger from recording the agent's work, now."""
+    from accel_agent.devices.recovery import unrecorded_warning
+
+    problems = []
+    replaced = ledger.identity_problem()
+    if replaced is not None:
+        problems.append(
+            f"the mdev ledger {ledger.path} was deleted or replaced while the agent had it "
+            f"open ({replaced}): every change is refused; restart the agent"
+        )
+    if ledger.write_error is not None:
+        problems.append(f"the mdev ledger {ledger.path} cannot be written: {ledger.write_error}")
+    if no_space_left(str(ledger.state_dir)):
+        problems.append(f"no space left on the filesystem of {ledger.state_dir}: the mdev "
+                        "ledger cannot record new work")
+    if rescan.unrecorded:
+        problems.append(unrecorded_warning(str(ledger.path), list(rescan.unrecorded)))
+    return problems
+
+
+def health(core: AgentCore) -> dict[str, Any]:
+    rescan, recovery = core.rescans.views()
+    reload = core.reloads.current()
+    reporting = core.reporter.health()
+    problems: list[str] = []
+    if reporting["state"] == "failing":
+        problems.append(f"Placement sync failing: {reporting['last_error']}")
+    if rescan.error:
+        problems.append(f"last rescan failed: {rescan.error}")
+    if recovery.error:
+        problems.append(f"last recovery failed: {recovery.error}")
+    if rescan.missing:
+        problems.append(
+            f"{len(rescan.missing)} recorded mdev(s) are missing from sysfs and could not "
+            "be re-created"
+        )
+    if rescan.waiting:
+        problems.append(
+            f"{len(rescan.waiting)} recorded mdev(s) wait for their parent to come back"
+        )
+    if reload.result == "refused":
+        problems.append(f"configuration reload refused: {reload.reason}")
+    helpers = [guard.health() for guard in helper_guards()]
+    problems += [
+        f"privileged helper {h.name} is {h.state}: {h.last_error or 'no answer yet'}"
+        for h in helpers
+        if not h.ok
+    ]
+    problems += ledger_problems(core.devices.ledger, rescan)
+    return {
+        "status": "degraded" if problems else "ok",
+        "version": accel_agent.__version__,
+        "host": core.host,
+        "pid": os.getpid(),
+        "started_at": iso(core.started_at),
+        "last_rescan": iso(rescan.at),
+        "rescans": rescan.count,
+        "mdevs": dict(rescan.counts),
+        "providers": rescan.providers,
+        "reporting": reporting,
+        "recovery": {
+            "last_run": iso(recovery.at),
+            "recreated": list(recovery.recreated),
+            "error": recovery.error,
+            "missing": list(rescan.missing),
+            "waiting_for_parent": list(rescan.waiting),
+        },
+        "config": {
+            "loaded_at": iso(reload.loaded_at),
+            "last_reload": iso(reload.at),
+            "last_reload_result": reload.result,
+            "last_reload_error": reload.reason,
+        },
+        "privileged_helpers": {h.name: h.to_dict() for h in helpers},
+        "problems": problems,
+    }

@@ -1,0 +1,90 @@
+"""The listings the API serves (``GET /v1/types``, ``/v1/mdevs``,
+``/v1/inventory``) and accelctl's JSON.
+
+Each listing is answered from a snapshot that re-read only what can have
+changed (Rescanner.listing), and its encoded body is kept with the inputs it
+was built from: when the snapshot object, the policy object and the ledger's
+view are the same, so is the answer, and the bytes are sent again without
+building or encoding anything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from accel_agent.reporting import views
+
+if TYPE_CHECKING:
+    from accel_agent.devices.manager import DeviceManager
+
+
+def _same_inputs(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    """Snapshot and policy (the first two) by identity, the rest by value."""
+    return (
+        len(old) == len(new)
+        and all(a is b for a, b in zip(old[:2], new[:2], strict=True))
+        and old[2:] == new[2:]
+    )
+
+
+class Listings:
+    def __init__(self, devices: DeviceManager) -> None:
+        self.devices = devices
+        self._lock = threading.Lock()
+        # listing name -> (the inputs it was built from, its JSON body)
+        self._bodies: dict[str, tuple[tuple[Any, ...], bytes]] = {}
+
+    def types_json(self) -> bytes:
+        devices = self.devices
+        snapshot = devices.scan_all()
+        policy = devices.policy
+        return self._body(
+            "types",
+            (snapshot, policy),
+            lambda: views.types_document(snapshot, policy, devices.host),
+        )
+
+    def mdevs_json(self) -> bytes:
+        devices = self.devices
+        # The ledger is read each time: accelctl --offline may write it
+        # behind the daemon (serialised by the manager's file lock).
+        records = devices.ledger.all()
+        snapshot = devices.scan_all()
+        policy = devices.policy
+        owners = {r.uuid: r.owner for r in records}
+        return self._body(
+            "mdevs",
+            (snapshot, policy, owners),
+            lambda: views.mdevs_document(snapshot, policy, devices.host, owners, owners),
+        )
+
+    def inventory_json(self) -> bytes:
+        devices = self.devices
+        snapshot = devices.scan_all()
+        policy = devices.policy
+        free = devices.free_uuids()
+        return self._body(
+            "inventory",
+            (snapshot, policy, free, devices.outside_state()),
+            lambda: views.inventory_document(
+                devices.reported_inventory(
+                    snapshot, frozenset(u for u in free if u in snapshot.mdevs)
+                )
+            ),
+        )
+
+    def _body(
+        self, name: str, inputs: tuple[Any, ...], build: Callable[[], dict[str, Any]]
+    ) -> bytes:
+        """The encoded listing for ``inputs``: snapshot and policy compared by
+        identity (a new object is a new state), anything else by value."""
+        with self._lock:
+            cached = self._bodies.get(name)
+        if cached is not None and _same_inputs(cached[0], inputs):
+            return cached[1]
+        body = views.encode(build())
+        with self._lock:
+            self._bodies[name] = (inputs, body)
+        return body
