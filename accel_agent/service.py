@@ -313,8 +313,18 @@ class AgentService(_service_base()):  # type: ignore[misc]
 # --- systemd and signals -------------------------------------------------------------
 
 
+# How long a notification may wait for room on systemd's socket.  systemd
+# drains it at once; a full queue means a manager that stopped reading, and
+# the signal loop (which sends RELOADING=1/READY=1 around every SIGHUP) must
+# not block on it forever: that would silently end all later reloads.
+NOTIFY_TIMEOUT = 5.0
+
+
 def sd_notify(*fields: str) -> bool:
-    """Send ``fields`` to systemd's notify socket (no-op outside systemd)."""
+    """Send ``fields`` to systemd's notify socket (no-op outside systemd).
+
+    Never blocks longer than :data:`NOTIFY_TIMEOUT`: a notification that
+    finds the manager's queue full that long is dropped with a warning."""
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return False
@@ -322,9 +332,15 @@ def sd_notify(*fields: str) -> bool:
         address = "\0" + address[1:]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(NOTIFY_TIMEOUT)
             sock.connect(address)
             sock.sendall("\n".join(fields).encode("utf-8"))
         return True
+    except TimeoutError:
+        LOG.warning("systemd's notify socket %s took no notification for %g s (is the "
+                    "service manager reading it?); dropped: %s", address.lstrip("\0"),
+                    NOTIFY_TIMEOUT, " ".join(fields))
+        return False
     except OSError as exc:
         LOG.debug("systemd notification failed: %s", exc)
         return False
@@ -465,7 +481,8 @@ class _Start(threading.Thread):
 
 def _wait_for_start(wake_read: int, starting: _Start) -> int | None:
     """Wait until start-up ends (None) or SIGTERM/SIGINT arrives (its number).
-    A SIGHUP meanwhile is applied once the agent is ready."""
+    A SIGHUP meanwhile, even one read together with the end of start-up, is
+    applied once the agent is ready."""
     while True:
         data = os.read(wake_read, 64)
         for byte in data:
@@ -474,9 +491,9 @@ def _wait_for_start(wake_read: int, starting: _Start) -> int | None:
             if byte == signal.SIGHUP:
                 LOG.info("SIGHUP during start-up: the configuration is reloaded once ready")
                 starting.reload_pending = True
-            elif byte == _PREPARED:
-                starting.join()
-                return None
+        if _PREPARED in data:
+            starting.join()
+            return None
 
 
 def _refused_to_start(

@@ -215,6 +215,10 @@ class AgentDaemon:
         self.proc.send_signal(signum)
 
     def sighup(self) -> None:
+        # As systemd does: its notify socket is drained all the time, so the
+        # daemon's RELOADING=1/READY=1 around each reload never find it full.
+        if self._notify is not None:
+            self.read_notifications()
         self.signal(signal.SIGHUP)
 
     def stop(self, timeout: float = 60.0) -> int:

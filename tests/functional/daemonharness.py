@@ -228,6 +228,9 @@ class DaemonHarness:
         self.told = Told()
         self.stats = Stats()
         self.foreign: set[str] = set()
+        # Adoptions whose answer a kill lost: done or not, the ledger says
+        # at the next check (recorded: adopted; not: still foreign).
+        self.adoptions_unknown: set[str] = set()
         self.held: set[str] = set()
         self.durations: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -315,6 +318,9 @@ class DaemonHarness:
         if op == "adopt":
             if call.status == 200:
                 self.foreign.discard(a["uuid"])
+            elif call.status is None or call.status >= 500:
+                self.adoptions_unknown.add(a["uuid"])
+                self.stats.lost[op] += 1
             return
         owner = ("claim", a["owner"]) if op in ("claim", "commit", "abort") else (
             "instance", a["instance"])
@@ -538,6 +544,7 @@ class DaemonHarness:
         rows, _ = read_ledger(self.host.state_dir)
         sysfs = read_sysfs(self.host.root)
         recorded = {r.uuid: r for r in rows}
+        self._resolve_adoptions(set(recorded))
         leaked = set(sysfs) - set(recorded) - self.foreign
         if leaked:
             self._violation(f"in sysfs, neither recorded nor foreign: {sorted(leaked)}", step)
@@ -561,6 +568,13 @@ class DaemonHarness:
         if self.foreign & set(recorded):
             self._violation(f"foreign mdevs recorded without adopt: "
                             f"{sorted(self.foreign & set(recorded))}", step)
+
+    def _resolve_adoptions(self, recorded: set[str]) -> None:
+        """An adoption lost to a kill happened if the settled ledger records
+        the mdev; otherwise it is still foreign (and must stay unrecorded)."""
+        adopted = self.adoptions_unknown & recorded
+        self.foreign -= adopted
+        self.adoptions_unknown.clear()
 
     def _check_confirmed(self, rows: list[Row], step: str) -> None:
         """Every owner whose last answer is known holds exactly that."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
@@ -124,6 +126,34 @@ def test_sd_notify(tmp_path, monkeypatch):
         monkeypatch.setenv("NOTIFY_SOCKET", path)
         assert service.sd_notify("READY=1", "STATUS=serving") is True
         assert receiver.recv(1024) == b"READY=1\nSTATUS=serving"
+    finally:
+        receiver.close()
+
+
+def test_sd_notify_gives_up_on_a_manager_that_stopped_reading(tmp_path, monkeypatch, caplog):
+    """A full notify queue (nobody reads it) costs a bounded wait, then the
+    notification is dropped with a warning: the signal loop, which notifies
+    around every SIGHUP, must never block on it (a daemon that did stopped
+    applying reloads after a handful of them)."""
+    path = str(tmp_path / "notify")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(path)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    monkeypatch.setattr(service, "NOTIFY_TIMEOUT", 0.05)
+    results: list[bool] = []
+    # More datagrams than any queue holds (net.unix.max_dgram_qlen is 10 by default).
+    sender = threading.Thread(
+        target=lambda: results.extend(service.sd_notify(f"STATUS={n}") for n in range(30)),
+        daemon=True,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger=service.LOG.name):
+            sender.start()
+            sender.join(60)
+            assert not sender.is_alive(), "sd_notify blocked on a full queue"
+        assert results[0] is True and results[-1] is False
+        assert "took no notification" in caplog.text
+        assert receiver.recv(64) == b"STATUS=0"  # what was queued is intact
     finally:
         receiver.close()
 
