@@ -11,6 +11,11 @@ DEMO_DIR ?= /run/accel-agent-demo
 DEMO_SYSFS := $(DEMO_DIR)/sysfs
 DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
 PYTEST_ARGS ?=
+# The unit and functional tiers run on this many pytest-xdist workers (each
+# test is independent: its own temporary directory, simulator mount, sockets
+# and helpers); worksteal lets an idle worker take queued tests from a busy
+# one, so the long random-kill tests do not end up in one queue.
+TEST_WORKERS ?= 2
 
 .PHONY: all deps venv demo test test-unit test-functional test-realkernel test-package lint \
 	sample-config bench soak prove-faults test-stress dist deb docs clean
@@ -42,7 +47,7 @@ demo: venv
 
 test: venv
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests/unit tests/functional $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests/unit tests/functional $(PYTEST_ARGS)
 	@bash tests/realkernel/run.sh || exit $$?
 	$(MAKE) test-package
 

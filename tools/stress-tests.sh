@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the unit and functional tiers RUNS times in a row while another process
 # keeps every core busy (stress-ng --cpu 0, one worker per core), as a loaded
-# CI machine would: a test that depends on timing fails here.
+# CI machine would: a test that depends on timing fails here.  The tiers run
+# as make test runs them (TEST_WORKERS pytest-xdist workers, 2 by default).
 #
 #   tools/stress-tests.sh [RUNS]        (make test-stress; default 10)
 #
@@ -21,7 +22,8 @@ failed=0
 for run in $(seq 1 "$RUNS"); do
 	log=$(mktemp "/tmp/accel-stress-$run.XXXXXX.log")
 	start=$(date +%s)
-	if .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/functional >"$log" 2>&1; then
+	if .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist worksteal \
+		tests/unit tests/functional >"$log" 2>&1; then
 		echo "run $run/$RUNS: $(tail -n 1 "$log") ($(($(date +%s) - start)) s)"
 		rm -f "$log"
 	else
