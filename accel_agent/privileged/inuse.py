@@ -76,3 +76,15 @@ def probe_group(
             "kept, not removed"
         ) from None
     os.close(fd)
+
+
+def probe_vf_group(sysfs_root: str, vf: str, vfio_dir: str) -> None:
+    """Raise VfInUse unless the VFIO group of PCI function ``vf`` can be
+    opened now: the one probe before a VF leaves vfio-pci or is untyped."""
+    probe_group(
+        sysfs_root,
+        ("bus", "pci", "devices", vf),
+        f"VF {vf}",
+        vfio_dir,
+        lambda reason: exception.VfInUse(vf=vf, reason=reason),
+    )

@@ -29,7 +29,7 @@ import re
 
 from accel_agent import exception
 from accel_agent.privileged.context import sysfs_admin
-from accel_agent.privileged.inuse import probe_group
+from accel_agent.privileged.inuse import probe_vf_group
 from accel_agent.privileged.lifecycle import call
 from accel_agent.privileged.validate import (
     confine,
@@ -209,13 +209,7 @@ def write_unbind_vfio(
     override = _device_file(root, vf, "driver_override")
     action = "return from vfio-pci"
     if current_driver(root, vf) == VFIO_PCI:
-        probe_group(
-            sysfs_root,
-            ("bus", "pci", "devices", vf),
-            f"VF {vf}",
-            vfio_dir,
-            lambda reason: exception.VfInUse(vf=vf, reason=reason),
-        )
+        probe_vf_group(sysfs_root, vf, vfio_dir)
         try:
             write_once(_driver_file(root, VFIO_PCI, "unbind"), vf.encode())
         except OSError as err:

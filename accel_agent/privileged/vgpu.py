@@ -19,7 +19,7 @@ import stat
 
 from accel_agent import exception
 from accel_agent.privileged.context import sysfs_admin
-from accel_agent.privileged.inuse import probe_group
+from accel_agent.privileged.inuse import probe_vf_group
 from accel_agent.privileged.lifecycle import call
 from accel_agent.privileged.validate import (
     confine,
@@ -155,13 +155,7 @@ def write_vgpu_clear(sysfs_root: str, vf: str, timeout: float, vfio_dir: str = "
     with pending_lock:
         writer = pending_removes.get(key)
         if writer is None:
-            probe_group(
-                sysfs_root,
-                ("bus", "pci", "devices", vf),
-                f"VF {vf}",
-                vfio_dir,
-                lambda reason: exception.VfInUse(vf=vf, reason=reason),
-            )
+            probe_vf_group(sysfs_root, vf, vfio_dir)
             writer = RemoveWriter(key, path, b"0", lambda err: _map_clear_error(err, path, vf))
             pending_removes[key] = writer
             writer.thread.start()
