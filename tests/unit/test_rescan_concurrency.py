@@ -23,6 +23,10 @@ from accel_agent.sysfs import attributes, scan
 from accel_agent.sysfs.rescan import Rescanner, ScanStopped, interruptible
 
 NO_HANG = 30.0
+# A held scan waits this long at most (the test's end sets ``go`` anyway):
+# far longer than any join of the tests, so that a listing stuck behind the
+# held scan is never set free by the hold giving up first.
+HOLD_LIMIT = 10 * NO_HANG
 CONFIGURED = "nvidia-1001"
 
 
@@ -48,7 +52,7 @@ def held_refresh(monkeypatch) -> Iterator[tuple[threading.Event, threading.Event
         if state["armed"]:
             state["armed"] = False
             inside.set()
-            assert go.wait(NO_HANG)
+            assert go.wait(HOLD_LIMIT)
         return real(walker, parent, wanted)
 
     monkeypatch.setattr(Rescanner, "_refresh_counters", staticmethod(hold))
