@@ -284,8 +284,14 @@ class DaemonHarness:
             if op == "abort":
                 args["remove"] = self.rng.random() < 0.5
             return op, args
-        foreign = sorted(self.foreign) or [self._create_foreign()]
-        return "adopt", {"uuid": self.rng.choice(foreign)}
+        if not self.foreign:
+            try:
+                self._create_foreign()
+            except RuntimeError:
+                # A full host has nothing to adopt: free room instead (a
+                # full host would also starve every later allocate).
+                return "release", {"instance": self.rng.choice(INSTANCES), "remove": True}
+        return "adopt", {"uuid": self.rng.choice(sorted(self.foreign))}
 
     def _send(self, call: Call) -> None:
         api, a = self.client(), call.args
