@@ -144,16 +144,24 @@ class DeviceStore(IntentStore):
             (state.value, self._clock(), *extra.values(), uuid),
         )
 
-    def settle_created(self, uuid: str) -> DeviceRecord:
-        """After the sysfs create succeeded (or recovery found the mdev): ``present``."""
+    def _move(
+        self, uuid: str, expected: DeviceState, new: DeviceState, action: str, **extra: Any
+    ) -> DeviceRecord:
+        """One state transition, refused (LedgerConflict naming ``action``)
+        unless the row is in ``expected``: checked and written in one transaction."""
         with self.transaction():
             record = self._require(uuid)
-            if record.state is not DeviceState.CREATING:
+            if record.state is not expected:
                 raise exception.LedgerConflict(
-                    action="settle the creation of", uuid=uuid, reason=f"it is {record.state}"
+                    action=action, uuid=uuid, reason=f"it is {record.state}"
                 )
-            self._set_state(uuid, DeviceState.PRESENT)
+            self._set_state(uuid, new, **extra)
             return self._require(uuid)
+
+    def settle_created(self, uuid: str) -> DeviceRecord:
+        """After the sysfs create succeeded (or recovery found the mdev): ``present``."""
+        return self._move(uuid, DeviceState.CREATING, DeviceState.PRESENT,
+                          "settle the creation of")
 
     def reserve(self, uuid: str, intent_id: int) -> DeviceRecord:
         """Hold a free mdev for an operation (allocate reusing it), so no one else takes it."""
@@ -253,14 +261,8 @@ class DeviceStore(IntentStore):
 
     def cancel_remove(self, uuid: str) -> DeviceRecord:
         """The remove did not happen and will not be retried: back to ``present``."""
-        with self.transaction():
-            record = self._require(uuid)
-            if record.state is not DeviceState.REMOVING:
-                raise exception.LedgerConflict(
-                    action="cancel the removal of", uuid=uuid, reason=f"it is {record.state}"
-                )
-            self._set_state(uuid, DeviceState.PRESENT, intent_id=None)
-            return self._require(uuid)
+        return self._move(uuid, DeviceState.REMOVING, DeviceState.PRESENT,
+                          "cancel the removal of", intent_id=None)
 
     def forget(self, uuid: str) -> bool:
         """Delete the row (after a remove, or a create that did not happen).
