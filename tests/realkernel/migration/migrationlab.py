@@ -51,6 +51,10 @@ MIGRATION_PORT = 49152
 # A libvirtd probes QEMU's capabilities at its first start: ~10-25 s under TCG.
 LIBVIRTD_TIMEOUT = 180.0
 DOMAIN_TIMEOUT = 120.0
+# An agent's start (Python imports, its privsep helper, the first scan) in the
+# TCG guest: ~20-40 s on a quiet host, more than 90 s on a loaded one (the
+# lab's fault runs beside a soak); only a hang should reach this.
+AGENT_START_TIMEOUT = 300.0
 
 
 def _libvirt() -> Any:
@@ -248,7 +252,7 @@ class Agent:
 
     def wait_ready(self) -> None:
         assert self.daemon is not None
-        self.daemon.wait_ready()
+        self.daemon.wait_ready(AGENT_START_TIMEOUT)
 
     def stop(self) -> None:
         if self.daemon is not None:
