@@ -32,6 +32,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "requests. Exit status: 0 stopped cleanly, 1 refused to start or failed.",
     )
     common.add_config_arguments(parser)
+    common.add_version_argument(parser)
     parser.add_argument(
         "--check", action="store_true", help="validate the configuration and exit"
     )

@@ -51,6 +51,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from accel_agent.cmd import common, output
 from accel_agent.cmd.output import EXIT_USAGE
@@ -75,22 +76,86 @@ def build_parser() -> argparse.ArgumentParser:
         "unchanged, in /var/cache/accel-agent (root) or $XDG_CACHE_HOME/accel-agent; "
         "ACCEL_AGENT_CACHE_DIR moves that cache and an empty value turns it off.",
     )
-    common.add_config_arguments(parser)
-    parser.add_argument(
+    _add_global_options(parser)
+    common.add_version_argument(parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_commands(subparsers)
+    for command in _leaf_commands(parser):
+        _add_global_options(command, after=True)
+    return parser
+
+
+# --- global options: before the command, or after it -------------------------------
+
+# Written after the command, a global option is stored under its own name with
+# this suffix, then merged with the one before (main): argparse gives each
+# subcommand a namespace of its own and copies it over the main one, which
+# would replace a --config-file list given before the command.
+AFTER = "__after"
+# Commands that read no configuration: no config file is needed to run them.
+CONFIGLESS = frozenset({"simulate", "xml"})
+
+
+def _add_global_options(parser: argparse.ArgumentParser, after: bool = False) -> None:
+    """accelctl's options that apply to every command: on the main parser
+    (before the command) and on each command's own (``after`` it), where
+    they are stored under their name + AFTER and have no default, so that
+    only what was given is recorded."""
+    target: Any = parser
+    suffix = ""
+    extra: dict[str, Any] = {}
+    if after:
+        target = parser.add_argument_group("global options (also accepted before the command)")
+        suffix = AFTER
+        extra = {"default": argparse.SUPPRESS}
+    common.add_config_arguments(target, dest_suffix=suffix)
+    target.add_argument(
         "--sysfs-root",
+        dest="sysfs_root" + suffix,
         metavar="DIR",
         help="override [DEFAULT] sysfs_root (a directory shaped like /sys)",
+        **extra,
     )
-    parser.add_argument(
+    target.add_argument(
         "--offline",
+        dest="offline" + suffix,
         action="store_true",
         help="act directly on sysfs and the ledger even when the daemon runs "
         "(default: go through the daemon's API when it runs)",
+        **extra,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    _add_commands(subparsers)
-    return parser
+    target.add_argument(
+        "-v", "--verbose", dest="verbose" + suffix, action="store_true",
+        help="log debug messages", **extra,
+    )
+
+
+def _leaf_commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser of every command that runs (``types``, ``migration claim``),
+    not the groups above them (``migration``); ``simulate`` hands its words to
+    the simulator's own parser and takes no global option after it."""
+    leaves = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if name == "simulate":
+                    continue
+                below = _leaf_commands(sub)
+                leaves += below or [sub]
+    return leaves
+
+
+def _merge_global_options(args: argparse.Namespace) -> None:
+    """The global options given after the command join the ones given before:
+    the repeatable ones in the order given, the others as argparse would
+    (a switch on if given anywhere, the last value wins)."""
+    for name in ("config_file", "config_dir"):
+        getattr(args, name).extend(vars(args).pop(name + AFTER, []))
+    for name in ("offline", "verbose"):
+        if vars(args).pop(name + AFTER, False):
+            setattr(args, name, True)
+    if "sysfs_root" + AFTER in vars(args):
+        args.sysfs_root = vars(args).pop("sysfs_root" + AFTER)
 
 
 def _add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -168,9 +233,13 @@ def _simulate(args: argparse.Namespace) -> int:
 # --- running a command -----------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+def parse(
+    argv: Sequence[str], parser: argparse.ArgumentParser | None = None
+) -> argparse.Namespace:
+    """accelctl's command line as the command sees it: the global options
+    merged wherever they were given; a usage error exits (2)."""
+    argv = list(argv)
+    parser = parser or build_parser()
     args, unknown = parser.parse_known_args(argv)
     if args.command == "simulate":
         # Everything after the word goes to the simulator's own parser
@@ -178,11 +247,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.simulate_args = argv[argv.index("simulate") + 1 :]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    _merge_global_options(args)
     if args.sysfs_root is not None:
         if not args.sysfs_root:
             parser.error("--sysfs-root needs a directory")
         # Relative to where accelctl runs, as a shell user means it.
         args.sysfs_root = os.path.abspath(args.sysfs_root)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parse(sys.argv[1:] if argv is None else argv, parser)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
@@ -190,6 +266,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command not in CONFIGLESS and not args.sysfs_root:
+        # An error (1), not a usage error (2): the command line is right, the
+        # host lacks its configuration; the same words work on a configured host.
+        missing = common.missing_config(args.config_file, args.config_dir)
+        if missing:
+            output.error(
+                f"{missing}, before or after the command; or --sysfs-root DIR to read a "
+                "sysfs tree with the default options"
+            )
+            return output.EXIT_ERROR
     return output.exit_status(lambda: int(args.func(args)))
 
 

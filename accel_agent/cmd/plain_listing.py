@@ -14,12 +14,14 @@ path needs none of them:
 * without a daemon (or ``--offline``, ``--sysfs-root``): the scan and the
   document of accel_agent.cmd.listings, exactly as accelctl's parser path.
 
-It handles only that plain form and *declines* (returns None) on anything
+It handles only that plain form (the options may also follow the listing, as
+the parser path takes them) and *declines* (returns None) on anything
 else, so that accelctl's ordinary path runs and behaves exactly as before:
 options other than ``--config-file``, ``--config-dir``, ``--offline`` and
 ``--sysfs-root`` (``-v``, abbreviations, ``-h``), a terminal on stdout (a
 table or indented JSON), no cached config (the first run after a config
-change, which the ordinary path loads and caches), and a daemon that is
+change, which the ordinary path loads and caches), no configuration at all
+(the ordinary path's error), and a daemon that is
 there but does not give a complete ``200`` with JSON (busy, forbidden,
 failing: the ordinary path says which).  Declining after a request costs a
 second request; this path never reports an error of the daemon itself.
@@ -51,24 +53,34 @@ class Request:
 
 def parse(argv: list[str]) -> Request | None:
     """The request when ``argv`` is exactly ``[--config-file F]
-    [--config-dir D] [--offline] [--sysfs-root DIR] LISTING --json`` (the
-    options in any order, the valued ones repeatable as accelctl's), else
-    None."""
+    [--config-dir D] [--offline] [--sysfs-root DIR] LISTING --json``, where
+    those options may also come after LISTING (before or after ``--json``),
+    as accelctl's parser takes them (in any order, the valued ones
+    repeatable), else None."""
     request = Request()
+    as_json = False
     i = 0
-    while i < len(argv) and argv[i].startswith("-"):
+    while i < len(argv):
         name, eq, value = argv[i].partition("=")
+        i += 1
+        if not name.startswith("-"):
+            if request.listing or name not in LISTINGS or eq:
+                return None
+            request.listing = name
+            continue
+        if name == "--json" and not eq and request.listing and not as_json:
+            as_json = True
+            continue
         if name == "--offline" and not eq:
             request.offline = True
-            i += 1
             continue
         if name not in _VALUED:
             return None
         if not eq:
-            i += 1
             if i == len(argv):
                 return None
             value = argv[i]
+            i += 1
         if not value or value.startswith("-"):
             return None  # argparse's business (an error, or an odd value)
         if name == "--config-file":
@@ -77,11 +89,8 @@ def parse(argv: list[str]) -> Request | None:
             request.config_dirs.append(value)
         else:
             request.sysfs_root = value  # the last one wins, as argparse's store
-        i += 1
-    rest = argv[i:]
-    if len(rest) != 2 or rest[0] not in LISTINGS or rest[1] != "--json":
+    if not as_json:
         return None
-    request.listing = rest[0]
     return request
 
 
@@ -185,6 +194,8 @@ def answer(argv: list[str]) -> int | None:
     from accel_agent import config_cache
 
     files, dirs = config_cache.config_sources(request.config_files, request.config_dirs)
+    if not files and not dirs and not request.sysfs_root:
+        return None  # no configuration at all: the parser path says so (exit 1)
     cached = config_cache.load(files, dirs)
     if cached is None:
         return None

@@ -19,6 +19,12 @@ from accel_agent.cmd import plain_listing
         ),
         (["--offline", "--sysfs-root=/x", "--sysfs-root", "/y", "types", "--json"],
          ("types", [], [], True, "/y")),
+        # The global options after the listing, as accelctl's parser takes them.
+        (["types", "--json", "--offline"], ("types", [], [], True, None)),
+        (["--config-file", "a", "mdevs", "--config-file", "b", "--json", "--config-dir=d"],
+         ("mdevs", ["a", "b"], ["d"], False, None)),
+        (["--sysfs-root", "/x", "inventory", "--sysfs-root=/y", "--json"],
+         ("inventory", [], [], False, "/y")),
     ],
 )
 def test_plain_forms_are_taken(argv, expected):
@@ -42,7 +48,11 @@ def test_plain_forms_are_taken(argv, expected):
         ["--config-file", "-x", "types", "--json"],
         ["--config-file="],
         ["--offline=yes", "types", "--json"],
-        ["types", "--json", "--offline"],
+        ["types", "--json", "-v"],
+        ["types", "--offline"],  # no --json
+        ["types", "mdevs", "--json"],
+        ["types", "--json", "--config-file"],
+        ["types", "--json=1"],
         ["allocate", "vm", "--count", "1", "--json"],
         ["check-config"],
         ["-h"],
