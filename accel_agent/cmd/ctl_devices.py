@@ -103,6 +103,11 @@ def add_domain_xml(subparsers: argparse._SubParsersAction) -> None:
         "element with those -global settings (for <domain> itself).",
     )
     domain_xml.add_argument("instance", metavar="INSTANCE")
+    domain_xml.add_argument(
+        "--json",
+        action="store_true",
+        help="{instance, devices: [{type, uuid|address, xml}], qemu_commandline, xml}",
+    )
     domain_xml.set_defaults(func=domain_xml_of)
 
 
@@ -237,13 +242,58 @@ def domain_xml_of(args: argparse.Namespace) -> int:
         if args.sysfs_root
         else daemon.via_api(args, conf.api.socket_path, lambda api: api.domain_xml(args.instance))
     )
-    if xml is not daemon.OFFLINE:
-        print(str(xml).rstrip("\n"))
-        return output.EXIT_OK
-    with loading.offline_manager(conf) as manager:
-        allocation = manager.allocation(args.instance)
-        if not allocation.mdevs:
-            raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
-        devices = manager.guest_devices(allocation.mdevs)
-    print(instance_devices_xml(devices, conf.libvirt.qemu_globals))
+    if xml is daemon.OFFLINE:
+        with loading.offline_manager(conf) as manager:
+            allocation = manager.allocation(args.instance)
+            if not allocation.mdevs:
+                raise exception.MdevNotFound(uuid=f"(any, for instance {args.instance})")
+            devices = manager.guest_devices(allocation.mdevs)
+        xml = instance_devices_xml(devices, conf.libvirt.qemu_globals)
+    text = str(xml).rstrip("\n")
+    if args.json:
+        output.emit_json(domain_xml_document(args.instance, text))
+    else:
+        print(text)
     return output.EXIT_OK
+
+
+def domain_xml_document(instance: str, text: str) -> dict[str, Any]:
+    """``domain-xml --json``: the elements of ``text`` (what ``domain-xml``
+    prints, from the daemon or made here) one by one, so that a script need
+    not parse XML to tell the ``<devices>`` part from the ``<domain>`` part:
+
+    * ``devices``: one ``{"type": "mdev", "uuid", "xml"}`` or
+      ``{"type": "pci", "address", "xml"}`` per device, in order, for
+      ``<devices>``;
+    * ``qemu_commandline``: the ``<qemu:commandline>`` element for
+      ``<domain>`` (``[libvirt] qemu_globals``), or null;
+    * ``xml``: the whole text, as printed without ``--json``.
+    """
+    from lxml import etree
+
+    parser = etree.XMLParser(resolve_entities=False, no_network=True)
+    root = etree.fromstring(f"<elements>{text}</elements>", parser)
+    devices: list[dict[str, Any]] = []
+    commandline = None
+    for element in root:
+        xml = etree.tostring(element, encoding="unicode", with_tail=False)
+        if etree.QName(element).localname == "commandline":
+            commandline = xml
+            continue
+        address = element.find("source/address")
+        kind = element.get("type")
+        device: dict[str, Any] = {"type": kind}
+        if kind == "mdev" and address is not None:
+            device["uuid"] = address.get("uuid")
+        elif address is not None:
+            device["address"] = "{:04x}:{:02x}:{:02x}.{:x}".format(
+                *(int(address.get(part, "0"), 16) for part in ("domain", "bus", "slot", "function"))
+            )
+        device["xml"] = xml
+        devices.append(device)
+    return {
+        "instance": instance,
+        "devices": devices,
+        "qemu_commandline": commandline,
+        "xml": text,
+    }

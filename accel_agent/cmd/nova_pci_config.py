@@ -36,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="report where FILE (a nova.conf) differs from this host; exit 1 on drift",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="the device_spec and alias values as JSON objects (with --check: "
+        "{file, matches, problems}); same exit status",
+    )
     parser.set_defaults(func=run)
 
 
@@ -75,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     state = wiring.host_state(listing, errors, ledger=_daemons_view(args, listing))
     specs = nova_pci.plan(state.snapshot, state.policy, state.ledger.owned, args.per_gpu)
     if args.check is None:
-        print(nova_pci.render(specs, state.host), end="")
+        if args.json:
+            output.emit_json(_document(specs, state.host))
+        else:
+            print(nova_pci.render(specs, state.host), end="")
         return output.EXIT_OK
     try:
         with open(args.check, encoding="utf-8") as handle:
@@ -90,6 +99,33 @@ def run(args: argparse.Namespace) -> int:
     problems = nova_pci.drift(specs, nova_pci.parse_nova_conf(text, args.check), vfs)
     for problem in problems:
         output.error(problem)
-    if not problems:
+    if args.json:
+        output.emit_json(
+            {"file": args.check, "matches": not problems, "problems": problems,
+             "vfs": len(specs)}
+        )
+    elif not problems:
         print(f"{args.check}: [pci] matches the {len(specs)} vGPU VF(s) of this host")
     return output.EXIT_ERROR if problems else output.EXIT_OK
+
+
+def _document(specs: list, host: str) -> dict:
+    """``nova-pci-config --json``: what the [pci] lines say, as objects.
+
+    ``device_spec`` and ``alias`` hold the values of those nova.conf options
+    (one object per line of the text form, in its order); ``vfs`` says, for
+    each device_spec, its type and GPU and whether the agent has typed it yet
+    (false: one that ``--per-gpu`` adds, typed when asked)."""
+    from accel_agent.reporting import nova_pci
+
+    return {
+        "host": host,
+        "device_spec": [nova_pci.device_spec(spec) for spec in specs],
+        "alias": nova_pci.aliases(specs),
+        "vfs": [
+            {"address": spec.address, "mdev_type": spec.mdev_type,
+             "resource_class": spec.resource_class, "physical_gpu": spec.physical_gpu,
+             "typed": spec.typed}
+            for spec in specs
+        ],
+    }

@@ -7,7 +7,8 @@ result.  Exit status: 0 done (unused ``--map`` entries are warned about on
 stderr), 1 refused (reason on stderr, *nothing* on stdout, so a shell
 redirection never leaves a half-written file that looks valid), 2 usage error.
 
-``accelctl xml list < in.xml`` prints the domain's mdev UUIDs, one a line.
+``accelctl xml list < in.xml`` prints the domain's mdev UUIDs, one a line;
+with ``--json``, ``{"mdevs": [{"uuid": UUID}, ...]}`` in document order.
 
 Only argparse is imported at module level: ``accelctl`` imports every
 subcommand at start-up, and lxml costs tens of milliseconds.
@@ -92,6 +93,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="print the domain's mdev UUIDs, one a line",
         description="Print the mdev UUIDs of the domain XML on stdin, in document order.",
     )
+    listing.add_argument(
+        "--json", action="store_true", help='{"mdevs": [{"uuid": UUID}, ...]}, in document order'
+    )
     listing.set_defaults(func=_cmd_list)
     return xml
 
@@ -143,7 +147,13 @@ def _cmd_list(args: argparse.Namespace, streams: Streams | None = None) -> int:
     except exception.AccelAgentException as exc:
         print(f"accelctl xml list: error: {exc}", file=streams.stderr)
         return EXIT_REFUSED
-    streams.stdout.write("".join(f"{uuid}\n" for uuid in uuids).encode("ascii", "replace"))
+    if args.json:
+        import json
+
+        document = {"mdevs": [{"uuid": uuid} for uuid in uuids]}
+        streams.stdout.write(json.dumps(document).encode("ascii") + b"\n")
+    else:
+        streams.stdout.write("".join(f"{uuid}\n" for uuid in uuids).encode("ascii", "replace"))
     streams.stdout.flush()
     return EXIT_OK
 

@@ -104,16 +104,27 @@ def plan(
     return specs
 
 
+def device_spec(spec: VfSpec) -> dict[str, str]:
+    """One ``[pci] device_spec`` value (a JSON object in nova.conf)."""
+    return {"address": spec.address, "managed": "no", "resource_class": spec.resource_class}
+
+
+def alias(mdev_type: str, resource_class: str) -> dict[str, str]:
+    """One ``[pci] alias`` value (a JSON object in nova.conf)."""
+    return {"name": mdev_type, "device_type": "type-VF", "resource_class": resource_class}
+
+
+def aliases(specs: list[VfSpec]) -> list[dict[str, str]]:
+    """The aliases ``specs`` need: one per type, sorted."""
+    return [alias(*pair) for pair in sorted({(s.mdev_type, s.resource_class) for s in specs})]
+
+
 def device_spec_line(spec: VfSpec) -> str:
-    return "device_spec = " + json.dumps(
-        {"address": spec.address, "managed": "no", "resource_class": spec.resource_class}
-    )
+    return "device_spec = " + json.dumps(device_spec(spec))
 
 
 def alias_line(mdev_type: str, resource_class: str) -> str:
-    return "alias = " + json.dumps(
-        {"name": mdev_type, "device_type": "type-VF", "resource_class": resource_class}
-    )
+    return "alias = " + json.dumps(alias(mdev_type, resource_class))
 
 
 def render(specs: list[VfSpec], host: str) -> str:

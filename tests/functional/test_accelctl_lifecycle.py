@@ -81,6 +81,15 @@ def test_lifecycle_through_the_cli(host):
         '<qemu:arg value="-global"/><qemu:arg value="vfio-pci.enable-migration=on"/>'
         "</qemu:commandline>"
     ]
+    # --json (issue 25): the same elements, the <devices> part apart from the <domain> part.
+    document = json.loads(ctl(with_globals, "domain-xml", "vm-1", "--json").stdout)
+    assert document["instance"] == "vm-1"
+    devices = document["devices"]
+    assert [(d["type"], d["xml"]) for d in devices] == [("mdev", line) for line in lines[:2]]
+    assert all(f'uuid="{d["uuid"]}"' in d["xml"] for d in devices)
+    assert {d["uuid"] for d in devices} == set(uuids)
+    assert document["qemu_commandline"] == lines[2]
+    assert document["xml"] == "\n".join(lines)
 
     serial = json.loads(
         ctl(config, "allocate", "vm-2", "--count", "1", "--parent", "mtty", "--json").stdout

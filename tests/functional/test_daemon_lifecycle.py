@@ -251,6 +251,10 @@ def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
     assert ctl(setup.config, "adopt", "not-a-uuid").returncode == 1
     xml = ctl(setup.config, "domain-xml", "vm-c").stdout
     assert xml.count("<hostdev") == 2 and all(u in xml for u in uuids)
+    # --json through the daemon: its text, split into elements (issue 25).
+    document = json.loads(ctl(setup.config, "domain-xml", "vm-c", "--json").stdout)
+    assert document["xml"] == xml.rstrip("\n")
+    assert sorted(d["uuid"] for d in document["devices"]) == sorted(uuids)
     report = json.loads(ctl(setup.config, "recover", "--json").stdout)
     assert report["recreated"] == []
     # --offline acts directly even though the daemon runs (the file lock serialises)

@@ -209,10 +209,21 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     ]
     assert "[pci]" in text.splitlines()
     assert foreign not in text
+    # --json (issue 25): the same values as objects, and each VF's type and GPU.
+    document = json.loads(ctl(config, "nova-pci-config", "--json").stdout)
+    assert document["device_spec"] == _spec_lines(text)
+    assert document["alias"] == aliases
+    assert [(v["address"], v["mdev_type"], v["typed"]) for v in document["vfs"]] == [
+        (vf, "nvidia-1150", True) for vf in sorted(mine)
+    ]
+    assert document["host"] == "testhost"
 
     # --per-gpu 3: the untyped VFs the agent would type next, in VF order; the
     # hand-typed VF is skipped, the agent's two count towards GPU1's three.
     planned = _spec_lines(ctl(config, "nova-pci-config", "--per-gpu", "3").stdout)
+    planned_json = json.loads(ctl(config, "nova-pci-config", "--per-gpu", "3", "--json").stdout)
+    assert planned_json["device_spec"] == planned
+    assert sum(not v["typed"] for v in planned_json["vfs"]) == len(planned) - 2
     by_gpu = {}
     for spec in planned:
         by_gpu.setdefault(spec["address"][:10], []).append(spec["address"])
@@ -224,6 +235,8 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     good = tmp_path / "nova.conf"
     good.write_text("[DEFAULT]\ndebug = true\n" + text)
     assert "matches the 2 vGPU VF(s)" in ctl(config, "nova-pci-config", "--check", str(good)).stdout
+    assert json.loads(ctl(config, "nova-pci-config", "--check", str(good), "--json").stdout) == {
+        "file": str(good), "matches": True, "problems": [], "vfs": 2}
     lines = text.splitlines()
     drifted = [line for line in lines if mine[0] not in line]  # one VF missing
     drifted = [line.replace('"managed": "no"', '"managed": "yes"') if mine[1] in line else line
@@ -240,6 +253,11 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     assert "0000:99:00.1 is in [pci] device_spec but is no vGPU VF of this host" in errors
     assert "alias is not JSON" in errors
     assert len(errors.strip().splitlines()) == 5, errors
+    drift_json = ctl(config, "nova-pci-config", "--check", str(bad), "--json", rc=1)
+    assert drift_json.stderr == errors  # the same lines on stderr, exit 1 as without --json
+    checked = json.loads(drift_json.stdout)
+    assert checked["matches"] is False
+    assert checked["problems"] == [line.removeprefix("error: ") for line in errors.splitlines()]
     ctl(config, "nova-pci-config", "--check", str(tmp_path / "absent.conf"), rc=1)
 
 

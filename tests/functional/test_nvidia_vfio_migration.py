@@ -134,6 +134,12 @@ def test_domain_xml_of_a_vf_is_a_pci_hostdev_libvirt_accepts_and_mdevs_are_uncha
         f'{libvirt_address(vf).replace(chr(39), chr(34))}</source></hostdev>'
         for vf in vfs
     ]
+    # --json: each VF by its address, with its element (issue 25).
+    document = json.loads(ctl(config, "domain-xml", "vm-v", "--json").stdout)
+    assert [(d["type"], d["address"], d["xml"]) for d in document["devices"]] == [
+        ("pci", vf, line) for vf, line in zip(vfs, lines, strict=True)
+    ]
+    assert document["qemu_commandline"] is None and document["xml"] == "\n".join(lines)
     # An mdev instance on the same host: the mdev element, byte for byte as before.
     mdev = json.loads(
         ctl(config, "allocate", "vm-m", "--count", "1", "--type", "nvidia-35", "--json").stdout

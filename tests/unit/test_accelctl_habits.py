@@ -260,3 +260,48 @@ def test_the_plain_listing_path_leaves_a_missing_configuration_to_the_parser_pat
     assert plain_listing.answer(["types", "--json"]) is None
     # The control: with a configuration the same cached answer is printed.
     assert plain_listing.answer(["--config-file", "x.conf", "types", "--json"]) == 0
+
+
+# --- --json --------------------------------------------------------------------------------
+
+MDEV = "c2177883-f1bb-47f0-914d-32a22e3a8804"
+
+
+def test_domain_xml_json_splits_the_devices_from_the_domain_part():
+    from accel_agent.cmd import ctl_devices
+    from accel_agent.libvirt_xml import MdevDevice, PciHostdev, device_xml, instance_devices_xml
+
+    devices = [MdevDevice(MDEV.upper()), PciHostdev("0000:C1:00.5")]
+    text = instance_devices_xml(devices, ["vfio-pci.enable-migration=on"])
+    document = ctl_devices.domain_xml_document("vm-1", text)
+    assert document == {
+        "instance": "vm-1",
+        "devices": [
+            {"type": "mdev", "uuid": MDEV, "xml": device_xml(devices[0])},
+            {"type": "pci", "address": "0000:c1:00.5", "xml": device_xml(devices[1])},
+        ],
+        "qemu_commandline": text.splitlines()[-1],
+        "xml": text,
+    }
+    assert 'xmlns:qemu="' in document["qemu_commandline"]  # a whole element on its own
+    bare = ctl_devices.domain_xml_document("vm-1", instance_devices_xml(devices[:1]))
+    assert bare["qemu_commandline"] is None and len(bare["devices"]) == 1
+
+
+def test_simulate_status_json_is_the_simulators_status(capsys, monkeypatch):
+    from accel_agent.simulator import cli as simulator_cli
+    from accel_agent.simulator.model import SimulatedHost as Host
+
+    status = json.loads(json.dumps(Host(build_spec(["mtty"])).status()))
+    status.update(pid=1, mountpoint="/x", mounted=True, profiles=["mtty"])
+
+    class Fake:
+        def status(self, counters: bool = True) -> dict:
+            return status
+
+    monkeypatch.setattr(simulator_cli, "_client", lambda args: Fake())
+    assert ctl.main(["simulate", "status", "/x", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == status
+    assert {"mountpoint", "pid", "mounted", "boot_count", "profiles", "parents", "mdevs",
+            "blocked_removes"} <= set(printed)

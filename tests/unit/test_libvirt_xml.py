@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -384,6 +385,15 @@ def test_cli_list() -> None:
     assert (code, out, err) == (0, f"{SRC}\n".encode(), "")
     code, out, err = run_cli(["xml", "list"], b"<nope/>")
     assert (code, out) == (1, b"")
+
+
+def test_cli_list_json() -> None:
+    two = CLI_INPUT.replace(b"</devices>", mdev(SRC2).encode() + b"\n  </devices>")
+    code, out, err = run_cli(["xml", "list", "--json"], two)
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"mdevs": [{"uuid": SRC}, {"uuid": SRC2}]}
+    code, out, err = run_cli(["xml", "list", "--json"], b"<nope/>")
+    assert (code, out) == (1, b"") and "error:" in err
 
 
 def test_register_sets_func_for_accelctl_style_dispatch() -> None:
