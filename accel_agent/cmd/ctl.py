@@ -22,6 +22,13 @@ acting directly, the manager), ``output`` and ``listings``.
 Exit codes (a public contract, DESIGN.md §6): 0 ok, 1 error (each error on
 its own line on stderr, naming the offending value), 2 usage.
 
+The global options (``--config-file``, ``--config-dir``, ``--sysfs-root``,
+``--offline``, ``-v``) are taken before the command and after it alike.
+Without any configuration (none given, neither the packaged file nor its
+directory present) a command that reads it is an error (1, naming the paths
+looked at), never an answer from the defaults; ``--sysfs-root`` alone reads a
+tree with the defaults, and ``simulate`` and ``xml`` read no configuration.
+
 Imports stay light at module level, here and in the command modules: every
 invocation pays for what is imported, so libvirt, lxml, the API client and
 Placement code are imported inside the commands that use them.
