@@ -72,6 +72,15 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(EXIT_USAGE)
 
+    def _get_option_tuples(self, option_string: str) -> list:  # type: ignore[override]
+        """An abbreviation a command took before the global options were
+        added after it (``check-config --s`` for ``--strict``) still means
+        what it meant: the global copies match an abbreviation only when none
+        of the command's own options does (``types --offl`` still works)."""
+        matches = super()._get_option_tuples(option_string)
+        own = [m for m in matches if not m[0].dest.endswith(AFTER)]
+        return own or matches
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(

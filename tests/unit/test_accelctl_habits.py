@@ -132,6 +132,16 @@ def test_global_options_before_and_after_add_up():
             nothing.verbose) == ([], [], None, False, False)
 
 
+def test_an_abbreviation_keeps_meaning_the_commands_own_option():
+    """argparse takes unique prefixes; the global options added after each
+    command must not make one of its own ambiguous (``--s`` was --strict)."""
+    assert ctl.parse(["check-config", "--s"]).strict is True
+    assert ctl.parse(["allocate", "vm", "--cou", "3"]).count == 3
+    # ... and the global ones may still be abbreviated after the command.
+    offline = ctl.parse(["types", "--offl", "--config-f", "a"])
+    assert (offline.offline, offline.config_file) == (True, ["a"])
+
+
 def test_an_empty_sysfs_root_after_the_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         ctl.parse(["types", "--sysfs-root="])
