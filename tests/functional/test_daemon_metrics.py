@@ -96,6 +96,17 @@ def test_listen_serves_the_metrics_over_http_with_every_counter_from_the_start(s
         assert scrape(port, "/v1/health")[0] == 404
         assert scrape(port, "/metrics", "POST")[0] == 405
         assert scrape(port, "/metrics", "HEAD")[0] == 200
+        # A reload does not move it: the note says when the new address applies.
+        other = free_port()
+        agent_config(daemon.config_file, sim.root, sim.state_dir, daemon.socket_path, MTTY,
+                     extra=f"[metrics]\nlisten = {other}\n")
+        daemon.sighup()
+        wait_for(lambda: daemon.health()["config"]["last_reload_result"] == "applied",
+                 what="the reload")
+        assert "[metrics] listen changed; it applies at the next restart" in daemon.log()
+        assert scrape(port)[0] == 200
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", other), timeout=5):
+            pass
         assert daemon.stop() == 0
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
         pass  # stopped with the daemon
