@@ -111,3 +111,24 @@ def test_no_rule_or_dashboard_query_expects_the_renamed_instance_label():
     for block in re.findall(r"```promql\n(.*?)```", page, re.S):
         assert "exported_instance" not in block, block
     assert "instance_id" in page
+
+
+def test_promtool_parses_every_query_of_the_dashboard_and_the_metrics_page(tmp_path):
+    """A query Prometheus cannot parse shows an empty panel, not an error:
+    each one, as a recording rule, must pass promtool's check (Grafana's
+    ``$node`` variable replaced by a regex that matches anything)."""
+    import json
+
+    from tests.unit.test_docs import queries
+
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    found = [q for q in queries(dashboard) if not re.fullmatch(r"\w+", q)]
+    page = (REPO / "docs" / "metrics.md").read_text()
+    found += re.findall(r"```promql\n(.*?)```", page, re.S)
+    assert len(found) >= 20
+    recorded = [{"record": f"check:query_{i}", "expr": q.replace("$node", ".*")}
+                for i, q in enumerate(found)]
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": recorded}]}))
+    proc = run("check", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
