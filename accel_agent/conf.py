@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from oslo_config import cfg, types
 
 from accel_agent.config_types import FiniteFloatOpt, ResourceClassName, TraitName
-from accel_agent.reporting.listen_address import ListenAddress
+from accel_agent.listen_address import ListenAddress
 
 CONF = cfg.CONF
 

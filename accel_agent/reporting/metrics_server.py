@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from cheroot import wsgi
 
 from accel_agent import exception
-from accel_agent.reporting.listen_address import Listen, parse
+from accel_agent.listen_address import Listen, parse
 
 if TYPE_CHECKING:
     from accel_agent.reporting.metrics import AgentMetrics

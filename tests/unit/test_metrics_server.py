@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accel_agent import conf as agent_conf
 from accel_agent import exception
-from accel_agent.reporting.listen_address import Listen, parse
+from accel_agent.listen_address import Listen, parse
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.reporting.metrics_server import MetricsHttpServer, from_conf
 

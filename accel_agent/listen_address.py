@@ -9,8 +9,9 @@ choice to let a remote Prometheus scrape the node (the endpoint serves
 anything).  The address is an IP literal, never a host name: the daemon's
 start must not depend on name resolution.
 
-A leaf module (the standard library and oslo.config's types only): conf.py
-imports it, and every accelctl run imports conf.py.
+A leaf module outside accel_agent.reporting (the standard library and
+oslo.config's types only): conf.py, which every accelctl run imports and which
+must not load the reporting room (tests/unit/test_house.py), takes its type.
 """
 
 from __future__ import annotations
