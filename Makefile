@@ -3,6 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PROMTOOL := $(VENV)/bin/promtool
 # Debian packages: libvirt headers (libvirt-python builds against them; libvirt0 ships the
 # RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks.
 APT_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv fuse3 libfuse3-3 \
@@ -45,14 +46,26 @@ $(VENV)/.installed: pyproject.toml constraints.txt .stamps/apt
 demo: venv
 	@bash tools/demo.sh "$(DEMO_DIR)"
 
-test: venv
+test: venv $(PROMTOOL)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests/unit tests/functional $(PYTEST_ARGS)
+	PROMTOOL=$(CURDIR)/$(PROMTOOL) \
+		$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests/unit tests/functional $(PYTEST_ARGS)
 	@bash tests/realkernel/run.sh || exit $$?
 	$(MAKE) test-package
 
-test-unit: venv
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+test-unit: venv $(PROMTOOL)
+	PROMTOOL=$(CURDIR)/$(PROMTOOL) $(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# promtool checks docs/prometheus-alerts.yml (tests/unit/test_alerts.py). Only the
+# binary is taken from Debian's prometheus package (19 MB download; promtool is a
+# static Go binary): installing the package would start a Prometheus server here.
+$(PROMTOOL): | $(VENV)/.installed
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd "$$tmp" && \
+	{ apt-get download prometheus 2>/dev/null || \
+		{ apt-get update -qq && apt-get download prometheus; }; } && \
+	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool && \
+	install -m 0755 usr/bin/promtool "$(CURDIR)/$(PROMTOOL)"
+	@$(PROMTOOL) --version | head -n 1
 
 test-functional: venv
 	$(PY) -m pytest tests/functional $(PYTEST_ARGS)

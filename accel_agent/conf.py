@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from oslo_config import cfg, types
 
 from accel_agent.config_types import FiniteFloatOpt, ResourceClassName, TraitName
+from accel_agent.listen_address import ListenAddress
 
 CONF = cfg.CONF
 
@@ -244,6 +245,21 @@ libvirt_opts = [
 ]
 
 
+metrics_opts = [
+    cfg.Opt(
+        "listen",
+        type=ListenAddress(),
+        default="",
+        help="Also serve GET /metrics over HTTP here, for a Prometheus that cannot scrape "
+        "the API's unix socket: PORT (on 127.0.0.1), ADDRESS:PORT or [IPV6]:PORT, with an IP "
+        "address, not a name. A non-loopback address (the node's, 0.0.0.0, [::]) is served "
+        "as written: the endpoint answers GET /metrics only and changes nothing. Empty: no "
+        "HTTP endpoint (the metrics stay on the unix socket). Read at start: a reload that "
+        "changes it applies at the next restart.",
+    ),
+]
+
+
 def _dynamic_opts(mdev_type: str) -> list[cfg.Opt]:
     return [
         cfg.ListOpt(
@@ -279,6 +295,7 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(devices_opts, group="devices")
     conf.register_opts(api_opts, group="api")
     conf.register_opts(libvirt_opts, group="libvirt")
+    conf.register_opts(metrics_opts, group="metrics")
 
 
 def register_dynamic_opts(conf: cfg.ConfigOpts, types: Iterable[str] | None = None) -> None:
@@ -304,6 +321,7 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
         ("vf_pool_$(pool)", _vf_pool_opts("$(pool)")),
         ("api", api_opts),
         ("libvirt", libvirt_opts),
+        ("metrics", metrics_opts),
     ]
 
 

@@ -86,6 +86,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
         self._on_fatal = on_fatal or (lambda reason: None)
         self.core: AgentCore | None = None
         self.server: Any = None
+        self.metrics_http: Any = None  # [metrics] listen (reporting.metrics_server)
         self.scheduler: events.RescanScheduler | None = None
         self.udev: events.UdevWatcher | None = None
         self._socket: socket.socket | None = None
@@ -141,6 +142,11 @@ class AgentService(_service_base()):  # type: ignore[misc]
                 "start-up recovery: %s",
                 "; ".join(f"{k} {len(v)}" for k, v in report.to_dict().items() if v),
             )
+        from accel_agent.reporting import metrics_server
+
+        self.metrics_http = metrics_server.from_conf(conf.metrics.listen, core.metrics)
+        if self.metrics_http is not None:
+            self.metrics_http.prepare()  # binds: a port in use refuses the start
         self.server = ApiServer(
             self._socket,
             ApiApplication(core),
@@ -168,6 +174,8 @@ class AgentService(_service_base()):  # type: ignore[misc]
         assert self.core is not None and self.scheduler is not None, "prepare() first"
         super().start()
         self.tg.add_thread(self._serve)
+        if self.metrics_http is not None:
+            self.tg.add_thread(self.metrics_http.serve)
         self.tg.add_thread(self.scheduler.run)
         self.tg.add_thread(self._placement_loop)
         if events.wants_udev(self.conf.sysfs_root, self.conf.udev_events):
@@ -277,6 +285,8 @@ class AgentService(_service_base()):  # type: ignore[misc]
         LOG.info("stopping: no new connections, letting in-flight requests finish")
         if self.server is not None:
             self.server.stop()  # drains in-flight requests (shutdown_timeout)
+        if self.metrics_http is not None:
+            self.metrics_http.stop()
         if self.udev is not None:
             self.udev.stop()
         if self.scheduler is not None:
@@ -288,6 +298,9 @@ class AgentService(_service_base()):  # type: ignore[misc]
     def close(self) -> None:
         """Release what prepare() took (also after a failed prepare)."""
         self.close_socket()
+        if self.metrics_http is not None:  # bound by a prepare() that failed later
+            with contextlib.suppress(Exception):
+                self.metrics_http.stop()
         if self.core is not None:
             with contextlib.suppress(Exception):
                 self.core.close()

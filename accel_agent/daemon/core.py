@@ -69,6 +69,7 @@ class AgentCore:
         # Wired by AgentService; plain calls (no threads) by default.
         self.request_rescan: Callable[[str], None] = lambda reason: None
         self.metrics.set_placement(self.reporter.health())
+        self.metrics.watch_health(self.health)  # accel_agent_healthy, read per scrape
 
     @property
     def host(self) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import accel_agent
 from accel_agent.daemon.counts import RescanView, iso
 from accel_agent.daemon.rescans import helper_guards
+from accel_agent.reporting import health_kinds as kind
 
 if TYPE_CHECKING:
     from accel_agent.daemon.core import AgentCore
@@ -32,24 +33,38 @@ def no_space_left(directory: str) -> bool:
     return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
 
 
-def ledger_problems(ledger: Ledger, rescan: RescanView) -> list[str]:
+# (kind, message): the kind is one of accel_agent.reporting.health_kinds.
+Problem = tuple[str, str]
+
+
+def ledger_problems(ledger: Ledger, rescan: RescanView) -> list[Problem]:
     """What keeps the ledger from recording the agent's work, now."""
     from accel_agent.devices.recovery import unrecorded_warning
 
-    problems = []
+    problems: list[Problem] = []
     replaced = ledger.identity_problem()
     if replaced is not None:
-        problems.append(
+        problems.append((
+            kind.LEDGER_REPLACED,
             f"the mdev ledger {ledger.path} was deleted or replaced while the agent had it "
-            f"open ({replaced}): every change is refused; restart the agent"
-        )
+            f"open ({replaced}): every change is refused; restart the agent",
+        ))
     if ledger.write_error is not None:
-        problems.append(f"the mdev ledger {ledger.path} cannot be written: {ledger.write_error}")
+        problems.append((
+            kind.LEDGER_WRITE_FAILED,
+            f"the mdev ledger {ledger.path} cannot be written: {ledger.write_error}",
+        ))
     if no_space_left(str(ledger.state_dir)):
-        problems.append(f"no space left on the filesystem of {ledger.state_dir}: the mdev "
-                        "ledger cannot record new work")
+        problems.append((
+            kind.LEDGER_NO_SPACE,
+            f"no space left on the filesystem of {ledger.state_dir}: the mdev ledger cannot "
+            "record new work",
+        ))
     if rescan.unrecorded:
-        problems.append(unrecorded_warning(str(ledger.path), list(rescan.unrecorded)))
+        problems.append((
+            kind.UNRECORDED_MDEVS,
+            unrecorded_warning(str(ledger.path), list(rescan.unrecorded)),
+        ))
     return problems
 
 
@@ -57,27 +72,36 @@ def health(core: AgentCore) -> dict[str, Any]:
     rescan, recovery = core.rescans.views()
     reload = core.reloads.current()
     reporting = core.reporter.health()
-    problems: list[str] = []
+    problems: list[Problem] = []
     if reporting["state"] == "failing":
-        problems.append(f"Placement sync failing: {reporting['last_error']}")
+        problems.append((
+            kind.PLACEMENT_SYNC_FAILING, f"Placement sync failing: {reporting['last_error']}"
+        ))
     if rescan.error:
-        problems.append(f"last rescan failed: {rescan.error}")
+        problems.append((kind.RESCAN_FAILED, f"last rescan failed: {rescan.error}"))
     if recovery.error:
-        problems.append(f"last recovery failed: {recovery.error}")
+        problems.append((kind.RECOVERY_FAILED, f"last recovery failed: {recovery.error}"))
     if rescan.missing:
-        problems.append(
+        problems.append((
+            kind.MDEVS_MISSING,
             f"{len(rescan.missing)} recorded mdev(s) are missing from sysfs and could not "
-            "be re-created"
-        )
+            "be re-created",
+        ))
     if rescan.waiting:
-        problems.append(
-            f"{len(rescan.waiting)} recorded mdev(s) wait for their parent to come back"
-        )
+        problems.append((
+            kind.MDEVS_WAITING_FOR_PARENT,
+            f"{len(rescan.waiting)} recorded mdev(s) wait for their parent to come back",
+        ))
     if reload.result == "refused":
-        problems.append(f"configuration reload refused: {reload.reason}")
+        problems.append(
+            (kind.CONFIG_RELOAD_REFUSED, f"configuration reload refused: {reload.reason}")
+        )
     helpers = [guard.health() for guard in helper_guards()]
     problems += [
-        f"privileged helper {h.name} is {h.state}: {h.last_error or 'no answer yet'}"
+        (
+            kind.PRIVILEGED_HELPER_DOWN,
+            f"privileged helper {h.name} is {h.state}: {h.last_error or 'no answer yet'}",
+        )
         for h in helpers
         if not h.ok
     ]
@@ -107,5 +131,8 @@ def health(core: AgentCore) -> dict[str, Any]:
             "last_reload_error": reload.reason,
         },
         "privileged_helpers": {h.name: h.to_dict() for h in helpers},
-        "problems": problems,
+        "problems": [message for _, message in problems],
+        # One kind per problem, in the same order (accel_agent.reporting.health_kinds):
+        # what a client or an alert matches on instead of the free-text message.
+        "problem_kinds": [problem_kind for problem_kind, _ in problems],
     }

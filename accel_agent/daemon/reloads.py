@@ -43,6 +43,7 @@ RESTART_LATER = (
     ("api", "socket_group"),
     ("api", "threads"),
     ("api", "request_timeout"),
+    ("metrics", "listen"),
 )
 
 

@@ -2,7 +2,14 @@
 
 One :class:`AgentMetrics` per daemon, with its own ``CollectorRegistry`` (not
 prometheus-client's global one), so that tests can build several agents in
-one process and no library's default collectors leak into our output.
+one process and no library's default collectors leak into our output; the
+process collector (``process_*``: CPU, memory, open files, start time) is
+added to it on purpose.
+
+Every counter has its samples from the start, at 0, for every label value
+it can take (each error code, rescan reason, helper, result): ``rate()`` and
+``increase()`` need a first sample before the first event, or the first
+error of a node's life is invisible to an alert.
 
 Names follow Prometheus' conventions: seconds for durations, ``_total`` on
 every counter (prometheus-client appends it), ``_info`` on the series whose
@@ -33,11 +40,14 @@ from prometheus_client import (
     Gauge,
     Histogram,
     Info,
+    ProcessCollector,
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import InfoMetricFamily
 
 import accel_agent
+from accel_agent import exception
+from accel_agent.reporting.health_metrics import HealthCollector, HealthSource
 from accel_agent.sysfs import address
 
 # ``<name>_created`` beside every counter and histogram is the time the
@@ -51,6 +61,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MDEV_STATES = ("assigned", "claimed", "free", "foreign", "missing", "transient")
 SYNC_STATES = ("disabled", "ok", "failing")
 HELPERS = ("sysfs", "net")  # the privsep contexts (accel_agent.privileged.guard)
+# What asks for a rescan (accel_agent.events, daemon.core, daemon.reloads).
+RESCAN_REASONS = ("startup", "periodic", "udev", "api", "reload", "helper")
+RELOAD_RESULTS = ("applied", "refused")
+SYNC_RESULTS = ("ok", "failed")
+RELEASE_REMOVE = ("true", "false")
+# Error codes that are no exception class (api.errors.code_for, daemon.core).
+OTHER_ERROR_CODES = ("InternalError", "PlacementSyncFailed")
 # Local calls over a unix socket: most answer in milliseconds, a create or a
 # remove through privsep in tens, a remove blocked by a VM in seconds.
 LATENCY_BUCKETS = (
@@ -62,9 +79,12 @@ LATENCY_BUCKETS = (
 # operator joins with NVIDIA's dcgm-exporter, which labels every GPU metric
 # with ``Hostname`` (the node's host name) and ``pci_bus_id`` (NVML's form,
 # ``00000000:84:00.0``).  See docs/metrics.md.
+# ``instance_id``, not ``instance``: Prometheus gives every scraped series its
+# own ``instance`` label (the target's address), which would push ours aside
+# as ``exported_instance``.
 MDEV_INFO_LABELS = (
     "uuid",
-    "instance",
+    "instance_id",
     "parent",
     "physical_gpu",
     "pci_bus_id",
@@ -80,6 +100,18 @@ PROVIDER_LABELS = (
     "resource_class",
     "Hostname",
 )
+
+
+def error_codes() -> tuple[str, ...]:
+    """Every ``code`` of accel_agent_errors_total: the agent's exception
+    class names (api.errors.code_for) and the few codes that are not one."""
+    found: set[str] = set()
+    pending = [exception.AccelAgentException]
+    while pending:
+        cls = pending.pop()
+        found.add(cls.__name__)
+        pending.extend(cls.__subclasses__())
+    return tuple(sorted(found | set(OTHER_ERROR_CODES)))
 
 
 def dcgm_pci_bus_id(physical_gpu: str) -> str:
@@ -118,7 +150,7 @@ class MdevInfo:
 
 
 _MDEV_INFO_HELP = (
-    "One series per mdev on the host at the last rescan (value 1): its instance (empty "
+    "One series per mdev on the host at the last rescan (value 1): its instance_id (empty "
     "when free or foreign), parent, physical GPU (and its pci_bus_id as DCGM writes it), "
     "type, state, and the node's Hostname as dcgm-exporter labels it."
 )
@@ -261,7 +293,8 @@ class AgentMetrics:
         )
         self.rescans = Counter(
             f"{PREFIX}_rescans",
-            "sysfs rescans, by what triggered them (startup, periodic, udev, api, reload).",
+            "sysfs rescans, by what triggered them (startup, periodic, udev, api, reload, "
+            "helper).",
             ["reason"],
             registry=r,
         )
@@ -317,12 +350,34 @@ class AgentMetrics:
             ["helper"],
             registry=r,
         )
-        for helper in HELPERS:
-            self.helper_restarts.labels(helper=helper)
+        self.health = HealthCollector()
+        r.register(self.health)
+        ProcessCollector(registry=r)
+        self._initialise_counters()
         self.placement_state.state("disabled")
         for state in MDEV_STATES:
             self.mdevs.labels(state=state).set(0)
         self._providers_seen: set[tuple[str, ...]] = set()
+
+    def _initialise_counters(self) -> None:
+        """Every label set of every counter at 0 (see the module's docstring)."""
+        for helper in HELPERS:
+            self.helper_restarts.labels(helper=helper)
+        for remove in RELEASE_REMOVE:
+            self.releases.labels(remove=remove)
+        for code in error_codes():
+            self.errors.labels(code=code)
+        for reason in RESCAN_REASONS:
+            self.rescans.labels(reason=reason)
+        for result in RELOAD_RESULTS:
+            self.reloads.labels(result=result)
+        for result in SYNC_RESULTS:
+            self.placement_syncs.labels(result=result)
+
+    def watch_health(self, source: HealthSource) -> None:
+        """accel_agent_healthy and _health_problem read ``source`` (the daemon's
+        GET /v1/health document) at each scrape."""
+        self.health.watch(source)
 
     # --- updates ---------------------------------------------------------------------
 

@@ -225,7 +225,7 @@ def test_accelctl_uses_the_daemon_and_acts_directly_when_it_is_gone(setup):
     assert daemon.metric("accel_agent_allocations_total") == 1.0  # it went through the API
     # Each mdev names its instance and its GPU as DCGM does (docs/metrics.md).
     for uuid in uuids:
-        labels = {"uuid": uuid, "instance": "vm-c", "state": "assigned"}
+        labels = {"uuid": uuid, "instance_id": "vm-c", "state": "assigned"}
         wait_for(lambda labels=labels: daemon.metric("accel_agent_mdev_info", **labels) == 1.0,
                  what=f"accel_agent_mdev_info of {uuid}")
         join = {"Hostname": os.uname().nodename, "pci_bus_id": "00000000:84:00.0"}

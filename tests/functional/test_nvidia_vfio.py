@@ -282,7 +282,7 @@ def test_the_daemon_reports_vfio_gpus_and_typed_vfs_in_its_metrics(host, tmp_pat
                      what="accel_agent_provider_used of GPU1")
             assert daemon.metric("accel_agent_provider_capacity", **gpu) == 4.0
             assert daemon.metric(
-                "accel_agent_mdev_info", uuid=uuid, instance="vm-metrics", parent=vf,
+                "accel_agent_mdev_info", uuid=uuid, instance_id="vm-metrics", parent=vf,
                 physical_gpu=GPU1, mdev_type="nvidia-1150", state="assigned",
             ) == 1.0
             assert daemon.metric("accel_agent_allocations_total") == 1.0  # via the API

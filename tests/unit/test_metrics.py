@@ -46,7 +46,8 @@ def test_names_follow_prometheus_conventions():
     types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
     assert types, text
     for name, kind in types.items():
-        assert name.startswith("accel_agent_"), name
+        # Ours, and the process collector's (the client library's names).
+        assert name.startswith(("accel_agent_", "process_")), name
         if kind == "counter":
             assert name.endswith("_total"), name
         if "duration" in name or "timestamp" in name:
@@ -67,7 +68,7 @@ def test_mdev_info_carries_instance_gpu_and_dcgm_join_labels():
     rows = {r["uuid"]: r for r in samples(metrics, "accel_agent_mdev_info")}
     assert rows["u-1"] == {
         "uuid": "u-1",
-        "instance": "vm-1",
+        "instance_id": "vm-1",
         "parent": "0000:85:00.4",
         "physical_gpu": GPU,
         "pci_bus_id": "00000000:84:00.0",
@@ -75,11 +76,11 @@ def test_mdev_info_carries_instance_gpu_and_dcgm_join_labels():
         "state": "assigned",
         "Hostname": "gpu-node-1",
     }
-    assert rows["u-2"]["pci_bus_id"] == "" and rows["u-2"]["instance"] == ""
+    assert rows["u-2"]["pci_bus_id"] == "" and rows["u-2"]["instance_id"] == ""
     # The next rescan replaces the whole set: a removed mdev's series is gone.
     metrics.set_mdevs([MdevInfo("u-1", "", "0000:85:00.4", GPU, "nvidia-35", "free")])
     rows = samples(metrics, "accel_agent_mdev_info")
-    assert [(r["uuid"], r["state"], r["instance"]) for r in rows] == [("u-1", "free", "")]
+    assert [(r["uuid"], r["state"], r["instance_id"]) for r in rows] == [("u-1", "free", "")]
 
 
 def test_provider_gauges_split_capacity_and_used_and_drop_providers_that_left():
@@ -104,3 +105,101 @@ def test_exported_names_include_metrics_without_samples_yet():
     assert {"accel_agent_mdev_info", "accel_agent_build_info"} <= names
     assert "accel_agent_api_request_duration_seconds_bucket" in names
     assert "accel_agent_errors" not in names
+
+
+def test_no_label_clashes_with_the_labels_prometheus_gives_a_target():
+    """Prometheus adds ``instance`` and ``job`` to every scraped series: a
+    label of ours by that name would arrive renamed ``exported_instance``."""
+    metrics = AgentMetrics()
+    metrics.set_mdevs([MdevInfo("u-1", "vm-1", "0000:85:00.4", GPU, "nvidia-35", "assigned")])
+    metrics.set_providers([ProviderSample("p", GPU, "nvidia-35", "VGPU", 16, 2)])
+    for family in families(metrics).values():
+        for sample in family.samples:
+            assert not {"instance", "job"} & set(sample.labels), (family.name, sample.labels)
+
+
+def test_every_counter_has_its_label_sets_at_zero_before_any_event():
+    """rate() and increase() need a sample before the first event: every
+    counter family of a fresh registry has samples, one per label value it
+    can take."""
+    metrics = AgentMetrics()
+    found = families(metrics)
+    counters = [f for f in found.values() if f.type == "counter"]
+    assert len(counters) >= 10
+    for family in counters:
+        assert family.samples, f"{family.name} has no sample before its first event"
+        if not family.name.startswith("process_"):
+            assert all(s.value == 0 for s in family.samples), family.name
+
+    def labels(name: str, key: str) -> set[str]:
+        return {s.labels[key] for s in found[name].samples}
+
+    assert labels("accel_agent_rescans", "reason") == {
+        "startup", "periodic", "udev", "api", "reload", "helper"
+    }
+    assert labels("accel_agent_releases", "remove") == {"true", "false"}
+    assert labels("accel_agent_config_reloads", "result") == {"applied", "refused"}
+    assert labels("accel_agent_placement_syncs", "result") == {"ok", "failed"}
+    assert labels("accel_agent_privileged_helper_restarts", "helper") == {"sysfs", "net"}
+    codes = labels("accel_agent_errors", "code")
+    # Every error code the API answers (class names), and those that are not classes.
+    assert {"InsufficientCapacity", "LedgerError", "PrivilegedHelperUnavailable",
+            "InternalError", "PlacementSyncFailed", "ApiNotFound"} <= codes
+
+
+def test_the_error_codes_are_every_exception_class_of_the_agent():
+    from accel_agent import exception
+    from accel_agent.reporting.metrics import error_codes
+
+    classes = {
+        name for name, value in vars(exception).items()
+        if isinstance(value, type) and issubclass(value, exception.AccelAgentException)
+    }
+    assert classes and classes <= set(error_codes())
+
+
+def test_the_process_collector_reports_this_process():
+    import resource
+
+    metrics = AgentMetrics()
+    assert metrics.value("process_start_time_seconds") > 0
+    assert metrics.value("process_resident_memory_bytes") > 0
+    assert metrics.value("process_open_fds") > 0
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert metrics.value("process_max_fds") == soft
+
+
+def test_health_series_follow_the_health_document_at_each_scrape():
+    from accel_agent.reporting.health_kinds import PROBLEM_KINDS
+
+    metrics = AgentMetrics()
+    # Before the daemon's core exists: no healthy sample, every kind at 0.
+    assert metrics.value("accel_agent_healthy") is None
+    problems = samples(metrics, "accel_agent_health_problem")
+    assert sorted(p["problem"] for p in problems) == sorted(PROBLEM_KINDS)
+    document = {"status": "ok", "problem_kinds": []}
+    metrics.watch_health(lambda: document)
+    assert metrics.value("accel_agent_healthy") == 1
+    document = {"status": "degraded", "problem_kinds": ["ledger_no_space", "mdevs_missing",
+                                                        "mdevs_missing"]}
+    assert metrics.value("accel_agent_healthy") == 0
+    on = {k for k in PROBLEM_KINDS
+          if metrics.value("accel_agent_health_problem", {"problem": k}) == 1}
+    assert on == {"ledger_no_space", "mdevs_missing"}
+    # A kind outside the fixed set never becomes a label value.
+    document = {"status": "degraded", "problem_kinds": ["free text: /var/lib/x"]}
+    assert {p["problem"] for p in samples(metrics, "accel_agent_health_problem")} == set(
+        PROBLEM_KINDS
+    )
+
+
+def test_a_health_source_that_fails_is_unhealthy_and_the_scrape_still_answers(caplog):
+    metrics = AgentMetrics()
+
+    def broken():
+        raise RuntimeError("boom")
+
+    metrics.watch_health(broken)
+    assert metrics.value("accel_agent_healthy") == 0
+    assert "accel_agent_build_info" in metrics.render()[0].decode()
+    assert "cannot compute the health" in caplog.text

@@ -1,0 +1,106 @@
+"""The optional HTTP endpoint of the metrics (``[metrics] listen``).
+
+Prometheus scrapes HTTP over TCP; the API is a unix socket on purpose (it
+also takes mutations).  With ``[metrics] listen`` set, the daemon also serves
+``GET /metrics`` (and ``HEAD``) on that address, with cheroot, the WSGI server
+the API already uses: a thread pool, per-connection timeouts, a bound on the
+request head.  It answers nothing else (404, 405), reads no body, and never
+reaches the API's handlers: only the registry's rendering.
+
+Life cycle (accel_agent.service): bound once the daemon's start-up
+(recovery, first rescan) is done, so that a port already in use refuses the
+start with a clear message; served from when the daemon is ready (a scrape
+meanwhile waits in the listen backlog); stopped with the API on SIGTERM.
+The address is read at start only: a reload does not move it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from cheroot import wsgi
+
+from accel_agent import exception
+from accel_agent.listen_address import Listen, parse
+
+if TYPE_CHECKING:
+    from accel_agent.reporting.metrics import AgentMetrics
+
+LOG = logging.getLogger(__name__)
+
+PATH = "/metrics"
+THREADS = 2  # a scrape or two at a time: Prometheus servers of an HA pair
+MAX_HEADER_BYTES = 64 * 1024
+IDLE_TIMEOUT = 10.0
+SHUTDOWN_TIMEOUT = 2.0  # a scrape renders in milliseconds
+
+
+Answer = tuple[str, list[tuple[str, str]], bytes]  # status, headers, body
+
+
+def _plain(status: str, text: str, extra: Iterable[tuple[str, str]] = ()) -> Answer:
+    body = (text + "\n").encode()
+    return status, [("Content-Type", "text/plain; charset=utf-8"), *extra], body
+
+
+class MetricsHttpServer:
+    """cheroot serving one registry's ``GET /metrics`` on ``listen``."""
+
+    def __init__(self, listen: Listen, metrics: AgentMetrics) -> None:
+        self.listen = listen
+        self._metrics = metrics
+        self._server = wsgi.Server(
+            (listen.host, listen.port),
+            self.app,
+            numthreads=THREADS,
+            server_name="accel-agent-metrics",
+            timeout=IDLE_TIMEOUT,
+            shutdown_timeout=SHUTDOWN_TIMEOUT,
+        )
+        self._server.max_request_header_size = MAX_HEADER_BYTES
+        self._server.max_request_body_size = 1  # a scrape sends none
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) as bound (the port the kernel chose when given 0: tests)."""
+        host, port = self._server.socket.getsockname()[:2]
+        return host, port
+
+    def prepare(self) -> None:
+        """Bind; AccelAgentException naming the address when it cannot."""
+        try:
+            self._server.prepare()
+        except OSError as exc:
+            raise exception.AccelAgentException(
+                f"cannot serve the metrics on [metrics] listen = {self.listen}: {exc}"
+            ) from exc
+        LOG.info("metrics served over HTTP on %s%s%s", self.listen, PATH,
+                 "" if self.listen.loopback else " (not loopback: reachable from the network)")
+
+    def serve(self) -> None:
+        self._server.serve()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        method = environ.get("REQUEST_METHOD", "")
+        if environ.get("PATH_INFO") != PATH:
+            status, headers, body = _plain("404 Not Found", f"only {PATH} is served here")
+        elif method not in ("GET", "HEAD"):
+            status, headers, body = _plain(
+                "405 Method Not Allowed", "GET or HEAD", [("Allow", "GET, HEAD")]
+            )
+        else:
+            body, content_type = self._metrics.render()
+            status, headers = "200 OK", [("Content-Type", content_type)]
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return [body] if method != "HEAD" else [b""]
+
+
+def from_conf(listen: str, metrics: AgentMetrics) -> MetricsHttpServer | None:
+    """The server ``[metrics] listen`` asks for; None when it is empty."""
+    address = parse(listen)
+    return MetricsHttpServer(address, metrics) if address is not None else None

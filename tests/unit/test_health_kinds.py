@@ -1,0 +1,80 @@
+"""``/v1/health``'s ``problem_kinds``: one fixed word per problem message, in
+the same order, and the metrics that show them (accel_agent_healthy,
+accel_agent_health_problem) agreeing with the document."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from accel_agent.daemon import health as health_mod
+from accel_agent.daemon.counts import RecoveryView, RescanView
+from accel_agent.privileged.guard import HelperHealth
+from accel_agent.reporting import health_kinds as kind
+from tests.unit.test_service import core  # noqa: F401  (the fixture)
+
+
+def problem_values(core) -> dict[str, float]:  # noqa: F811
+    return {
+        k: core.metrics.value("accel_agent_health_problem", {"problem": k})
+        for k in kind.PROBLEM_KINDS
+    }
+
+
+def test_an_ok_health_has_no_kinds_and_healthy_is_1(core):  # noqa: F811
+    health = core.health()
+    assert health["status"] == "ok"
+    assert health["problems"] == health["problem_kinds"] == []
+    assert core.metrics.value("accel_agent_healthy") == 1
+    assert set(problem_values(core).values()) == {0}
+
+
+def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
+    core.reporter.state = "failing"
+    core.rescans.view = RescanView(error="sysfs gone", missing=("m1",), waiting=("w1",),
+                                   unrecorded=("u1",))
+    core.rescans.recovery = RecoveryView(error="recovery broke")
+    core.reloads.failed("bad value")
+    ledger = core.devices.ledger
+    ledger.identity_problem = lambda: "inode changed"
+    ledger.write_error = "disk I/O error"
+    monkeypatch.setattr(health_mod, "no_space_left", lambda directory: True)
+    down = HelperHealth("sysfs", "restarting", None, 1, "no answer within 30 s", None)
+    well = HelperHealth("net", "ok", 7, 0, None, None)
+    monkeypatch.setattr(health_mod, "helper_guards",
+                        lambda: [SimpleNamespace(health=lambda h=h: h) for h in (down, well)])
+
+    health = core.health()
+    expected = [
+        (kind.PLACEMENT_SYNC_FAILING, "Placement sync failing"),
+        (kind.RESCAN_FAILED, "last rescan failed: sysfs gone"),
+        (kind.RECOVERY_FAILED, "last recovery failed: recovery broke"),
+        (kind.MDEVS_MISSING, "missing from sysfs"),
+        (kind.MDEVS_WAITING_FOR_PARENT, "wait for their parent"),
+        (kind.CONFIG_RELOAD_REFUSED, "bad value"),
+        (kind.PRIVILEGED_HELPER_DOWN, "privileged helper sysfs is restarting"),
+        (kind.LEDGER_REPLACED, "inode changed"),
+        (kind.LEDGER_WRITE_FAILED, "disk I/O error"),
+        (kind.LEDGER_NO_SPACE, "no space left"),
+        (kind.UNRECORDED_MDEVS, "u1"),
+    ]
+    assert health["problem_kinds"] == [k for k, _ in expected]
+    assert len(health["problems"]) == len(expected)
+    for message, (_, says) in zip(health["problems"], expected, strict=True):
+        assert says in message
+    # Every kind is used, and the metrics show exactly the reported ones.
+    assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS)
+    assert core.metrics.value("accel_agent_healthy") == 0
+    assert set(problem_values(core).values()) == {1}
+
+    # One problem left: its kind alone is 1.
+    core.reporter.state = "ok"
+    core.rescans.view = RescanView()
+    core.rescans.recovery = RecoveryView()
+    core.reloads.current().result = "applied"
+    ledger.identity_problem = lambda: None
+    ledger.write_error = None
+    monkeypatch.setattr(health_mod, "helper_guards", lambda: [])
+    health = core.health()
+    assert health["problem_kinds"] == [kind.LEDGER_NO_SPACE]
+    assert {k for k, v in problem_values(core).items() if v == 1} == {kind.LEDGER_NO_SPACE}
+    assert core.metrics.value("accel_agent_healthy") == 0
