@@ -30,17 +30,21 @@ import difflib
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
+from accel_agent.exception import printable
 
 if TYPE_CHECKING:
     from oslo_config import cfg
 
 # The generator namespaces of etc/oslo-config-generator/accel-agent.conf.
 NAMESPACES = ("accel_agent", "oslo.log")
+# The sample's stand-ins for the per-name sections (conf.list_opts).
+MDEV_PLACEHOLDER = "mdev_$(mdev_type)"
+POOL_PLACEHOLDER = "vf_pool_$(pool)"
 _INDENTED_HEADER = re.compile(r"[ \t]+\[[^\]]*\]\s*")
 
 
@@ -159,6 +163,10 @@ class Entry:
     line: int
     section: str
     key: str | None  # None: the section header itself
+    # The value as oslo.config's parser assembles it: the first line's text
+    # after the "=" (stripped), then each continuation line without its
+    # indentation.
+    lines: tuple[str, ...] = field(default=(), compare=False)
 
 
 def scan_file(path: str) -> tuple[list[Entry], list[str]]:
@@ -173,9 +181,18 @@ def scan_file(path: str) -> tuple[list[Entry], list[str]]:
     except (OSError, UnicodeDecodeError):
         return entries, warnings  # check_files has said so already
     section = "DEFAULT"
+    value: list[str] | None = None  # the lines of the assignment being read
+
+    def close() -> None:
+        nonlocal value
+        if value is not None and entries:
+            entries[-1] = replace(entries[-1], lines=tuple(value))
+        value = None
+
     for number, raw in enumerate(lines, start=1):
         line = raw.rstrip()
-        if not line or line.startswith(("#", ";")):
+        if not line:
+            close()  # a blank line ends a value
             continue
         if line[0] in " \t":
             if _INDENTED_HEADER.fullmatch(line):
@@ -184,6 +201,11 @@ def scan_file(path: str) -> tuple[list[Entry], list[str]]:
                     "the continuation of the value above it, not as a section; remove the "
                     "indentation"
                 )
+            if value is not None:
+                value.append(line.lstrip())
+            continue
+        close()
+        if line.startswith(("#", ";")):
             continue
         if line.startswith("["):
             section = line[1:-1] if line.endswith("]") else line[1:]
@@ -192,6 +214,8 @@ def scan_file(path: str) -> tuple[list[Entry], list[str]]:
         cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
         if cut > 0:
             entries.append(Entry(path, number, section, line[:cut].strip()))
+            value = [line[cut + 1 :].strip()]
+    close()
     return entries, warnings
 
 
@@ -204,39 +228,54 @@ def _names(opt: Any) -> set[str]:
 
 
 @cache
-def known_options() -> dict[str, frozenset[str]]:
-    """Section -> option names, from the generator's namespaces."""
+def known_opts() -> dict[str, dict[str, Any]]:
+    """Section -> option name (every name it may be written as) -> option,
+    from the generator's namespaces."""
     from importlib.metadata import entry_points
 
-    known: dict[str, set[str]] = {}
+    known: dict[str, dict[str, Any]] = {}
     for point in entry_points(group="oslo.config.opts"):
         if point.name not in NAMESPACES:
             continue
         for group, opts in point.load()():
-            names = known.setdefault(group or "DEFAULT", set())
+            names = known.setdefault(group or "DEFAULT", {})
             for opt in opts:
-                names |= _names(opt)
-    return {group: frozenset(names) for group, names in known.items()}
+                names.update(dict.fromkeys(_names(opt), opt))
+    return known
+
+
+def known_options() -> dict[str, frozenset[str]]:
+    """Section -> option names, from the generator's namespaces."""
+    return {group: frozenset(opts) for group, opts in known_opts().items()}
+
+
+def _section_opts(section: str, entries: Iterable[Entry]) -> dict[str, Any] | None:
+    """The options a section may hold, by name; None when the section is
+    unknown."""
+    known = known_opts()
+    if section in known:
+        opts = dict(known[section])
+        if section == "placement":
+            opts.update(_auth_plugin_options(entries))
+        return opts
+    if section.startswith("mdev_"):
+        return known.get(MDEV_PLACEHOLDER, {})
+    if section.startswith("vf_pool_"):
+        return known.get(POOL_PLACEHOLDER, {})
+    if section.startswith("vgpu_"):
+        # Nova's legacy group: only that.
+        mdev = known.get(MDEV_PLACEHOLDER, {})
+        return {"device_addresses": mdev["device_addresses"]} if mdev else {}
+    return None
 
 
 def _section_options(section: str, entries: Iterable[Entry]) -> frozenset[str] | None:
     """The options a section may hold; None when the section is unknown."""
-    known = known_options()
-    if section in known:
-        names = set(known[section])
-        if section == "placement":
-            names |= _auth_plugin_options(entries)
-        return frozenset(names)
-    if section.startswith("mdev_"):
-        return known.get("mdev_$(mdev_type)", frozenset())
-    if section.startswith("vf_pool_"):
-        return known.get("vf_pool_$(pool)", frozenset())
-    if section.startswith("vgpu_"):
-        return frozenset({"device_addresses"})  # Nova's legacy group: only that
-    return None
+    opts = _section_opts(section, entries)
+    return None if opts is None else frozenset(opts)
 
 
-def _auth_plugin_options(entries: Iterable[Entry]) -> set[str]:
+def _auth_plugin_options(entries: Iterable[Entry]) -> dict[str, Any]:
     """The options of the keystoneauth plugin ``[placement] auth_type`` names
     (the sample config documents only ``password`` and ``admin_token``)."""
     plugin = None
@@ -244,13 +283,17 @@ def _auth_plugin_options(entries: Iterable[Entry]) -> set[str]:
         if entry.section == "placement" and entry.key in ("auth_type", "auth_plugin"):
             plugin = value_at(entry)
     if not plugin:
-        return set()
+        return {}
     try:
         from keystoneauth1 import loading as ks_loading
 
-        return {n for opt in ks_loading.get_auth_plugin_conf_options(plugin) for n in _names(opt)}
+        return {
+            name: opt
+            for opt in ks_loading.get_auth_plugin_conf_options(plugin)
+            for name in _names(opt)
+        }
     except Exception:  # an unknown plugin: keystoneauth says so when it is loaded
-        return set()
+        return {}
 
 
 def value_at(entry: Entry) -> str:
@@ -262,8 +305,12 @@ def value_at(entry: Entry) -> str:
 
 
 def lint(paths: Sequence[str]) -> list[str]:
-    """One warning per unknown section, unknown option and indented section
-    header of the files oslo.config read, as ``file:line: ...``."""
+    """One warning per unknown section, unknown option, indented section
+    header, option set in the sample's stand-in for a per-name section
+    (``[mdev_$(mdev_type)]``) and free string holding what looks like an
+    inline comment, of the files oslo.config read, as ``file:line: ...``.
+    (An inline comment where a ``#`` cannot belong is an error of
+    config_values.)"""
     warnings: list[str] = []
     entries: list[Entry] = []
     for path in paths:
@@ -271,20 +318,59 @@ def lint(paths: Sequence[str]) -> list[str]:
         entries += found
         warnings += indented
     for entry in entries:
-        allowed = _section_options(entry.section, entries)
+        opts = _section_opts(entry.section, entries)
         where = f"{entry.path}:{entry.line}"
-        if allowed is None:
+        if opts is None:
             if entry.key is None:
                 warnings.append(f"{where}: unknown section [{entry.section}]; it is ignored")
             continue
-        if entry.key is None or entry.key.replace("-", "_") in allowed:
+        if entry.key is None:
             continue
-        close = difflib.get_close_matches(entry.key, sorted(allowed), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        warnings.append(
-            f"{where}: unknown option {entry.key} in [{entry.section}]; it is ignored{hint}"
-        )
+        opt = opts.get(entry.key.replace("-", "_"))
+        if opt is None:
+            close = difflib.get_close_matches(entry.key, sorted(opts), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.append(
+                f"{where}: unknown option {entry.key} in [{entry.section}]; it is ignored{hint}"
+            )
+            continue
+        if is_placeholder(entry.section):
+            warnings.append(
+                f"{where}: {entry.key} is set in [{entry.section}], the sample's stand-in for "
+                "one section per name; it applies to nothing: name the section after the "
+                f"{'type' if entry.section.startswith('mdev_') else 'pool'}, e.g. "
+                f"[{_PLACEHOLDER_EXAMPLES[entry.section.partition('$(')[0]]}]"
+            )
+            continue
+        warnings += _comment_warning(entry, opt)
     return warnings
+
+
+_PLACEHOLDER_EXAMPLES = {"mdev_": "mdev_nvidia-35", "vf_pool_": "vf_pool_nic_a",
+                         "vgpu_": "mdev_nvidia-35"}
+
+
+def is_placeholder(section: str) -> bool:
+    """Whether ``section`` is the sample's stand-in for a per-name section
+    (``[mdev_$(mdev_type)]``, ``[vf_pool_$(pool)]``): a header the sample
+    config ships, which names no type or pool."""
+    return "$(" in section and section.partition("$(")[0] in _PLACEHOLDER_EXAMPLES
+
+
+def _comment_warning(entry: Entry, opt: Any) -> list[str]:
+    """A free string's value holding what looks like an inline comment (the
+    options where a ``#`` cannot belong are config_values' errors)."""
+    from accel_agent import config_comments
+
+    if config_comments.holds_no_comment(entry.section, opt):
+        return []
+    comment = config_comments.inline_comment(entry.lines)
+    if comment is None:
+        return []
+    secret = bool(getattr(opt, "secret", False))
+    shown = "****" if secret else printable(entry.lines[0])
+    reason = config_comments.warning_reason(comment, secret)
+    return [f"{entry.path}:{entry.line}: [{entry.section}] {entry.key} = {shown}: {reason}"]
 
 
 def parsed_files(conf: cfg.ConfigOpts) -> list[str]:
@@ -295,3 +381,63 @@ def parsed_files(conf: cfg.ConfigOpts) -> list[str]:
     except Exception:  # pragma: no cover - a ConfigOpts without the CLI options
         return []
     return source_files(files, dirs)
+
+
+# --- where a message points ------------------------------------------------------------
+
+# The shapes of the one-line messages of check-config (this module,
+# config_values, the policy, the VF pools' and state_dir's checks), for
+# `accelctl check-config --json`: the file and line a message starts with,
+# and the first section and option it names.
+_FILE_LINE = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+): ")
+_INVALID = r"^(?:Invalid configuration: )?"
+_FILE_ELSEWHERE = (
+    re.compile(_INVALID + r"config file (?P<file>.+) is not UTF-8 text \(byte 0x[0-9a-f]+ "
+               r"on line (?P<line>\d+)\)$"),
+    re.compile(_INVALID + r"--config-file (?P<file>.+) is a directory;"),
+    re.compile(_INVALID + r"config file not found: \['(?P<file>[^']+)'\]$"),
+)
+_SECTION = r"\[(?P<section>[^\]\s]+)\]"
+_OPTION = r"(?P<option>[A-Za-z_][A-Za-z0-9_-]*)"
+_PLACES = (
+    re.compile(rf"^(?:environment variable \S+: )?{_SECTION} {_OPTION}\b"),
+    re.compile(rf"^unknown option {_OPTION} in {_SECTION}"),
+    re.compile(rf"^{_OPTION} is set in {_SECTION}"),
+    re.compile(rf"^unknown section {_SECTION}"),
+    re.compile(rf"^the indented section header {_SECTION}"),
+    re.compile(rf"^section {_SECTION} is ignored"),
+    re.compile(rf"\(in {_SECTION} {_OPTION}[;)]"),
+    re.compile(rf"{_SECTION} {_OPTION}\b"),
+)
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str | None = None
+    line: int | None = None
+    section: str | None = None
+    option: str | None = None
+
+
+def locate(message: str) -> Location:
+    """The file, line, section and option a check-config message names,
+    where it names them (None for each it does not)."""
+    file = line = None
+    rest = message
+    found = _FILE_LINE.match(message)
+    if found:
+        file, line = found["file"], int(found["line"])
+        rest = message[found.end() :]
+    else:
+        for pattern in _FILE_ELSEWHERE:
+            found = pattern.match(message)
+            if found:
+                file = found["file"]
+                line = int(found["line"]) if "line" in found.groupdict() else None
+                break
+    for pattern in _PLACES:
+        place = pattern.search(rest)
+        if place:
+            groups = place.groupdict()
+            return Location(file, line, groups.get("section"), groups.get("option"))
+    return Location(file, line)

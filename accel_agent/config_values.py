@@ -35,7 +35,7 @@ from typing import Any
 from oslo_config import cfg, types
 
 from accel_agent import conf as agent_conf
-from accel_agent import config_lint
+from accel_agent import config_comments, config_lint
 from accel_agent.exception import printable
 
 # The generator's namespace of oslo.log (the agent's own options come from
@@ -210,6 +210,11 @@ def named_option_errors(conf: cfg.ConfigOpts, names: Iterable[tuple[str, str]]) 
 
 def _problem(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt, sources: _Sources) -> str | None:
     """Why the value of this option cannot be used; None when it can."""
+    # Before the value is read: "4   # per GPU" is "not an integer" there,
+    # and "node1   # the root provider" a host name oslo.config accepts.
+    comment = sources.inline_comment(section, opt)
+    if comment is not None:
+        return config_comments.error_reason(comment)
     try:
         value = conf[opt.dest] if section == "DEFAULT" else conf[section][opt.dest]
     except cfg.NoSuchOptError:
@@ -272,6 +277,18 @@ class _Sources:
             for path in config_lint.parsed_files(self._conf):
                 self._entries += config_lint.scan_file(path)[0]
         return self._entries
+
+    def inline_comment(
+        self, section: str, opt: cfg.Opt
+    ) -> config_comments.Comment | None:
+        """What looks like an inline comment in the written value of an
+        option that cannot hold one (config_comments); None otherwise."""
+        if _environment_variable(section, opt) is not None:
+            return None  # the environment's value is the one read
+        if not config_comments.holds_no_comment(section, opt):
+            return None
+        found = self._last_entry(section, opt)
+        return None if found is None else config_comments.inline_comment(found[1].lines)
 
     def written(self, section: str, opt: cfg.Opt) -> bool:
         """Whether the value comes from a file or the environment (not a default)."""

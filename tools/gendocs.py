@@ -214,7 +214,14 @@ def config_markdown(data: dict[str, Any]) -> str:
         "options). Files: `/etc/accel-agent/accel-agent.conf`, then `*.conf` of "
         "`/etc/accel-agent/accel-agent.conf.d/` in name order; `--config-file` and "
         "`--config-dir` replace them. `[mdev_$(mdev_type)]` stands for one section per type "
-        "listed in `[devices] enabled_mdev_types`, e.g. `[mdev_nvidia-35]`.",
+        "listed in `[devices] enabled_mdev_types`, e.g. `[mdev_nvidia-35]`, and "
+        "`[vf_pool_$(pool)]` for one per pool of `[devices] enabled_vf_pools`; the sample's "
+        "headers of both, with their options commented out, are ignored. A comment goes on a "
+        "line of its own, `#` or `;` in the first column: oslo.config has no inline comments "
+        "(`max_instances = 4   # per GPU` is the value `4   # per GPU`), so a `#` after a value "
+        "where it cannot belong (a number, a boolean, a name, an address, a URI) is an error "
+        "naming the file and line, and one in a free string (a path, a password) a warning, "
+        "silenced by quoting the value.",
         "",
         "Sections: " + ", ".join(f"[`[{g}]`](#{_anchor(g)})" for g in data["options"]),
         "",

@@ -337,7 +337,7 @@ def live(tmp_path_factory):
 
 
 RELOAD_CASES = ["event_debounce = 50", "rescan_interval = abc", "rescan_interval = nan",
-                "debug = maybe"]
+                "debug = maybe", "event_debounce = 0.5   # seconds"]
 def sighup_with(live, tmp_path, bad: str) -> tuple[str, Path, int]:
     """A daemon reloads a config with ``bad`` added to [DEFAULT]; (its refusal
     reason, the config, the bad line).  Asserts it keeps serving, unchanged."""
