@@ -49,6 +49,7 @@ class RescanScheduler:
         self._first_request: float | None = None
         self._stopped = False
         self._last_run = clock()
+        self._running = False
         self.runs = 0
 
     @property
@@ -79,6 +80,13 @@ class RescanScheduler:
     def stopped(self) -> bool:
         return self._stopped
 
+    @property
+    def busy(self) -> bool:
+        """A rescan is running or requested: what a caller that wants the host
+        left alone by the agent (the udev tests) waits out."""
+        with self._cond:
+            return self._running or bool(self._pending)
+
     def _next_batch(self) -> frozenset[str] | None:
         """Wait for a request (debounced) or the periodic deadline; None once stopped."""
         with self._cond:
@@ -102,6 +110,7 @@ class RescanScheduler:
             reasons = frozenset(self._pending)
             self._pending.clear()
             self._first_request = None
+            self._running = True
             return reasons
 
     def run(self) -> None:
@@ -114,7 +123,9 @@ class RescanScheduler:
                 self._rescan(reasons)
             except Exception:  # the loop must survive a bad rescan
                 LOG.exception("rescan failed")
-            self.runs += 1
+            with self._cond:
+                self.runs += 1
+                self._running = False
             self._last_run = self._clock()
 
 
