@@ -538,15 +538,18 @@ class ApiApplication:
         except Exception as exc:  # a bug: log it, answer 500 in our format
             LOG.exception("API %s %s failed", method, environ.get("PATH_INFO"))
             response = self._error(exc)
+        took = time.monotonic() - started
         if response.status >= 400:
             error = response.error or {}
             requestlog.log_refusal(
                 environ, method, path or _logged_path(environ), response.status,
                 str(error.get("code", "")), str(error.get("message", "")),
             )
+        else:
+            requestlog.log_answer(method, path or _logged_path(environ), response.status, took)
         self.backend.metrics.request_latency.labels(
             method=method, route=route_label, status=str(response.status)
-        ).observe(time.monotonic() - started)
+        ).observe(took)
         return response
 
     def _dispatch(

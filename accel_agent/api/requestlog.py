@@ -109,6 +109,11 @@ def level_for(method: str, status: int) -> int:
     return logging.WARNING
 
 
+def log_answer(method: str, path: str, status: int, took: float) -> None:
+    """A DEBUG line for each answer that is no refusal (``debug = true``)."""
+    LOG.debug("API %s %s: %d in %.3f s", method, _cut(path), status, took)
+
+
 def log_refusal(
     environ: Mapping[str, Any], method: str, path: str, status: int, code: str, message: str
 ) -> None:
