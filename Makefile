@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Debian packages: libvirt headers (libvirt-python builds against them; libvirt0 ships the
 # RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks.
 APT_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv fuse3 libfuse3-3 \
-	libxml2-utils systemd
+	libxml2-utils systemd libsystemd-dev
 DEMO_DIR ?= /run/accel-agent-demo
 DEMO_SYSFS := $(DEMO_DIR)/sysfs
 DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt .stamps/apt
 	$(PY) -m pip install -q --upgrade pip
 	# compat mode: a plain .pth path entry instead of an import hook, which every
 	# accelctl start would otherwise pay for (~6 ms)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,journal]' --config-settings editable_mode=compat
 	@touch $@
 
 demo: venv

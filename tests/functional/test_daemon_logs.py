@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -285,3 +287,64 @@ def test_a_reload_that_changes_a_logging_option_needing_a_restart_says_so(agent)
     assert status == 200 and body["result"] == "applied"
     assert "[DEFAULT] log_file changed; it applies at the next restart" in body["notes"]
     assert not log_file.exists()
+
+
+# --- use_journal ---------------------------------------------------------------------------
+
+SINK = Path(__file__).with_name("journal_sink.py")
+
+
+def journal_entries(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_use_journal_sends_every_line_to_the_journal_with_its_request_id(agent, tmp_path):
+    """With the systemd bindings (the ``journal`` extra), the daemon runs with
+    ``use_journal = true`` and each line reaches journald's socket (a stand-in
+    bound in a private mount namespace), a request's with its REQUEST_ID field."""
+    pytest.importorskip("systemd.journal", reason="the journal extra (systemd-python) is "
+                        "not installed")
+    if not shutil.which("unshare"):
+        pytest.skip("unshare(1) is not installed")
+    journal = tmp_path / "journal.jsonl"
+    agent.write(extra="[DEFAULT]\nuse_journal = true\n")
+    agent.daemon.command = [
+        "unshare", "--mount", "--propagation", "private", "--",
+        sys.executable, str(SINK), str(journal), "--",
+        sys.executable, "-m", "accel_agent.cmd.agent",
+    ]
+    daemon = agent.daemon.start()
+    status, headers, _body = call(daemon.socket_path, "PUT", "/v1/instances/vm-j/allocation",
+                                  {"count": 60, "parent": "mtty"})
+    assert status == 409
+    request_id = headers["X-Openstack-Request-Id"]
+    entry, = wait_for(
+        lambda: [e for e in journal_entries(journal) if e.get("REQUEST_ID") == request_id],
+        what="the refusal in the journal")
+    assert entry["PRIORITY"] == "4"  # warning
+    assert entry["LOGGER_NAME"] == "accel_agent.api"
+    assert "[instance: vm-j] API PUT /v1/instances/vm-j/allocation refused: 409 " \
+        "InsufficientCapacity: " in entry["MESSAGE"]
+    ready, = (e for e in journal_entries(journal) if " ready: API on " in e["MESSAGE"])
+    assert ready["PRIORITY"] == "6" and "REQUEST_ID" not in ready
+    assert daemon.stop() == 0
+    stopped = [e for e in journal_entries(journal) if "accel-agent stopped" in e["MESSAGE"]]
+    assert len(stopped) == 1
+    # Nothing went to the daemon's stdout or stderr (no traceback, no fallback).
+    assert "Traceback" not in daemon.log() and "Systemd bindings" not in daemon.log()
+
+
+def test_use_journal_without_the_bindings_refuses_to_start_saying_so(agent):
+    from accel_agent.daemon import logs
+
+    if logs.journal_available():
+        pytest.skip("the systemd bindings are installed (the journal extra)")
+    agent.write(extra="[DEFAULT]\nuse_journal = true\n")
+    proc = agent.daemon.spawn()
+    assert proc.wait(60) == 1
+    log = agent.daemon.log()
+    assert "refusing to start: invalid configuration" in log
+    assert "[DEFAULT] use_journal = true: needs the systemd Python bindings" in log
+    assert "Traceback" not in log and "Systemd bindings do not exist" not in log
