@@ -117,7 +117,7 @@ dist: venv
 # The Debian package in dist/, built from that sdist (tools/build-deb.sh):
 # the agent in its own venv under /opt/accel-agent.
 DEB_APT_PACKAGES := debhelper dh-virtualenv dpkg-dev python3-venv python3-dev libvirt-dev \
-	pkg-config gcc
+	libsystemd-dev pkg-config gcc
 deb: dist .stamps/deb-apt
 	bash tools/build-deb.sh
 
