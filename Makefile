@@ -23,7 +23,9 @@ TEST_WORKERS ?= 2
 all: test
 
 deps: .stamps/apt
-.stamps/apt:
+# Again when the Makefile changes: a package added to APT_PACKAGES (libsystemd-dev
+# for the journal extra) must reach checkouts that made the stamp before.
+.stamps/apt: Makefile
 	@mkdir -p .stamps
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
