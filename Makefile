@@ -7,7 +7,7 @@ PROMTOOL := $(VENV)/bin/promtool
 # Debian packages: libvirt headers (libvirt-python builds against them; libvirt0 ships the
 # RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks.
 APT_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv fuse3 libfuse3-3 \
-	libxml2-utils systemd
+	libxml2-utils systemd libsystemd-dev
 DEMO_DIR ?= /run/accel-agent-demo
 DEMO_SYSFS := $(DEMO_DIR)/sysfs
 DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
@@ -24,7 +24,9 @@ TEST_WORKERS ?= 2
 all: test
 
 deps: .stamps/apt
-.stamps/apt:
+# Again when the Makefile changes: a package added to APT_PACKAGES (libsystemd-dev
+# for the journal extra) must reach checkouts that made the stamp before.
+.stamps/apt: Makefile
 	@mkdir -p .stamps
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -40,7 +42,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt .stamps/apt
 	$(PY) -m pip install -q --upgrade pip
 	# compat mode: a plain .pth path entry instead of an import hook, which every
 	# accelctl start would otherwise pay for (~6 ms)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,journal]' --config-settings editable_mode=compat
 	@touch $@
 
 demo: venv
@@ -130,7 +132,7 @@ dist: venv
 # The Debian package in dist/, built from that sdist (tools/build-deb.sh):
 # the agent in its own venv under /opt/accel-agent.
 DEB_APT_PACKAGES := debhelper dh-virtualenv dpkg-dev python3-venv python3-dev libvirt-dev \
-	pkg-config gcc
+	libsystemd-dev pkg-config gcc
 deb: dist .stamps/deb-apt
 	bash tools/build-deb.sh
 

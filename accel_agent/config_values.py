@@ -225,6 +225,13 @@ def _problem(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt, sources: _Sources
         return _reason(opt, exc)
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"  # a float option of a library, not FiniteFloat
+    if (section, opt.dest) == ("DEFAULT", "use_journal") and value:
+        from accel_agent.daemon import logs
+
+        if not logs.journal_available():
+            return ("needs the systemd Python bindings, which are not installed (pip "
+                    "install 'accel-agent[journal]', i.e. systemd-python); or log to "
+                    "stderr, which systemd's journal records too")
     bounds = LIBRARY_BOUNDS.get((section, opt.dest))
     # The library's own default (oslo.privsep's is the host's CPU count) is
     # the library's business: the agent bounds what an operator writes.

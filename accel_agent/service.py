@@ -40,6 +40,7 @@ from oslo_config import cfg
 
 import accel_agent
 from accel_agent import config_values, events, exception
+from accel_agent.daemon import logs
 from accel_agent.daemon.core import AgentCore
 from accel_agent.daemon.reloads import ReloadOutcome, load_new_config, refusal_reason
 from accel_agent.daemon.rescans import helper_guards
@@ -216,6 +217,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
         assert self.core is not None and self.scheduler is not None
         LOG.info("reloading the configuration from %s",
                  ", ".join(self.config_files + self.config_dirs) or "the default files")
+        refused: exception.ReloadRefused | None = None
         try:
             new_conf = load_new_config(self.config_files, self.config_dirs)
             # Every value converted once, named by file and line: nothing read
@@ -225,24 +227,35 @@ class AgentService(_service_base()):  # type: ignore[misc]
                 raise exception.ReloadRefused(reason="; ".join(bad))
             interval, debounce, call_timeout = self._service_settings(new_conf)
         except exception.ReloadRefused as exc:
+            refused = exc
+        if refused is not None:
             # Refused before core.reload saw it (unreadable files, a bad value).
-            LOG.error("%s", exc.message)
-            self.core.reloads.failed(refusal_reason(exc))
-            return ReloadOutcome(False, refusal_reason(exc))
+            # Logged here, outside the except clause: oslo.log appends the
+            # exception being handled to a warning or error logged inside one,
+            # which would say the refusal twice on one line.
+            LOG.error("%s", refused.message)
+            self.core.reloads.failed(refusal_reason(refused))
+            return ReloadOutcome(False, refusal_reason(refused))
         try:
             notes = self.core.reload(new_conf)  # records a refusal itself
         except exception.ReloadRefused as exc:
-            LOG.error("%s", exc.message)
-            return ReloadOutcome(False, refusal_reason(exc))
+            refused = exc
         except Exception as exc:  # a bug must not take the running agent down
             LOG.exception("configuration reload failed; the running configuration is kept")
             reason = (f"reload failed unexpectedly ({type(exc).__name__}); the running "
                       "configuration is kept; see the agent's log")
             self.core.reloads.failed(reason)
             return ReloadOutcome(False, reason)
+        if refused is not None:
+            LOG.error("%s", refused.message)
+            return ReloadOutcome(False, refusal_reason(refused))
+        old_conf = self.conf
+        self.conf = new_conf
+        # The logging options that apply on reload (debug, log_config_append),
+        # before the notes, so that they are logged as the new settings say.
+        notes = [*notes, *logs.apply_reload(old_conf, new_conf)]
         for note in notes:
             LOG.warning("%s", note)
-        self.conf = new_conf
         self.scheduler.configure(interval, debounce)
         if self._writer is None:
             from accel_agent import privileged
@@ -377,11 +390,16 @@ def raise_open_files_limit(wanted: int = OPEN_FILES) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
+        failure: Exception | None = None
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
         except (ValueError, OSError) as exc:
-            LOG.warning("cannot raise the open files limit from %d to %d: %s", soft, target, exc)
+            failure = exc  # logged outside the except clause (see _reload_config)
+        if failure is None:
+            soft = target
+        else:
+            LOG.warning("cannot raise the open files limit from %d to %d: %s", soft, target,
+                        failure)
     return soft
 
 

@@ -35,7 +35,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 
 from accel_agent import exception
-from accel_agent.api import errors
+from accel_agent.api import errors, requestlog
 
 if TYPE_CHECKING:
     from accel_agent.devices.ledger import DeviceRecord
@@ -126,6 +126,8 @@ class Response:
     body: bytes = b""
     content_type: str = JSON_TYPE
     headers: list[tuple[str, str]] = field(default_factory=list)
+    # An error answer's {"code", "message"}, for the log line (api.requestlog).
+    error: dict[str, Any] | None = None
 
     @classmethod
     def json(cls, document: Any, status: int = 200) -> Response:
@@ -382,6 +384,14 @@ def _raw_path(environ: Mapping[str, Any]) -> str:
     return urllib.parse.quote_from_bytes(decoded, safe="/")
 
 
+def _logged_path(environ: Mapping[str, Any]) -> str:
+    """The path for a log line about a request refused before its path was read."""
+    try:
+        return _raw_path(environ)
+    except Exception:  # a line about a refusal must not fail on its own
+        return "?"
+
+
 def _segments(path: str) -> list[str]:
     parts = path.strip("/").split("/") if path.strip("/") else []
     out = []
@@ -483,9 +493,25 @@ class ApiApplication:
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
+        # One request id for this request: on every line logged while it is
+        # served (in this worker thread) and on its answer.
+        with requestlog.request_context(environ) as context:
+            response = self._respond(environ)
+            headers = [
+                ("Content-Type", response.content_type),
+                ("Content-Length", str(len(response.body))),
+                *response.headers,
+                (requestlog.HEADER, context.request_id),
+            ]
+            start_response(f"{response.status} {_REASONS.get(response.status, '')}", headers)
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        return [response.body] if method != "HEAD" else [b""]
+
+    def _respond(self, environ: dict[str, Any]) -> Response:
         started = time.monotonic()
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         route_label = "unmatched"
+        path: str | None = None
         try:
             # Read the body first, whatever the answer: a reply sent while the
             # client is still writing its body would break its pipe.
@@ -512,16 +538,19 @@ class ApiApplication:
         except Exception as exc:  # a bug: log it, answer 500 in our format
             LOG.exception("API %s %s failed", method, environ.get("PATH_INFO"))
             response = self._error(exc)
+        took = time.monotonic() - started
+        if response.status >= 400:
+            error = response.error or {}
+            requestlog.log_refusal(
+                environ, method, path or _logged_path(environ), response.status,
+                str(error.get("code", "")), str(error.get("message", "")),
+            )
+        else:
+            requestlog.log_answer(method, path or _logged_path(environ), response.status, took)
         self.backend.metrics.request_latency.labels(
             method=method, route=route_label, status=str(response.status)
-        ).observe(time.monotonic() - started)
-        headers = [
-            ("Content-Type", response.content_type),
-            ("Content-Length", str(len(response.body))),
-            *response.headers,
-        ]
-        start_response(f"{response.status} {_REASONS.get(response.status, '')}", headers)
-        return [response.body] if method != "HEAD" else [b""]
+        ).observe(took)
+        return response
 
     def _dispatch(
         self,
@@ -534,6 +563,8 @@ class ApiApplication:
     ) -> Response:
         operation = self._operations[(route.method, route.template)]
         params = operation.check_path(raw_params)
+        if "instance" in params:
+            requestlog.name_instance(params["instance"])
         query = operation.check_query(_query(environ))
         body = operation.check_body(raw_body)
         request = Request(self.backend, method, path, params, query, body, operation)
@@ -543,8 +574,6 @@ class ApiApplication:
         status = errors.status_for(exc)
         body = errors.error_body(exc)
         self.backend.metrics.error(body["error"]["code"])
-        if status >= 500:
-            LOG.error("API error %s: %s", status, body["error"]["message"])
-        else:
-            LOG.debug("API refused a request (%s): %s", status, body["error"]["message"])
-        return Response.json(body, status)
+        response = Response.json(body, status)
+        response.error = body["error"]  # logged once the request is answered
+        return response

@@ -32,6 +32,9 @@ READ_TIMEOUT = 60.0
 # A mutation may create up to 64 mdevs or wait for blocked removes.
 WRITE_TIMEOUT = 600.0
 _NOT_RUNNING = (errno.ENOENT, errno.ECONNREFUSED)
+# The agent's request id on every answer (accel_agent.api.requestlog.HEADER;
+# not imported: this module stays standard library only).
+REQUEST_ID_HEADER = "X-Openstack-Request-Id"
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -79,6 +82,14 @@ class ApiClient:
         self, method: str, path: str, body: Any = None, timeout: float | None = None
     ) -> tuple[int, str, bytes]:
         """(status, content type, body); raises AgentNotRunning / AgentUnreachable."""
+        status, headers, data = self.exchange(method, path, body, timeout)
+        return status, headers.get("Content-Type", ""), data
+
+    def exchange(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """(status, headers, body) of one request: :meth:`request` with every
+        header (looked up by name in any case)."""
         if timeout is None:
             timeout = self.timeout or (READ_TIMEOUT if method == "GET" else WRITE_TIMEOUT)
         conn = UnixHTTPConnection(self.socket_path, timeout)
@@ -103,7 +114,7 @@ class ApiClient:
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
                 raise self._unreachable(exc, timeout) from None
-            return resp.status, resp.getheader("Content-Type", ""), data
+            return resp.status, resp.headers, data
         finally:
             conn.close()
 
@@ -133,9 +144,10 @@ class ApiClient:
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """JSON in, JSON out; an error answer raises ApiError."""
-        status, content_type, data = self.request(method, path, body)
+        status, headers, data = self.exchange(method, path, body)
+        content_type = headers.get("Content-Type", "")
         if status >= 400:
-            raise self._api_error(status, data)
+            raise self._api_error(status, data, headers.get(REQUEST_ID_HEADER))
         if "json" not in content_type:
             return data.decode("utf-8", "replace")
         try:
@@ -149,9 +161,10 @@ class ApiClient:
         """The JSON body exactly as the daemon sent it (compact): for
         ``accelctl ... --json`` into a pipe, which need not decode and
         re-encode megabytes to print them."""
-        status, content_type, data = self.request(method, path)
+        status, headers, data = self.exchange(method, path)
+        content_type = headers.get("Content-Type", "")
         if status >= 400:
-            raise self._api_error(status, data)
+            raise self._api_error(status, data, headers.get(REQUEST_ID_HEADER))
         if "json" not in content_type:
             raise exception.AgentUnreachable(
                 socket=self.socket_path, reason=f"the answer to {method} {path} is not JSON"
@@ -159,7 +172,7 @@ class ApiClient:
         return data
 
     @staticmethod
-    def _api_error(status: int, data: bytes) -> exception.ApiError:
+    def _api_error(status: int, data: bytes, request_id: str | None = None) -> exception.ApiError:
         try:
             error = json.loads(data)["error"]
             code, message = str(error["code"]), str(error["message"])
@@ -168,7 +181,8 @@ class ApiClient:
         if status == 503 and code == "ServiceUnavailable":
             # cheroot's own answer when every worker is busy and its queue full.
             message = f"the agent is overloaded ({message}); it is running, retry later"
-        return exception.ApiError(message, status=status, code=code)
+        # The agent's request id: its log lines about this request carry it.
+        return exception.ApiError(message, status=status, code=code, request_id=request_id)
 
     # --- the API -----------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from cheroot import server as cheroot_server
 from cheroot import wsgi
 
 from accel_agent import exception
-from accel_agent.api import connections, framing
+from accel_agent.api import connections, framing, requestlog
 
 LOG = logging.getLogger(__name__)
 
@@ -147,18 +147,29 @@ def remove_socket(
     path: str, sock: socket.socket | None, identity: tuple[int, int, int] | None
 ) -> None:
     """Unlink ``path`` if it is still our socket (not a newer agent's)."""
+    failure: OSError | None = None
     try:
         if identity is not None and socket_identity(path) == identity:
             os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        LOG.warning("could not remove the API socket %s: %s", path, exc)
+        failure = exc
+    if failure is not None:
+        # Outside the except clause: oslo.log would append the exception again.
+        LOG.warning("could not remove the API socket %s: %s", path, failure)
     if sock is not None:
         sock.close()
 
 
 _PROTOCOL_CODES = {405: "ApiMethodNotAllowed", 503: "ServiceUnavailable"}
+
+
+def _text(value: Any) -> str:
+    """A request's method or URI as cheroot holds it (bytes, or None before it was read)."""
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    return "-" if value is None else str(value)
 
 
 class _JsonErrorRequest(cheroot_server.HTTPRequest):
@@ -186,9 +197,22 @@ class _JsonErrorRequest(cheroot_server.HTTPRequest):
             super().simple_response(status, msg)
             return
         text = msg.decode("latin-1") if isinstance(msg, bytes) else str(msg or status)
-        body = json.dumps(
-            {"error": {"code": _PROTOCOL_CODES.get(code, "ApiRequestInvalid"), "message": text}}
-        ).encode("utf-8")
+        error_code = _PROTOCOL_CODES.get(code, "ApiRequestInvalid")
+        body = json.dumps({"error": {"code": error_code, "message": text}}).encode("utf-8")
+        # Refused before the application: its own request id, logged here.
+        with requestlog.request_context() as context:
+            overloaded = getattr(self.server, "overloaded", None)
+            if code == 503 and overloaded is not None:
+                # Every worker busy and the queue full: one line per interval,
+                # not one per refused connection (that would flood the log
+                # exactly when the agent is overloaded).
+                overloaded.note(f"{text}: refused (503 ServiceUnavailable)")
+            else:
+                requestlog.log_refusal(
+                    {}, _text(getattr(self, "method", None)), _text(getattr(self, "uri", None)),
+                    code, error_code, text,
+                )
+        request_id = context.request_id
         # An answer the server gives itself ends the connection: a request it
         # refused may have a body it did not read (or whose end it cannot
         # know), and nothing after that can be trusted to be a request.
@@ -198,6 +222,7 @@ class _JsonErrorRequest(cheroot_server.HTTPRequest):
             f"Content-Length: {len(body)}",
             "Content-Type: application/json",
             "Connection: close",
+            f"{requestlog.HEADER}: {request_id}",
         ]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
@@ -265,6 +290,9 @@ class ApiServer(wsgi.Server):
         self.write_timeout = write_timeout
         self.unread_answers = connections.OncePerInterval(
             "API server", connections.WARNING_INTERVAL
+        )
+        self.overloaded = connections.OncePerInterval(
+            "API server: overloaded", connections.WARNING_INTERVAL
         )
         self.path = path
         self._bound = sock

@@ -59,11 +59,10 @@ def _register_daemon_opts() -> None:
 
 
 def _setup_logging() -> None:
-    from oslo_log import log as oslo_logging
-
     from accel_agent.conf import CONF
+    from accel_agent.daemon import logs
 
-    oslo_logging.setup(CONF, "accel-agent")
+    logs.setup(CONF)
 
 
 def _load_config(args: argparse.Namespace) -> list[str]:

@@ -106,7 +106,9 @@ def exit_status(command: Callable[[], int]) -> int:
             error(item.message)
         return EXIT_ERROR
     except exception.AccelAgentException as exc:
-        error(exc.message)
+        request_id = exc.kwargs.get("request_id") if isinstance(exc, exception.ApiError) else None
+        # The agent's request id, for a grep of its log.
+        error(f"{exc.message} (request {request_id})" if request_id else exc.message)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR

@@ -14,5 +14,7 @@ scheduler, the Placement loop, the udev watcher, signals and sd_notify).
   applied under the manager's lock, or refused;
 * :mod:`~accel_agent.daemon.health`: the health document;
 * :mod:`~accel_agent.daemon.counts`: what the last rescan saw, and the counts
-  and series the metrics publish.
+  and series the metrics publish;
+* :mod:`~accel_agent.daemon.logs`: oslo.log's set-up, and the logging options a
+  reload applies (``debug``, ``log_config_append``).
 """

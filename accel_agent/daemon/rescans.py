@@ -129,11 +129,16 @@ class Rescans:
             started = time.monotonic()
             for reason in reasons:
                 self.metrics.rescans.labels(reason=reason).inc()
+            failure: exception.AccelAgentException | None = None
             try:
                 view = self._rescan_once(full=events.PERIODIC in reasons)
             except exception.AccelAgentException as exc:
-                self.metrics.error(type(exc).__name__)
-                LOG.error("rescan failed: %s", exc.message)
+                failure = exc
+            if failure is not None:
+                self.metrics.error(type(failure).__name__)
+                # Outside the except clause: oslo.log would append the
+                # exception to the line again.
+                LOG.error("rescan failed: %s", failure.message)
                 with self._lock:
                     self.view = RescanView(
                         at=self.view.at,
@@ -141,7 +146,7 @@ class Rescans:
                         counts=self.view.counts,
                         providers=self.view.providers,
                         inventory=self.view.inventory,
-                        error=exc.message,
+                        error=failure.message,
                     )
                     return self.view
             self.metrics.rescan_duration.observe(time.monotonic() - started)

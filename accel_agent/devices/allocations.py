@@ -12,6 +12,7 @@ shortcut of attach), all or nothing, idempotent.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
@@ -116,6 +117,28 @@ def release(m: DeviceManager, instance: str, remove: bool = False) -> list[str]:
     return release_owner(m, instance, OwnerKind.INSTANCE, remove)
 
 
+def _what_became(
+    records: Sequence[DeviceRecord], remove: bool, unmade: set[str], kept: list[str]
+) -> str:
+    """What a release did to each device, for its log line: ``1 removed, 1 kept
+    (in use, not removed): UUID``.  Only what happened: a device kept because
+    a VM holds it is never said to be removed."""
+    gone = [r.uuid for r in records if r.uuid not in set(kept)]
+    returned = sum(1 for uuid in gone if uuid in unmade)
+    removed = sum(1 for uuid in gone if uuid not in unmade and remove)
+    free = sum(1 for uuid in gone if uuid not in unmade and not remove)
+    parts = []
+    if removed:
+        parts.append(f"{removed} removed")
+    if returned:
+        parts.append(f"{returned} VF(s) given back to their driver")
+    if free:
+        parts.append(f"{free} left free for reuse")
+    if kept:
+        parts.append(f"{len(kept)} kept (in use, not removed): {', '.join(kept)}")
+    return ", ".join(parts)
+
+
 def release_owner(m: DeviceManager, owner: str, kind: OwnerKind, remove: bool) -> list[str]:
     """``release`` for an instance's devices or a migration claim's."""
     with protocol.operation(m):
@@ -145,13 +168,9 @@ def release_owner(m: DeviceManager, owner: str, kind: OwnerKind, remove: bool) -
                 else:
                     removable.append(record.uuid)
         kept += protocol.release_and_remove(m, owner, kind, removable)
-        LOG.info(
-            "released %d mdev(s) of %s %s%s",
-            len(records),
-            "instance" if kind is OwnerKind.INSTANCE else "the migration claim of",
-            owner,
-            " (removed)" if remove else "",
-        )
+        LOG.info("released %d mdev(s) of %s %s: %s", len(records),
+                 "instance" if kind is OwnerKind.INSTANCE else "the migration claim of",
+                 owner, _what_became(records, remove, unmade, kept))
         if kept and (remove or unmade & set(kept)):
             raise exception.MdevInUse(
                 uuid=", ".join(kept),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from accel_agent import exception
 
@@ -63,13 +63,19 @@ class LibvirtDomains:
         except ImportError:
             LOG.warning("libvirt-python is not installed; cannot check domains")
             return None
-        from accel_agent.libvirt_xml import list_mdev_uuids
-
         try:
             conn = libvirt.openReadOnly(self.uri)
         except libvirt.libvirtError as exc:
-            LOG.warning("libvirt at %s is not reachable (%s); domain check skipped", self.uri, exc)
-            return None
+            failure = exc
+        else:
+            return self._referenced(libvirt, conn)
+        # Outside the except clause: oslo.log would append the exception again.
+        LOG.warning("libvirt at %s is not reachable (%s); domain check skipped", self.uri, failure)
+        return None
+
+    def _referenced(self, libvirt: Any, conn: Any) -> set[str] | None:
+        from accel_agent.libvirt_xml import list_mdev_uuids
+
         try:
             uuids: set[str] = set()
             for domain in conn.listAllDomains(0):
@@ -79,10 +85,11 @@ class LibvirtDomains:
                     uuids.update(list_mdev_uuids(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)))
             return uuids
         except libvirt.libvirtError as exc:
-            LOG.warning("listing libvirt domains at %s failed: %s", self.uri, exc)
-            return None
+            failure = exc
         finally:
             conn.close()
+        LOG.warning("listing libvirt domains at %s failed: %s", self.uri, failure)
+        return None
 
     def mdev_domains(self) -> list[DomainMdevs]:
         """Every domain (running or not) whose XML names mdevs, by domain UUID.

@@ -241,8 +241,14 @@ def roll_back(m: DeviceManager, intent: int, created: list[str]) -> None:
     try:
         _undo(m, intent, created)
     except exception.PrivilegedHelperUnavailable as exc:
-        LOG.error("rollback of operation %d interrupted (%s); recovery settles the rest",
-                  intent, exc.message)
+        failure = exc.message
+    else:
+        return
+    # Logged outside the except clause (as every warning or error of this
+    # module that quotes its exception): oslo.log appends the exception
+    # being handled to such a line, which would say it twice.
+    LOG.error("rollback of operation %d interrupted (%s); recovery settles the rest",
+              intent, failure)
 
 
 def _undo(m: DeviceManager, intent: int, created: list[str]) -> None:
@@ -256,13 +262,16 @@ def _undo(m: DeviceManager, intent: int, created: list[str]) -> None:
                 _unmake_quietly(m, record.uuid)
             m.ledger.forget(record.uuid)  # the create write never succeeded
     for uuid in created:
+        failure: exception.AccelAgentException | None = None
         try:
             remove_owned(m, uuid)
         except exception.PrivilegedHelperUnavailable:
             raise
         except exception.AccelAgentException as exc:
+            failure = exc
+        if failure is not None:
             # It stays recorded (free, owned): reusable, never leaked.
-            LOG.error("rollback could not remove mdev %s: %s", uuid, exc)
+            LOG.error("rollback could not remove mdev %s: %s", uuid, failure)
             record = m.ledger.get(uuid)
             if record is not None and record.state is DeviceState.REMOVING:
                 m.ledger.cancel_remove(uuid)
@@ -289,7 +298,10 @@ def _unmake_quietly(m: DeviceManager, uuid: str) -> None:
     except exception.PrivilegedHelperUnavailable:
         raise  # not undone: its record must stay for recovery
     except exception.AccelAgentException as exc:
-        LOG.error("device %s: undoing a failed make failed: %s", uuid, exc)
+        failure = exc
+    else:
+        return
+    LOG.error("device %s: undoing a failed make failed: %s", uuid, failure)
 
 
 def remove_owned(m: DeviceManager, uuid: str) -> bool:
@@ -302,11 +314,13 @@ def remove_owned(m: DeviceManager, uuid: str) -> bool:
         with contextlib.suppress(exception.MdevNotFound):
             destroy(m, uuid)
     except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
-        m.ledger.cancel_remove(uuid)
-        _kept_in_use(m, uuid, exc)
-        return False
-    m.ledger.forget(uuid)
-    return True
+        held = exc
+    else:
+        m.ledger.forget(uuid)
+        return True
+    m.ledger.cancel_remove(uuid)
+    _kept_in_use(m, uuid, held)
+    return False
 
 
 def _kept_in_use(m: DeviceManager, uuid: str, exc: exception.AccelAgentException) -> None:
@@ -348,13 +362,16 @@ def _remove_all(m: DeviceManager, uuids: list[str]) -> tuple[list[str], list[str
     gone: list[str] = []
     held: list[str] = []
     for uuid in uuids:
+        in_use: exception.AccelAgentException | None = None
         try:
             # Already gone (ENOENT) reaches the goal too.
             with contextlib.suppress(exception.MdevNotFound):
                 destroy(m, uuid)
             gone.append(uuid)
         except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
-            _kept_in_use(m, uuid, exc)
+            in_use = exc
+        if in_use is not None:
+            _kept_in_use(m, uuid, in_use)
             held.append(uuid)
         step(m, "release.removed")
     return gone, held

@@ -102,10 +102,13 @@ def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> 
 def _prepare_hosts(m: DeviceManager) -> None:
     """What each backend needs first (a pool's VFs enabled after a reboot)."""
     for backend in m.backends.values():
+        failure: exception.AccelAgentException | None = None
         try:
             backend.prepare_host()
         except exception.AccelAgentException as exc:
-            LOG.warning("backend %s cannot prepare the host: %s", backend.name, exc)
+            failure = exc
+        if failure is not None:  # outside the except clause: said once
+            LOG.warning("backend %s cannot prepare the host: %s", backend.name, failure)
 
 
 def _configured_type(m: DeviceManager, record: DeviceRecord, devices: Existing) -> str | None:

@@ -74,6 +74,7 @@ def test_the_version_is_the_python_packages_and_the_dependencies_are_debians(deb
     # The venv runs Debian's own interpreter: tied to its minor version.
     assert "python3 (>= 3.11)" in depends and "python3 (<< 3.12)" in depends
     assert re.search(r"\blibvirt0\b", depends), depends  # libvirt-python's module links it
+    assert re.search(r"\blibsystemd0\b", depends), depends  # the journal extra's module
     assert debian_version("1.2.0rc1") == "1.2.0~rc1"
 
 
@@ -98,6 +99,8 @@ def test_layout_venv_links_unit_config_and_docs(contents):
     # Only the agent and its dependencies: no checkout, no test suite of ours.
     assert {p.split("/")[1] for p in contents if p != "/"} == {"etc", "lib", "opt", "usr"}
     assert not [p for p in contents if "/site-packages/tests/" in p]
+    # The journal extra: use_journal = true works from the package.
+    assert [p for p in contents if p.endswith("/site-packages/systemd/journal.py")]
 
 
 def test_the_unit_is_the_repositorys_and_names_files_the_package_ships(deb, contents, tmp_path):

@@ -511,3 +511,25 @@ def test_a_repeated_failure_is_logged_once_per_interval_and_counted(caplog):
     counted = [int(re.search(r"(\d+) more", line).group(1)) for line in lines[1:]]  # type: ignore[union-attr]
     assert len(lines) + sum(counted) - 1 == 1000  # every failure logged or counted
     assert lines[-1].endswith("(the last: failure 999)")
+
+
+def test_an_error_answer_carries_the_agents_request_id_to_the_client(served, capsys):
+    from accel_agent.cmd import output
+
+    path, _backend, _ = served
+    client = ApiClient(path)
+    with pytest.raises(exception.ApiError) as caught:
+        client.allocate("vm", 9)
+    request_id = caught.value.kwargs["request_id"]
+    assert re.fullmatch(r"req-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", request_id)
+    status, headers, _data = client.exchange("GET", "/v1/health")
+    assert status == 200 and headers["x-openstack-request-id"] != request_id
+
+    def fails() -> int:
+        client.allocate("vm", 9)
+        return 0
+
+    assert output.exit_status(fails) == 1
+    line = capsys.readouterr().err
+    assert re.fullmatch(r"error: insufficient capacity for type t on p: full "
+                        r"\(request req-[0-9a-f-]{36}\)\n", line)
