@@ -127,12 +127,15 @@ def _validate(conf) -> tuple[list[str], list[str]]:
     try:
         return wiring.validate(conf)
     except LedgerSchemaOld as exc:
-        LOG.warning(
-            "the mdev ledger %s has schema version %s: accel-agent upgrades it to %s when it "
-            "starts, after a backup copy beside it",
-            exc.kwargs["path"], exc.kwargs["found"], exc.kwargs["supported"],
-        )
-        return wiring.validate(conf, ledger=wiring.LedgerView())
+        old = exc
+    # Logged outside the except clause: oslo.log appends the exception being
+    # handled to a WARNING, which would repeat the message.
+    LOG.warning(
+        "the mdev ledger %s has schema version %s: accel-agent upgrades it to %s when it "
+        "starts, after a backup copy beside it",
+        old.kwargs["path"], old.kwargs["found"], old.kwargs["supported"],
+    )
+    return wiring.validate(conf, ledger=wiring.LedgerView())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

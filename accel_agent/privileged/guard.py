@@ -277,10 +277,15 @@ class Guard:
             self._pidfd = None
         self._pid = pid
         if pid is not None:
+            failure: OSError | None = None
             try:
                 self._pidfd = os.pidfd_open(pid)
             except OSError as exc:  # gone already: the monitor will see the channel end
-                LOG.warning("privileged helper %s: pid %d: %s", self.name, pid, exc)
+                failure = exc
+            # Logged outside the except clause: oslo.log appends the exception
+            # being handled to a WARNING, which would say it twice.
+            if failure is not None:
+                LOG.warning("privileged helper %s: pid %d: %s", self.name, pid, failure)
 
     # --- failures -------------------------------------------------------------------
 
@@ -332,6 +337,7 @@ class Guard:
         self._set_pid_locked(None)
 
     def _kill_locked(self) -> None:
+        failure: OSError | None = None
         try:
             if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
@@ -342,7 +348,11 @@ class Guard:
         except ProcessLookupError:
             pass  # it exited already
         except OSError as exc:
-            LOG.warning("privileged helper %s: cannot kill pid %s: %s", self.name, self._pid, exc)
+            failure = exc
+        if failure is not None:  # outside the except clause: said once
+            LOG.warning(
+                "privileged helper %s: cannot kill pid %s: %s", self.name, self._pid, failure
+            )
 
     @staticmethod
     def _channel_alive(channel: Any) -> bool:

@@ -351,10 +351,13 @@ class VfPools:
         )
 
     def _reset_quietly(self, netdev: str, index: int, pf: str) -> None:
+        failure: exception.AccelAgentException | None = None
         try:
             self.net.reset(netdev, index, pf)
         except exception.AccelAgentException as err:
-            LOG.error("PF %s VF %d: reset after a failed hand-over failed: %s", pf, index, err)
+            failure = err
+        if failure is not None:  # outside the except clause: oslo.log would repeat it
+            LOG.error("PF %s VF %d: reset after a failed hand-over failed: %s", pf, index, failure)
 
     def usage(self, pool: str) -> str:
         """Each PF of ``pool``: its VFs and how many are handed over (for the

@@ -191,9 +191,13 @@ class VfioScanner:
                 json.dump(data, handle, sort_keys=True)
             os.replace(tmp, self._path)
         except OSError as exc:
-            LOG.warning("cannot keep the vGPU type tables in %s: %s", self._path, exc)
+            failure: OSError | None = exc
             with contextlib.suppress(OSError, UnboundLocalError):
                 os.unlink(tmp)
+        else:
+            failure = None
+        if failure is not None:  # outside the except clause: oslo.log would repeat it
+            LOG.warning("cannot keep the vGPU type tables in %s: %s", self._path, failure)
 
     def scan(self) -> Discovery:
         root = os.path.realpath(self.sysfs_root)
