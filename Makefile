@@ -75,11 +75,14 @@ test-functional: venv
 test-realkernel: venv
 	@bash tests/realkernel/run.sh
 
-# Build the .deb, then check it and install it with apt into a bookworm
-# chroot (debootstrap, cached in /var/tmp/accel-agent-test).
+# Build the .deb, then check it (lintian too) and install it with apt into a
+# bookworm chroot (debootstrap, cached in /var/tmp/accel-agent-test).
+TEST_PACKAGE_APT_PACKAGES := debootstrap lintian
 test-package: deb
-	@dpkg -s debootstrap >/dev/null 2>&1 || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+	@missing=$$(for p in $(TEST_PACKAGE_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
 	$(PY) -m pytest tests/package $(PYTEST_ARGS)
 
 lint: venv
@@ -129,8 +132,9 @@ dist: venv
 	$(PY) -m build --sdist --wheel --outdir dist .
 	rm -rf build/lib build/bdist.*
 
-# The Debian package in dist/, built from that sdist (tools/build-deb.sh):
-# the agent in its own venv under /opt/accel-agent.
+# The Debian packages in dist/, built from that sdist (tools/build-deb.sh):
+# accel-agent (the agent in its own venv under /opt/accel-agent, with man pages
+# and bash completion generated from its parsers) and accel-agent-simulator.
 DEB_APT_PACKAGES := debhelper dh-virtualenv dpkg-dev python3-venv python3-dev libvirt-dev \
 	libsystemd-dev pkg-config gcc
 deb: dist .stamps/deb-apt

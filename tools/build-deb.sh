@@ -24,14 +24,28 @@ mkdir -p "$work"
 tar -xzf "$sdist" -C "$work"
 src="$work/accel_agent-$version"
 cp -r "$src/packaging/debian" "$src/debian"
+# The maintainer is the control file's, unless whoever builds the package for
+# their fleet names themselves the Debian way (DEBFULLNAME and DEBEMAIL, as dch
+# reads them): the changelog's signature says the same.
+maintainer=$(sed -n 's/^Maintainer: //p' "$src/debian/control")
+if [ -n "${DEBEMAIL:-}" ]; then
+    maintainer="${DEBFULLNAME:-${maintainer%% <*}} <$DEBEMAIL>"
+    sed -i "s|^Maintainer: .*|Maintainer: $maintainer|" "$src/debian/control"
+fi
 cat >"$src/debian/changelog" <<CHANGELOG
 accel-agent ($debversion) unstable; urgency=medium
 
   * accel-agent $version, built from its sdist.
 
- -- accel-agent developers <accel-agent@localhost>  $(date -R)
+ -- $maintainer  $(date -R)
 CHANGELOG
 
+# The man pages and the bash completion, from the parsers of the code being
+# packaged, by the build tools of the repository's venv (make venv).
+python=${ACCEL_BUILD_PYTHON:-.venv/bin/python}
+PYTHONPATH="$src" "$python" "$src/tools/genman.py" "$src/debian/generated"
+
 (cd "$src" && dpkg-buildpackage --build=binary --no-sign)
-mv "$work"/accel-agent_"$debversion"_*.deb dist/
-ls dist/accel-agent_"$debversion"_*.deb
+rm -f dist/accel-agent_*.deb dist/accel-agent-simulator_*.deb
+mv "$work"/accel-agent_"$debversion"_*.deb "$work"/accel-agent-simulator_"$debversion"_*.deb dist/
+ls dist/accel-agent_"$debversion"_*.deb dist/accel-agent-simulator_"$debversion"_*.deb

@@ -230,7 +230,19 @@ def _add_simulate(subparsers: argparse._SubParsersAction) -> None:
 def simulate_parser() -> argparse.ArgumentParser:
     """What parses ``accelctl simulate ...``, built only when asked for (the
     simulator's imports cost every other command ~20 ms)."""
-    from accel_agent.simulator import cli as simulator_cli
+    try:
+        from accel_agent.simulator import cli as simulator_cli
+    except ModuleNotFoundError as exc:
+        # The Debian package ships the simulator apart (accel-agent-simulator):
+        # a production host has no use for it.
+        if exc.name != "accel_agent.simulator":
+            raise
+        from accel_agent import exception
+
+        raise exception.AccelAgentException(
+            "the simulator is not installed: install the accel-agent-simulator package "
+            "(a host with real GPUs does not need it)"
+        ) from None
 
     parser = _Parser(prog="accelctl simulate", description=SIMULATE_HELP)
     simulator_cli.add_commands(parser)
