@@ -700,16 +700,41 @@ if [ "$LAB_ROOT" = rootfs ]; then
 		install_agent
 	fi
 fi
-if [ "${LAB_OUTER_QEMU:-host}" = rootfs ]; then
+# outer_qemu_rootfs LAB: the rootfs of lab LAB (its profile's suite and packages: the same
+# cached tree that lab uses, built on first use), printed.  In a subshell, so that this
+# lab's variables stay as they are.
+outer_qemu_rootfs() {
+	(
+		# shellcheck source=labs/trixie.sh
+		. "$HERE/labs/$1.sh"
+		[ "$LAB_ROOT" = rootfs ] || die "LAB_OUTER_QEMU=$1: lab $1 has no rootfs"
+		ensure_rootfs >&2
+		echo "$ROOTFS"
+	)
+}
+OUTER_ROOTFS=
+case "${LAB_OUTER_QEMU:-host}" in
+host) ;;
+rootfs)
 	[ "$LAB_ROOT" = rootfs ] || die "LAB_OUTER_QEMU=rootfs needs LAB_ROOT=rootfs"
-	[ -x "$ROOTFS/usr/bin/qemu-system-x86_64" ] || die "no qemu-system-x86_64 in the lab rootfs"
+	OUTER_ROOTFS=$ROOTFS
+	;;
+*)
+	[[ $LAB_OUTER_QEMU =~ ^[a-z0-9-]+$ ]] && [ -f "$HERE/labs/$LAB_OUTER_QEMU.sh" ] ||
+		die "LAB_OUTER_QEMU=$LAB_OUTER_QEMU: neither host, rootfs nor a lab profile"
+	OUTER_ROOTFS=$(outer_qemu_rootfs "$LAB_OUTER_QEMU")
+	stamp "outer QEMU: lab $LAB_OUTER_QEMU's rootfs, $OUTER_ROOTFS"
+	;;
+esac
+if [ -n "$OUTER_ROOTFS" ]; then
+	[ -x "$OUTER_ROOTFS/usr/bin/qemu-system-x86_64" ] || die "no qemu-system-x86_64 in $OUTER_ROOTFS"
 	# The rootfs's QEMU (a device the host's lacks: igb is new in QEMU 8.0) with the
 	# rootfs's /usr bind-mounted over /usr in a mount namespace of its own (host and
 	# rootfs are both merged-/usr): every host path stays valid, nothing is chrooted,
 	# and the exec chain keeps QEMU's pid and name for the clean-up.
 	# shellcheck disable=SC2016 # $0 and $@ are for the inner shell
 	QEMU=(unshare -m --propagation private sh -c \
-		'mount --bind "$0/usr" /usr && exec /usr/bin/qemu-system-x86_64 "$@"' "$ROOTFS")
+		'mount --bind "$0/usr" /usr && exec /usr/bin/qemu-system-x86_64 "$@"' "$OUTER_ROOTFS")
 fi
 [ "$LAB_DISK_MB" -gt 0 ] && make_disk
 

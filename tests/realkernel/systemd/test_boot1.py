@@ -1,7 +1,9 @@
 """Lab "systemd", first boot: the package installed with apt, the shipped unit driven by
 systemctl (start through Type=notify, socket, sysfs writes and the VFIO probe inside the
-sandbox, reload, stop), then enabled with mdevs in its ledger for the reboot that
-test_boot2.py checks.  The tests run in order; each one states what it builds on.
+sandbox, reload, a VF of the igb pool attached with MAC and VLAN, stop), then enabled with
+mdevs in its ledger for the reboot that test_boot2.py checks.  The tests run in order; each
+one states what it builds on.  The config has both backends from the start: mtty's mdev
+type and the VF pool on QEMU's igb.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pytest
 from tests.realkernel.systemd import unitlab as lab
 
 pytestmark = lab.skip_unless_lab()
+
+MAC = "52:54:00:ab:cd:10"
 
 
 def _allocate(instance: str, count: int = 1) -> list[dict[str, str]]:
@@ -37,6 +41,24 @@ def test_package_installs_with_apt_and_ships_the_unit_unchanged():
     # installed, neither enabled nor started by the package
     assert lab.run("systemctl", "is-enabled", lab.UNIT, check=False).stdout.strip() == "disabled"
     assert lab.show("ActiveState")["ActiveState"] == "inactive"
+
+
+def test_ordering_drop_ins_put_nova_compute_and_libvirt_guests_after_the_agent():
+    """The package's drop-ins (docs/operations.md): both units start after the agent and
+    stop before it.  test_boot2.py checks the order at boot and at stop."""
+    for name in lab.ORDERED:
+        shipped = lab.REPO / "systemd" / "dropins" / f"{name}.service.d" / "accel-agent.conf"
+        installed = f"/lib/systemd/system/{name}.service.d/accel-agent.conf"
+        with open(installed, "rb") as handle:
+            assert handle.read() == shipped.read_bytes(), installed
+        lab.write_stand_in(name)
+    lab.run("systemctl", "daemon-reload")
+    for name in lab.ORDERED:
+        props = lab.show("After", "DropInPaths", unit=name)
+        assert "accel-agent.service" in props["After"].split(), props
+        # ordering only: starting them never starts an agent the operator did not enable
+        wants = lab.show("Wants", "Requires", "Requisite", "BindsTo", unit=name)
+        assert not any("accel-agent" in v for v in wants.values()), wants
 
 
 def test_start_reaches_active_through_type_notify():
@@ -64,7 +86,7 @@ def test_socket_has_the_configured_mode_and_group():
 def test_reload_applies_a_new_config():
     assert lab.mdevs() == {}
     before = lab.health()["config"]
-    assert {p["mdev_type"] for p in lab.ok("GET", "/v1/inventory")["providers"]} == {"mtty-1"}
+    assert lab.mdev_types_offered() == {"mtty-1"}
     lab.write_config("mtty-2")  # nothing assigned yet: nothing orphaned
     pid = lab.show("MainPID")["MainPID"]
     lab.run("systemctl", "reload", lab.UNIT)
@@ -73,10 +95,7 @@ def test_reload_applies_a_new_config():
         "the reload to be recorded",
     )
     assert config["last_reload_result"] == "applied", config
-    lab.wait_for(
-        lambda: {p["mdev_type"] for p in lab.ok("GET", "/v1/inventory")["providers"]} == {"mtty-2"},
-        "the inventory to offer mtty-2",
-    )
+    lab.wait_for(lambda: lab.mdev_types_offered() == {"mtty-2"}, "the inventory to offer mtty-2")
     assert lab.show("MainPID", "ActiveState") == {"MainPID": pid, "ActiveState": "active"}
 
 
@@ -133,11 +152,56 @@ def test_reload_refuses_a_config_that_would_orphan_an_assigned_mdev():
         assert config["last_reload_result"] == "refused", config
         assert uuid in config["last_reload_error"], config
         # the running configuration is kept, the service too
-        assert {p["mdev_type"] for p in lab.ok("GET", "/v1/inventory")["providers"]} == {"mtty-2"}
+        assert lab.mdev_types_offered() == {"mtty-2"}
         assert lab.show("MainPID", "ActiveState") == {"MainPID": pid, "ActiveState": "active"}
         assert lab.mdevs() == {uuid: "mtty-2"}
     finally:
         lab.write_config("mtty-2")
+
+
+def test_the_pool_s_vfs_were_enabled_at_start():
+    """The agent enabled the pool's VFs when it started (``sriov_numvfs``, written by its
+    sysfs helper through the sandbox) and offers them."""
+    pf = lab.igb_pf()
+    vfs = lab.vfs_of(pf)
+    assert len(vfs) == lab.POOL_NUM_VFS, vfs
+    assert [lab.driver_of(vf) for vf in vfs] == ["igbvf"] * lab.POOL_NUM_VFS
+    pools = [p for p in lab.ok("GET", "/v1/inventory")["providers"] if p["mdev_type"] == lab.POOL]
+    assert [(p["pci_address"], p["inventory"]["total"]) for p in pools] == [
+        (pf, lab.POOL_NUM_VFS)
+    ], pools
+
+
+def test_a_vf_is_attached_with_mac_and_vlan_through_the_api_and_detached():
+    """The sriov_vf backend under the shipped unit: the MAC and VLAN go through the
+    CAP_NET_ADMIN helper (the unit's CapabilityBoundingSet= must hold CAP_NET_ADMIN), the
+    hand-over to vfio-pci and back writes /sys/bus/pci/drivers/*/bind|unbind and
+    drivers_probe (ReadWritePaths= under ProtectKernelTunables=).  Read back from the
+    kernel: the VF's driver link, its VFIO group node, iproute2."""
+    pf = lab.igb_pf()
+    netdev = lab.pf_netdev(pf)
+    # the PF's link up, as a host's network config leaves it (igb wants it for some settings)
+    lab.run("ip", "link", "set", "dev", netdev, "up")
+    (vf,) = lab.vfs_of(pf)
+    status, answer = lab.api(
+        "POST", "/v1/instances/inst-vf/attachments", [{"pool": lab.POOL, "mac": MAC, "vlan": 100}]
+    )
+    assert status == 200, answer
+    (handle,) = answer["attachments"]
+    assert (handle["backend"], handle["address"], handle["type"]) == ("sriov_vf", vf, lab.POOL)
+    assert lab.driver_of(vf) == "vfio-pci"
+    group = os.path.basename(os.readlink(f"{lab.PCI_DEVICES}/{vf}/iommu_group"))
+    assert os.path.exists(f"/dev/vfio/{group}")
+    line = lab.ip_vf(netdev, 0)
+    assert MAC in line and "vlan 100" in line, line
+    assert MAC in handle["xml"], handle["xml"]
+    # detach: back on igbvf, the tenant's MAC and VLAN gone
+    status, answer = lab.api("DELETE", "/v1/instances/inst-vf/attachments")
+    assert status == 200, answer
+    assert lab.driver_of(vf) == "igbvf"
+    line = lab.ip_vf(netdev, 0)
+    assert MAC not in line and "vlan 100" not in line, line
+    assert lab.ok("GET", "/v1/instances/inst-vf/attachments")["attachments"] == []
 
 
 def test_stop_exits_cleanly():
@@ -169,6 +233,7 @@ def test_enable_with_mdevs_in_the_ledger_for_the_reboot():
     """Sets up test_boot2.py: enabled, running, two instances holding three mdevs."""
     lab.run("systemctl", "enable", "--now", lab.UNIT, timeout=300)
     assert lab.show("ActiveState")["ActiveState"] == "active"
+    lab.run("systemctl", "enable", *(f"{name}.service" for name in lab.ORDERED))
     inst_a = lab.ok("GET", "/v1/instances/inst-a/allocation")["mdevs"]
     held = {"inst-a": sorted(m["uuid"] for m in inst_a)}
     held["inst-b"] = sorted(m["uuid"] for m in _allocate("inst-b", 2))

@@ -26,6 +26,24 @@ def test_enabled_unit_is_active_after_the_reboot():
     assert props["StatusText"].startswith("serving the API on"), props
 
 
+def test_the_pool_s_vfs_are_enabled_again_at_boot():
+    """VFs do not survive a reboot: the enabled unit's agent enabled the pool's again."""
+    vfs = lab.vfs_of(lab.igb_pf())
+    assert len(vfs) == lab.POOL_NUM_VFS, vfs
+    assert [lab.driver_of(vf) for vf in vfs] == ["igbvf"] * lab.POOL_NUM_VFS
+
+
+def test_nova_compute_and_libvirt_guests_started_once_the_agent_was_ready():
+    """The drop-ins' After=: with Type=notify the agent is active once it sent READY=1,
+    after its recovery; the ordered units' processes started no earlier."""
+    ready = int(lab.show("ActiveEnterTimestampMonotonic")["ActiveEnterTimestampMonotonic"])
+    assert ready > 0
+    for name in lab.ORDERED:
+        props = lab.show("ActiveState", "ExecMainStartTimestampMonotonic", unit=name)
+        assert props["ActiveState"] == "active", (name, props)
+        assert int(props["ExecMainStartTimestampMonotonic"]) >= ready, (name, props, ready)
+
+
 def test_the_ledger_mdevs_are_re_created_in_the_new_kernel():
     expected = _expected()
     # mtty's mdevs do not survive a reboot: each one here was made by this boot's agent
@@ -75,5 +93,16 @@ def test_cleanup_release_and_stop():
     for instance in _expected():
         assert lab.ok("DELETE", f"/v1/instances/{instance}/allocation?remove=true")["removed"]
     assert lab.mdevs() == {}
-    lab.run("systemctl", "stop", lab.UNIT, timeout=120)
+    # One transaction, as at shutdown: the ordered units stop first (the reverse of After=),
+    # so the agent begins to stop only once they are down.
+    ordered = [f"{name}.service" for name in lab.ORDERED]
+    lab.run("systemctl", "stop", lab.UNIT, *ordered, timeout=120)
     assert lab.show("Result")["Result"] == "success"
+    agent_stopping = int(lab.show("ActiveExitTimestampMonotonic")["ActiveExitTimestampMonotonic"])
+    for name in lab.ORDERED:
+        down = int(
+            lab.show("InactiveEnterTimestampMonotonic", unit=name)[
+                "InactiveEnterTimestampMonotonic"
+            ]
+        )
+        assert 0 < down <= agent_stopping, (name, down, agent_stopping)

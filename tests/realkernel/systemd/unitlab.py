@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -25,7 +26,15 @@ STATE = Path("/var/lib/accel-lab")  # on the lab disk: survives the guest's rebo
 EXPECTED = STATE / "expected-after-reboot.json"
 MDEV_DIR = "/sys/bus/mdev/devices"
 TYPES_DIR = "/sys/class/mdev_bus/mtty/mdev_supported_types"
+# The VF pool on QEMU's igb (labs/systemd.sh): one VF is enough to hand one over.
+POOL = "nic_a"
+POOL_NUM_VFS = 1
+IGB_DRIVER = "/sys/bus/pci/drivers/igb"
+PCI_DEVICES = "/sys/bus/pci/devices"
 REPO = Path(__file__).resolve().parents[3]
+# The units the package orders after the agent with its drop-ins (systemd/dropins/):
+# stand-ins here (no OpenStack, no libvirt in this guest), so that the ordering is real.
+ORDERED = ("nova-compute", "libvirt-guests")
 
 
 def skip_unless_lab() -> pytest.MarkDecorator:
@@ -45,10 +54,20 @@ def run(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.Comp
     return proc
 
 
-def show(*properties: str) -> dict[str, str]:
+def show(*properties: str, unit: str = UNIT) -> dict[str, str]:
     """``systemctl show -p ...`` of the unit as a dict."""
-    out = run("systemctl", "show", UNIT, *(f"--property={p}" for p in properties)).stdout
+    out = run("systemctl", "show", unit, *(f"--property={p}" for p in properties)).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def write_stand_in(name: str) -> None:
+    """A service of that name that just runs (in /etc: the package's drop-in in
+    /lib/systemd/system/<name>.service.d/ applies to it as to the real one)."""
+    Path(f"/etc/systemd/system/{name}.service").write_text(
+        f"[Unit]\nDescription=stand-in for {name} (lab systemd)\n\n"
+        "[Service]\nExecStart=/bin/sleep infinity\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
 
 
 def journal(since_cursor: str | None = None) -> list[dict[str, Any]]:
@@ -70,16 +89,60 @@ def messages(entries: list[dict[str, Any]]) -> list[str]:
     return found
 
 
+def igb_pf() -> str:
+    """The PCI address of the igb PF (QEMU's 82576)."""
+    found = sorted(n for n in os.listdir(IGB_DRIVER) if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f:.]+", n))
+    assert found, f"no PCI device bound to igb in {IGB_DRIVER}"
+    return found[0]
+
+
+def pf_netdev(pf: str) -> str:
+    (name,) = os.listdir(f"{PCI_DEVICES}/{pf}/net")
+    return name
+
+
+def vfs_of(pf: str) -> list[str]:
+    """The PF's VFs (PCI addresses), by index: sysfs's virtfnN links."""
+    device = f"{PCI_DEVICES}/{pf}"
+    links = sorted(
+        (int(n[6:]), n) for n in os.listdir(device) if n.startswith("virtfn") and n[6:].isdigit()
+    )
+    return [os.path.basename(os.readlink(f"{device}/{n}")) for _, n in links]
+
+
+def driver_of(address: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(f"{PCI_DEVICES}/{address}/driver"))
+    except FileNotFoundError:
+        return None
+
+
+def ip_vf(netdev: str, index: int) -> str:
+    """The ``vf N ...`` line of ``ip link show`` (iproute2, not the agent)."""
+    out = run("ip", "link", "show", "dev", netdev).stdout
+    for line in out.splitlines():
+        if re.match(rf"\s*vf {index}\b", line):
+            return line.strip()
+    raise AssertionError(f"no vf {index} in:\n{out}")
+
+
 def write_config(mdev_type: str) -> None:
+    """mtty's type ``mdev_type`` and the VF pool on the igb PF."""
     CONFIG.write_text(
         f"""[DEFAULT]
 host = lab-systemd
 
 [devices]
 enabled_mdev_types = {mdev_type}
+enabled_vf_pools = {POOL}
 
 [mdev_{mdev_type}]
 device_addresses = mtty
+
+[vf_pool_{POOL}]
+device_addresses = {igb_pf()}
+num_vfs = {POOL_NUM_VFS}
+resource_class = CUSTOM_NIC_A
 
 [api]
 socket_group = {SOCKET_GROUP}
@@ -150,3 +213,12 @@ def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.5)
 
 def health() -> dict[str, Any]:
     return ok("GET", "/v1/health")
+
+
+def mdev_types_offered() -> set[str]:
+    """The mdev types of the inventory (the pool's providers are not mdevs)."""
+    return {
+        p["mdev_type"]
+        for p in ok("GET", "/v1/inventory")["providers"]
+        if p.get("mdev_type") != POOL
+    }
