@@ -128,6 +128,8 @@ def test_layout_venv_links_unit_config_and_docs(contents):
         "/etc/accel-agent/accel-agent.conf.d",
         "/usr/share/doc/accel-agent/README.md",
         "/usr/share/doc/accel-agent/docs/README.md",
+        # The alerting rules metrics.md points at, for the fleet's Prometheus.
+        "/usr/share/doc/accel-agent/docs/prometheus-alerts.yml",
     ):
         assert path in contents, path
     for name in ("accel-agent", "accelctl"):
