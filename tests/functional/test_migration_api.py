@@ -4,6 +4,7 @@ through the API and accelctl."""
 
 import json
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -113,7 +114,9 @@ def test_claim_survives_restart_commit_abort_and_expiry(hosts):
         assert destination.client().migration_abort("vm-2")["released"] == []
         with pytest.raises(exception.ApiError) as info:
             destination.client().migration_commit("vm-2")
-        assert info.value.kwargs == {"status": 404, "code": "MigrationClaimNotFound"}
+        assert info.value.kwargs == {
+            "status": 404, "code": "MigrationClaimNotFound", "request_id": ANY
+        }
 
         # Abort with remove (API query and accelctl): the claimed mdevs leave the host.
         third = destination.client().migration_claim(
@@ -155,7 +158,9 @@ def test_refusals_name_missing_types_and_the_old_side(hosts):
                 "vm", {uuid: "nvidia-35", "3" * 8 + "-0000-4000-8000-" + "3" * 12: "nvidia-999"}
             )
         assert "nvidia-999" in str(info.value)
-        assert info.value.kwargs == {"status": 409, "code": "MigrationTypesUnsupported"}
+        assert info.value.kwargs == {
+            "status": 409, "code": "MigrationTypesUnsupported", "request_id": ANY
+        }
         # (this daemon's floors are lowered to 0.0.1 for the test driver)
         with pytest.raises(exception.ApiError) as info:
             api.migration_claim(

@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import libvirt
 import pytest
@@ -248,7 +249,7 @@ def test_claim_of_a_vf_and_the_one_pass_rewrite_between_two_agents(hosts):
             # Refused by name, nothing rewritten: the VF without its destination ...
             with pytest.raises(exception.ApiError) as info:
                 src_api.rewrite_domain_xml(xml, mapping)
-            assert info.value.kwargs == {"status": 400, "code": "UnmappedVf"}
+            assert info.value.kwargs == {"status": 400, "code": "UnmappedVf", "request_id": ANY}
             assert src_vf in str(info.value) and src_uuid in str(info.value)
             # ... and a vGPU VF the source's ledger does not own (typed by hand).
             foreign = "0000:c2:00.7"
@@ -262,7 +263,7 @@ def test_claim_of_a_vf_and_the_one_pass_rewrite_between_two_agents(hosts):
             assert with_foreign != xml
             with pytest.raises(exception.ApiError) as info:
                 src_api.rewrite_domain_xml(with_foreign, mapping, addresses)
-            assert info.value.kwargs == {"status": 409, "code": "ForeignVf"}
+            assert info.value.kwargs == {"status": 409, "code": "ForeignVf", "request_id": ANY}
             assert foreign in str(info.value)
             # MigrationSource beside the running daemon sees the same through its API.
             seen = AgentApi(src_api).vfs()
