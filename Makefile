@@ -78,7 +78,10 @@ test-realkernel: venv
 # Build the .deb, then check it (lintian too) and install it with apt into a
 # bookworm chroot (debootstrap, cached in /var/tmp/accel-agent-test).
 TEST_PACKAGE_APT_PACKAGES := debootstrap lintian
-test-package: deb
+# The packages are built again only when a source changed since dist/'s
+# (tools/deb-fresh.sh): `make test` has the systemd lab build them first.
+test-package: .stamps/deb-apt venv
+	@MAKE="$(MAKE)" bash tools/deb-fresh.sh
 	@missing=$$(for p in $(TEST_PACKAGE_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from tests.realkernel.systemd import unitlab as lab
 
@@ -94,9 +95,19 @@ def test_cleanup_release_and_stop():
         assert lab.ok("DELETE", f"/v1/instances/{instance}/allocation?remove=true")["removed"]
     assert lab.mdevs() == {}
     # One transaction, as at shutdown: the ordered units stop first (the reverse of After=),
-    # so the agent begins to stop only once they are down.
+    # so the agent begins to stop only once they are down.  `systemctl stop A B C` is not
+    # one transaction (one job per unit, sent one after the other: the agent's job, queued
+    # alone, may run before the others are queued; seen in CI), so a target that conflicts
+    # with the three, as shutdown.target conflicts with every unit, stops them together.
     ordered = [f"{name}.service" for name in lab.ORDERED]
-    lab.run("systemctl", "stop", lab.UNIT, *ordered, timeout=120)
+    units = " ".join([f"{lab.UNIT}.service", *ordered])
+    Path("/etc/systemd/system/lab-stop.target").write_text(
+        "[Unit]\nDescription=lab systemd: stop the agent and its consumers as shutdown does\n"
+        f"Conflicts={units}\nAfter={units}\n"
+    )
+    lab.run("systemctl", "daemon-reload")
+    lab.run("systemctl", "start", "lab-stop.target", timeout=120)
+    assert lab.show("ActiveState")["ActiveState"] == "inactive"
     assert lab.show("Result")["Result"] == "success"
     agent_stopping = int(lab.show("ActiveExitTimestampMonotonic")["ActiveExitTimestampMonotonic"])
     for name in lab.ORDERED:
