@@ -246,8 +246,8 @@ def test_a_root_the_agent_made_itself_is_dropped_by_the_filter(
     assert reporter.sync(scanned_inventory(tmp_path, short)).ok
     stray = admin.provider(f"{short}_{MDEV_GPU}")
     assert stray is not None and stray["root_provider_uuid"] != nova.root
-    # Only CPU, memory and disk asked for: the stray tree cannot answer at all,
-    # so put the VGPU on its root's own inventory to see the filter at work.
+    # Without CPU, memory and disk of its own the stray tree answers no flavor
+    # at all; give its root some, so that only the filter keeps Nova away.
     own_root = stray["root_provider_uuid"]
     nova.call("PUT", "/inventories", {
         "resource_provider_generation": nova.generation(own_root),
@@ -275,10 +275,10 @@ def test_a_pci_alias_group_under_the_filter_leaves_the_agents_providers_out(
     ).ok
     agents = {nova.uuid_of(name) for name in VFIO_GPUS}
 
-    before_34 = candidates(admin, pci_alias_flavor(ROOT_UNFILTERED, None), "CUSTOM_L40S_4Q", nova.root)
-    assert before_34 == {nova_pci, *agents}
-    filtered = candidates(admin, pci_alias_flavor(ROOT_FILTERED, "OWNER_NOVA"), "CUSTOM_L40S_4Q", nova.root)
-    assert filtered == {nova_pci}
+    unfiltered = pci_alias_flavor(ROOT_UNFILTERED, None)
+    assert candidates(admin, unfiltered, "CUSTOM_L40S_4Q", nova.root) == {nova_pci, *agents}
+    filtered = pci_alias_flavor(ROOT_FILTERED, "OWNER_NOVA")
+    assert candidates(admin, filtered, "CUSTOM_L40S_4Q", nova.root) == {nova_pci}
 
 
 def test_take_over_of_novas_pgpu_provider_keeps_it_a_candidate(

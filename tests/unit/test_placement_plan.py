@@ -249,6 +249,24 @@ def test_take_over_makes_a_novas_provider_ours_in_place() -> None:
     assert plan_provider(desired.name, None, nova, ROOT, take_over=True) == []
 
 
+def test_take_over_drops_novas_owner_trait_from_the_provider_it_takes() -> None:
+    """Nova 34 tags the pGPU providers it makes OWNER_NOVA.  Taken over, the
+    provider is the agent's and says only that: owner_nova_filter asks
+    OWNER_NOVA of the root (never written by the agent) and of PCI request
+    groups, never of a VGPU group's provider, so nothing Nova schedules needs
+    it there; kept, a Nova PCI group of the same class would match a provider
+    Nova's PCI tracker does not know (tests/functional/test_owner_nova.py)."""
+    desired = gpu()
+    nova = state_of(gpu(), traits=("OWNER_NOVA",), rp_uuid=str(uuid.uuid4()))
+    [traits] = plan_provider(desired.name, desired, nova, ROOT, take_over=True)
+    assert isinstance(traits, SetTraits) and traits.uuid == nova.uuid
+    assert traits.traits == ("CUSTOM_MDEV_NVIDIA_35", "CUSTOM_OWNER_ACCEL_AGENT")
+    assert traits.describe() == (
+        f"updated traits of {desired.name}: +CUSTOM_MDEV_NVIDIA_35 "
+        "+CUSTOM_OWNER_ACCEL_AGENT -OWNER_NOVA"
+    )
+
+
 def test_own_uuid_without_owner_trait_is_adopted() -> None:
     # Crash between POST /resource_providers and the traits PUT.
     desired = gpu()
