@@ -78,6 +78,19 @@ def vgpu_flavor(root_required: str, rc: str = "VGPU") -> list[tuple[str, str]]:
     return [("limit", "1000"), ("resources", f"{FLAVOR},{rc}:1"), ("root_required", root_required)]
 
 
+def two_gpus_flavor(root_required: str, rc: str) -> list[tuple[str, str]]:
+    """``resources1:<rc>=1``, ``resources2:<rc>=1``, ``group_policy=isolate``:
+    one device from each of two GPUs, in numbered groups."""
+    return [
+        ("group_policy", "isolate"),
+        ("limit", "1000"),
+        ("resources", FLAVOR),
+        ("resources1", f"{rc}:1"),
+        ("resources2", f"{rc}:1"),
+        ("root_required", root_required),
+    ]
+
+
 def pci_alias_flavor(root_required: str, group_required: str | None) -> list[tuple[str, str]]:
     """A flavor with ``pci_passthrough:alias`` of an alias whose ``resource_class``
     is CUSTOM_L40S_4Q, with ``[filter_scheduler] pci_in_placement = true``."""
@@ -229,6 +242,10 @@ def test_the_agents_providers_stay_candidates_under_owner_nova_filter(
         # resources:CUSTOM_L40S_4Q=1: a vendor-VFIO vGPU through the agent.
         assert candidates(
             admin, vgpu_flavor(root_required, "CUSTOM_L40S_4Q"), "CUSTOM_L40S_4Q", nova.root
+        ) == vfio_gpus
+        # Numbered groups get no trait of the filter either.
+        assert candidates(
+            admin, two_gpus_flavor(root_required, "CUSTOM_L40S_4Q"), "CUSTOM_L40S_4Q", nova.root
         ) == vfio_gpus
 
 
