@@ -290,8 +290,9 @@ def test_a_pci_alias_group_under_the_filter_leaves_the_agents_providers_out(
     """Nova's PCI-in-Placement groups are for Nova's PCI tracker: a device
     there must be one of Nova's PCI providers (it maps the allocation back to
     a PCI device of that provider).  The agent's per-GPU providers are not:
-    without the filter a PCI group of the same class matches them (a claim
-    Nova's PCI tracker then cannot make), with it only Nova's own match."""
+    without the filter a PCI group of the same class matches them (a match
+    Nova's PCI tracker cannot serve: pci/stats.py keeps only the pools of the
+    allocated provider), with it only Nova's own match."""
     # Nova's PCI provider of another GPU's VFs (pci_placement_translator's
     # name: <hypervisor host name>_<PF address, upper case>).
     nova_pci = nova.child("0000:C3:00.0", "CUSTOM_L40S_4Q", 3, ["OWNER_NOVA"])
