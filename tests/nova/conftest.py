@@ -7,8 +7,11 @@ the tier must run (unset: those two skip, with their reason)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +37,15 @@ def nova_python() -> Path:
         return novavenv.ensure()
     except novavenv.NovaVenvError as e:
         pytest.fail(f"cannot build Nova's venv: {e}")
+
+
+def run_in_nova(python: Path, script: Path, payload: Any, timeout: float = 300) -> Any:
+    """Run ``script`` with Nova's venv's ``python``: ``payload`` as JSON on
+    its stdin, its stdout parsed as JSON (the way every test of this tier
+    hands the agent's results to Nova's own code)."""
+    done = subprocess.run(
+        [str(python), str(script)],
+        input=json.dumps(payload), capture_output=True, text=True, timeout=timeout,
+    )
+    assert done.returncode == 0, f"{script.name} failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout)

@@ -17,9 +17,7 @@ fail or create a device.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,10 +27,11 @@ import pytest
 from lxml import etree
 
 from accel_agent.api.app import load_openapi
+from accel_agent.devices.attach import nova_handle
 from accel_agent.simulator import testing as sim_testing
 from tests.functional.daemon_fixture import sim_agent
 from tests.functional.simhost import SimHost, simulated_host
-from tests.nova.conftest import cannot_run
+from tests.nova.conftest import cannot_run, run_in_nova
 
 HERE = Path(__file__).resolve().parent
 GPU, PF = "0000:84:00.0", "0000:c1:00.0"
@@ -108,13 +107,8 @@ def nova(nova_python: Path, sim: SimHost, attached: dict[str, Any]) -> dict[str,
         # Last: Nova creates this one in sysfs.
         "unknown_mdev": [foreign],
     }
-    done = subprocess.run(
-        [str(nova_python), str(HERE / "nova_driver.py")],
-        input=json.dumps({"sysfs_root": sim.root, "cases": cases}),
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return run_in_nova(nova_python, HERE / "nova_driver.py",
+                       {"sysfs_root": sim.root, "cases": cases})
 
 
 def hostdevs(xml: str, kind: str) -> list[Any]:
@@ -150,6 +144,25 @@ def test_an_mdev_of_a_virtual_parent_has_no_pci_fields(attached) -> None:
     assert mtty["attach_handle_type"] == "MDEV"
     assert mtty["attach_handle_info"] == {
         "domain": None, "bus": None, "device": None, "function": None, "asked_type": "mtty-2"
+    }
+
+
+@pytest.mark.parametrize(
+    ("vf", "fields"),
+    [
+        ("0000:10:10.2", ("0000", "10", "10", "2")),  # an SR-IOV pool VF (sriov_vf)
+        ("0000:AF:1f.7", ("0000", "af", "1f", "7")),  # Nova and libvirt spell hex lower-case
+    ],
+)
+def test_any_vf_is_a_pci_handle_spelled_as_nova_parses_it(vf, fields) -> None:
+    uuid = "2f1b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+    handle = nova_handle(uuid, vf, "nic_a", vf)
+    assert handle == {
+        "attach_handle_type": "PCI",
+        "attach_handle_uuid": uuid,
+        "attach_handle_info": dict(
+            zip(("domain", "bus", "device", "function"), fields, strict=True)
+        ),
     }
 
 
