@@ -8,7 +8,8 @@ leaves an intent that recovery undoes.
 Idempotent: the same requests again get the same handles, after a restart
 too (the request is in the ledger); different ones while the instance holds
 devices are refused.  Each handle carries the device and what its guest is
-given (its backend's XML and identity).
+given (its backend's XML and identity), and the same device as Nova 34's
+libvirt driver reads a Cyborg accelerator request (``nova_handle``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from accel_agent.devices import planning, protocol
 from accel_agent.devices import requests as requests_mod
 from accel_agent.devices.ledger import DeviceRecord, OwnerKind, validate_instance_id
 from accel_agent.devices.results import Attachment
+from accel_agent.sysfs import address as pci
 
 if TYPE_CHECKING:
     from accel_agent.devices.manager import DeviceManager
@@ -86,4 +88,41 @@ def _handle(m: DeviceManager, record: DeviceRecord, index: int) -> dict[str, Any
         "address": backend.pci_address(ref),
         **backend.handle(ref),
         "xml": backend.guest_xml(ref),
+        **nova_handle(record.uuid, record.parent, record.mdev_type, backend.pci_address(ref)),
     }
+
+
+def nova_handle(uuid: str, parent: str, device_type: str, address: str | None) -> dict[str, Any]:
+    """The keys of a bound Cyborg ARQ that Nova 34's libvirt driver reads
+    (``_allocate_cyborg_mdevs``, ``_guest_add_accel_pci_devices``).
+
+    ``address`` is the PCI address the guest is given (a VF): a ``PCI``
+    handle, whose ``attach_handle_info`` is that address.  Otherwise the guest
+    is given the mdev ``uuid``: an ``MDEV`` handle, whose info is its
+    parent's address and ``asked_type`` (Nova looks the mdev up by the
+    node-device name ``mdev_<uuid>_<dddd>_<bb>_<ss>_<f>`` and creates it on
+    ``pci_<dddd>_<bb>_<ss>_<f>`` only when that name is unknown).  A parent
+    that is no PCI device (mtty) has no such name: its four fields are null,
+    so Nova fails on the handle instead of looking up or creating an mdev
+    on a PCI device that does not exist.
+
+    ``attach_handle_uuid`` is the device's UUID for both kinds: Nova reads
+    it of an MDEV only; Cyborg's PCI handles carry their own record's UUID,
+    which names nothing on the host, so the agent gives its device's."""
+    if address is not None:
+        kind, info = "PCI", _pci_fields(address)
+    else:
+        kind, info = "MDEV", {**_pci_fields(parent), "asked_type": device_type}
+    return {"attach_handle_type": kind, "attach_handle_uuid": uuid, "attach_handle_info": info}
+
+
+def _pci_fields(name: str) -> dict[str, str | None]:
+    """``dddd:bb:ss.f`` split as Nova's ``pci_utils.parse_address`` and
+    libvirt's node-device names spell it: lower-case hex, zero-padded to 4, 2
+    and 2 digits, the function one digit; all null for a non-PCI name."""
+    if not pci.is_pci_address(name):
+        return {"domain": None, "bus": None, "device": None, "function": None}
+    canonical = pci.parse_pci_address(name)
+    domain, bus, rest = canonical.split(":")
+    device, function = rest.split(".")
+    return {"domain": domain, "bus": bus, "device": device, "function": function}
