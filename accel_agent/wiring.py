@@ -175,6 +175,7 @@ def build_manager(
             remove_timeout=conf.remove_timeout,
             on_step=on_step,
             backends=_backends(build_vf_pools(conf, writer, net)),
+            define_mdevs=conf.libvirt.define_mdevs,
         )
     except BaseException:
         book.close()
