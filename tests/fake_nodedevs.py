@@ -21,8 +21,17 @@ ACTIVE = 1 << 31
 INACTIVE = 1 << 30
 
 
+NO_SUPPORT = 3
+INVALID_ARG = 8
+
+
 class FakeError(Exception):
-    pass
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def get_error_code(self) -> int:
+        return self.code
 
 
 @dataclass
@@ -47,12 +56,15 @@ class FakeLibvirt:
     defined: dict[str, Definition] = field(default_factory=dict)
     fail: dict[str, object] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    lists: int = 0  # listAllDevices calls
 
     libvirtError = FakeError
     VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV = CAP_MDEV
     VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV_TYPES = CAP_MDEV_TYPES
     VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE = ACTIVE
     VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE = INACTIVE
+    VIR_ERR_NO_SUPPORT = NO_SUPPORT
+    VIR_ERR_INVALID_ARG = INVALID_ARG
 
     def _check(self, call: str, uuid: str = "") -> None:
         failing = self.fail.get(call)
@@ -81,8 +93,12 @@ class _Conn:
         pass
 
     def listAllDevices(self, flags: int) -> list[_Dev]:
-        assert flags & CAP_MDEV and flags & INACTIVE and flags & ACTIVE, flags
+        assert flags & CAP_MDEV, flags
         self.lv._check("list")
+        if flags & INACTIVE and self.lv.fail.get("inactive"):
+            # libvirt's test driver: "unsupported flags (0xc0000000)"
+            raise FakeError("unsupported flags (fake)", INVALID_ARG)
+        self.lv.lists += 1
         live = self.lv.sysfs()
         uuids = sorted(set(live) | set(self.lv.defined))
         return [_Dev(self.lv, u) for u in uuids]

@@ -76,6 +76,9 @@ class DeviceManager:
         self._derived_nodedevs: nodedevs_mod.NodeDevices | None = None
         # [libvirt] define_mdevs: define each mdev the agent makes, autostart off.
         self.define_mdevs = define_mdevs
+        # Operations run so far (protocol.operation): what the listings'
+        # copy of libvirt's definitions is checked against.
+        self.operations = 0
         self.remove_timeout = remove_timeout
         # Crash tests hook here to kill the process between two steps.
         self.on_step = on_step or (lambda step: None)

@@ -45,7 +45,7 @@ class MdevNodeDevice:
 class NodeDevices(Protocol):
     uri: str
 
-    def mdevs(self) -> Mapping[str, MdevNodeDevice] | None:
+    def mdevs(self, quiet: bool = False) -> Mapping[str, MdevNodeDevice] | None:
         """Every mdev node device (defined or active) by UUID; None when it
         cannot be known (no libvirt)."""
 
@@ -66,7 +66,7 @@ class NoNodeDevices:
 
     uri = ""
 
-    def mdevs(self) -> Mapping[str, MdevNodeDevice] | None:
+    def mdevs(self, quiet: bool = False) -> Mapping[str, MdevNodeDevice] | None:
         return None
 
     def require(self) -> Mapping[str, MdevNodeDevice]:
@@ -88,7 +88,15 @@ class NoNodeDevices:
 def _import_libvirt() -> ModuleType:
     import libvirt  # imported here: the CLI's listings must not pay for it
 
+    # libvirt's default handler prints every error to stderr; each one is
+    # raised as an exception here and said once by whoever handles it.
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
     return libvirt
+
+
+def _unsupported(libvirt: Any) -> tuple[int, ...]:
+    # "this function is not supported", "unsupported flags" (an invalid arg).
+    return (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_INVALID_ARG)
 
 
 def parse_mdev_xml(xml: str) -> tuple[str | None, str | None, str | None]:
@@ -152,12 +160,13 @@ class LibvirtNodeDevices:
             with contextlib.suppress(libvirt.libvirtError):
                 conn.close()
 
-    def mdevs(self) -> Mapping[str, MdevNodeDevice] | None:
+    def mdevs(self, quiet: bool = False) -> Mapping[str, MdevNodeDevice] | None:
         try:
             return self.require()
         except exception.NodeDevicesUnavailable as exc:
             failure = exc
-        LOG.warning("%s; mdevs listed without libvirt's definitions", failure.message)
+        if not quiet:
+            LOG.warning("%s; libvirt's mdev definitions are not known", failure.message)
         return None
 
     def require(self) -> Mapping[str, MdevNodeDevice]:
@@ -169,14 +178,35 @@ class LibvirtNodeDevices:
         raise exception.NodeDevicesUnavailable(uri=self.uri, reason=str(failure))
 
     @staticmethod
-    def _read(libvirt: Any, conn: Any) -> dict[str, MdevNodeDevice]:
-        flags = (
-            libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV
-            | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE
-            | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE
-        )
+    def _all_mdevs(libvirt: Any, conn: Any) -> list[Any]:
+        """Every mdev node device, defined or active.  A driver that cannot
+        list inactive ones (libvirt before 7.3, the test driver: "unsupported
+        flags") cannot keep definitions either: its active ones are all."""
+        cap = libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV
+        try:
+            return list(conn.listAllDevices(
+                cap
+                | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE
+                | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE
+            ))
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() not in _unsupported(libvirt):
+                raise
+        return list(conn.listAllDevices(cap))
+
+    @staticmethod
+    def _flag(libvirt: Any, call: Callable[[], int]) -> bool:
+        """isPersistent/autostart; False where the driver has no such thing."""
+        try:
+            return bool(call())
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() not in _unsupported(libvirt):
+                raise
+        return False
+
+    def _read(self, libvirt: Any, conn: Any) -> dict[str, MdevNodeDevice]:
         found: dict[str, MdevNodeDevice] = {}
-        for dev in conn.listAllDevices(flags):
+        for dev in self._all_mdevs(libvirt, conn):
             xml = dev.XMLDesc(0)
             uuid, parent, mdev_type = parse_mdev_xml(xml)
             if uuid is None:
@@ -185,9 +215,9 @@ class LibvirtNodeDevices:
                 uuid=uuid,
                 parent=parent,
                 mdev_type=mdev_type,
-                active=bool(dev.isActive()),
-                defined=bool(dev.isPersistent()),
-                autostart=bool(dev.autostart()),
+                active=self._flag(libvirt, dev.isActive),
+                defined=self._flag(libvirt, dev.isPersistent),
+                autostart=self._flag(libvirt, dev.autostart),
                 xml=xml,
             )
             # mdevctl allows one UUID under several parents: a definition
@@ -197,12 +227,10 @@ class LibvirtNodeDevices:
         return found
 
     def _device(self, libvirt: Any, conn: Any, uuid: str) -> Any:
-        for dev in conn.listAllDevices(
-            libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV
-            | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE
-            | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE
-        ):
-            if parse_mdev_xml(dev.XMLDesc(0))[0] == uuid and dev.isPersistent():
+        for dev in self._all_mdevs(libvirt, conn):
+            if parse_mdev_xml(dev.XMLDesc(0))[0] == uuid and self._flag(
+                libvirt, dev.isPersistent
+            ):
                 return dev
         return None
 
@@ -279,6 +307,17 @@ class LibvirtNodeDevices:
             uri=self.uri, action="define", uuid="?",
             reason=f"libvirt has no node device for parent {parent}",
         )
+
+
+def listing_view(
+    nodedevs: NodeDevices, quiet: bool = False
+) -> dict[str, tuple[bool, bool]] | None:
+    """What the mdev listings show: uuid -> (defined, autostart) of every
+    mdev libvirt defines; None when not known."""
+    found = nodedevs.mdevs(quiet=quiet)
+    if found is None:
+        return None
+    return {u: (d.defined, d.autostart) for u, d in found.items() if d.defined}
 
 
 def for_uri(uri: str) -> NodeDevices:

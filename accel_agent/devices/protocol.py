@@ -88,7 +88,9 @@ def operation(m: DeviceManager) -> Iterator[None]:
         ):
             yield
     finally:
-        # Whatever it did or failed to do, the host may have changed.
+        # Whatever it did or failed to do, the host (and libvirt's
+        # definitions) may have changed.
+        m.operations += 1
         m.on_changed()
 
 

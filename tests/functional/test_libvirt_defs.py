@@ -210,3 +210,30 @@ def test_define_mdevs_defines_with_autostart_off_and_recovery_catches_up(host, t
     assert fake.nodedev(second) == {"defined": True, "autostart": False}
     manager.release(VM1, remove=True)
     assert uuid not in fake.defined
+
+
+def test_daemon_listing_reads_libvirt_once_per_snapshot_and_after_an_operation(host, tmp_path):
+    import json
+
+    from accel_agent.daemon.listings import Listings
+
+    fake = nova_host(host)
+    manager = wired(host, tmp_path, fake)
+    listings = Listings(manager)
+
+    def shown() -> dict[str, object]:
+        return {m["uuid"]: m["libvirt"] for m in json.loads(listings.mdevs_json())["mdevs"]}
+
+    assert shown() == {M1: {"defined": True, "autostart": True},
+                       M2: {"defined": True, "autostart": True},
+                       SPARE: {"defined": False, "autostart": False}}
+    reads = fake.lists
+    shown()
+    shown()
+    assert fake.lists == reads  # the same snapshot: libvirt is not asked again
+    manager.adopt(M1)  # an operation (it undefines M1)
+    assert shown()[M1] == {"defined": False, "autostart": False}
+    # libvirt unreachable: null, the listing still answers
+    fake.fail["list"] = True
+    manager.recover()  # an operation: read again
+    assert set(shown().values()) == {None}
