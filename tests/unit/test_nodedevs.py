@@ -178,3 +178,16 @@ def test_the_takeover_text_names_the_libvirt_action(monkeypatch, capsys):
     conf = argparse.Namespace(api=argparse.Namespace(socket_path="/nonexistent"))
     assert ctl_reconcile._takeover(args, conf) == 0
     assert f"adopt   {U1}  nvidia-35 on {GPU}  libvirt: undefine" in capsys.readouterr().out
+
+
+def test_a_definition_is_rebuilt_from_the_live_xml_without_its_live_parts():
+    live = (f"<device><name>mdev_x</name><path>/sys/devices/x</path>"
+            f"<parent>pci_0000_84_00_0</parent><driver><name>vfio_mdev</name></driver>"
+            f"<capability type='mdev'><type id='nvidia-35'/><uuid>{U1}</uuid>"
+            f"<parent_addr>{GPU}</parent_addr><iommuGroup number='3'/>"
+            f"<attr name='vgpu_params' value='x'/></capability></device>")
+    assert nodedevs.definition_xml(live) == (
+        "<device><parent>pci_0000_84_00_0</parent><capability type=\"mdev\">"
+        f"<type id=\"nvidia-35\"/><uuid>{U1}</uuid>"
+        "<attr name=\"vgpu_params\" value=\"x\"/></capability></device>"
+    )
