@@ -342,7 +342,7 @@ def release_and_remove(
     devices kept because they were in use (recorded free)."""
     # libvirt's definitions, read before anything changes: a removed mdev
     # that libvirt defines would come back at the next boot (autostart).
-    defined = m.nodedevs.mdevs() if removable else None
+    defined = m.nodedevs.mdevs() if any(_is_mdev(m, u) for u in removable) else None
     # With removes to follow, the closing commit is the durable one.
     with m.ledger.transaction(durable=not removable):
         intent = m.ledger.begin_intent(IntentKind.RELEASE, owner)
@@ -406,10 +406,18 @@ def undefine_removed(
             step(m, "release.undefined")
 
 
+def _is_mdev(m: DeviceManager, uuid: str) -> bool:
+    """Only mediated devices have libvirt definitions (mdevctl's)."""
+    record = m.ledger.get(uuid)
+    return record is None or record.backend == "mdev"
+
+
 def undefine_or_keep(m: DeviceManager, uuid: str) -> bool:
     """After its sysfs remove: undefine ``uuid`` in libvirt if it defines
     it.  False when libvirt refused: the row stays ``removing`` (its remove
     intent), and the next recovery undefines it and forgets the row."""
+    if not _is_mdev(m, uuid):
+        return True  # a VF: libvirt keeps no definition of it
     failure: exception.AccelAgentException | None = None
     try:
         undefine_removed(m, [uuid], m.nodedevs.mdevs())
