@@ -39,7 +39,7 @@ class MdevNodeDevice:
     active: bool  # the mdev exists in sysfs
     defined: bool  # persistent: libvirt (mdevctl) keeps a definition
     autostart: bool
-    xml: str  # XMLDesc, to define it again exactly (a takeover rolled back)
+    xml: str  # XMLDesc: a rolled-back takeover defines it again from this (definition_xml)
 
 
 class NodeDevices(Protocol):
