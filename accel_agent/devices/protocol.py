@@ -22,6 +22,12 @@ The runs:
   an adoption): one durable transaction.
 * :func:`settle_interrupted`: recovery's half, what a crash left half-done.
 
+libvirt's definitions (DESIGN.md §14) go with the devices: a remove
+undefines the mdev in libvirt after its sysfs remove and before the
+settlement (a failure there leaves the remove intent, which recovery
+settles, undefining what is left); with ``[libvirt] define_mdevs`` a make
+defines what it created (best effort: recovery defines what is missing).
+
 A privileged helper that fails in the middle (PrivilegedHelperUnavailable:
 the write may or may not have happened) stops a run where it is: the intent
 stays, exactly as after a crash, and recovery settles it.
