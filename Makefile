@@ -55,11 +55,10 @@ test: venv $(PROMTOOL)
 	@# for it (novavenv locks the build) or, if it failed, builds it again and says why.
 	@mkdir -p .stamps; [ "$${ACCEL_NOVA:-}" = 0 ] || \
 		{ nohup $(PY) -m tests.nova.novavenv >.stamps/nova-venv.log 2>&1 & }
-	PROMTOOL=$(CURDIR)/$(PROMTOOL) \
-		$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests/unit tests/functional $(PYTEST_ARGS)
-	$(MAKE) test-nova
-	@bash tests/realkernel/run.sh || exit $$?
-	$(MAKE) test-package
+	@# The real-kernel labs run in the background beside the unit, functional and
+	@# Nova tiers; then the package tier (tools/test-tiers.sh says why and how).
+	@PROMTOOL=$(CURDIR)/$(PROMTOOL) PY=$(PY) MAKE="$(MAKE)" TEST_WORKERS=$(TEST_WORKERS) \
+		PYTEST_ARGS="$(PYTEST_ARGS)" bash tools/test-tiers.sh
 
 test-unit: venv $(PROMTOOL)
 	PROMTOOL=$(CURDIR)/$(PROMTOOL) $(PY) -m pytest tests/unit $(PYTEST_ARGS)
