@@ -45,10 +45,6 @@ CHANGELOG
 python=${ACCEL_BUILD_PYTHON:-.venv/bin/python}
 PYTHONPATH="$src" "$python" "$src/tools/genman.py" "$src/debian/generated"
 
-# debhelper (compat 13) gives the build a HOME of its own, so pip would miss the
-# cache of whoever builds: name it (debian/rules says why the cache may be used).
-PIP_CACHE_DIR=${PIP_CACHE_DIR:-$("$python" -m pip cache dir 2>/dev/null || true)}
-[ -n "$PIP_CACHE_DIR" ] && export PIP_CACHE_DIR
 (cd "$src" && dpkg-buildpackage --build=binary --no-sign)
 rm -f dist/accel-agent_*.deb dist/accel-agent-simulator_*.deb
 mv "$work"/accel-agent_"$debversion"_*.deb "$work"/accel-agent-simulator_"$debversion"_*.deb dist/
