@@ -242,6 +242,15 @@ libvirt_opts = [
         "otherwise fails the migration: 'Failed to get DMA logging report ... Operation "
         "not supported'). Empty: nothing is added.",
     ),
+    cfg.BoolOpt(
+        "define_mdevs",
+        default=False,
+        help="Define every mdev the agent creates in libvirt (a persistent node device, "
+        "kept by mdevctl), with autostart off: the agent re-creates its mdevs at boot, "
+        "not libvirt. Then `virsh nodedev-list --cap mdev --inactive` and `mdevctl list "
+        "-d` show them, as they show Nova's. Removing an mdev undefines it, whatever this "
+        "option says; recovery defines what a crash left undefined. Needs [libvirt] uri.",
+    ),
 ]
 
 

@@ -503,6 +503,16 @@ class TakeoverRefused(AccelAgentException):
     msg_fmt = "takeover from libvirt refused, nothing changed: %(reason)s"
 
 
+class NodeDevicesUnavailable(AccelAgentException):
+    # libvirt's node devices (its mdev definitions) cannot be read or written now.
+    msg_fmt = "cannot reach libvirt's node devices at %(uri)s: %(reason)s"
+
+
+class NodeDeviceWriteFailed(AccelAgentException):
+    # libvirt answered but refused a define, undefine or autostart change.
+    msg_fmt = "libvirt at %(uri)s refused to %(action)s mdev %(uuid)s: %(reason)s"
+
+
 # --- SR-IOV VFs: network settings and PCI hand-over (appended) ----------------------------
 
 

@@ -38,6 +38,7 @@ class ListingConfig:
     state_dir: str
     api_socket_path: str
     policy_inputs: PolicyInputs
+    libvirt_uri: str = ""  # [libvirt] uri: the mdev listing's "libvirt" keys
 
     @classmethod
     def from_conf(
@@ -53,6 +54,7 @@ class ListingConfig:
                 state_dir=conf.state_dir,
                 api_socket_path=conf.api.socket_path,
                 policy_inputs=inputs,
+                libvirt_uri=conf.libvirt.uri,
             ),
             errors,
         )
@@ -67,6 +69,7 @@ class ListingConfig:
             "state_dir": self.state_dir,
             "api_socket_path": self.api_socket_path,
             "policy_inputs": self.policy_inputs.to_dict(),
+            "libvirt_uri": self.libvirt_uri,
         }
 
     @classmethod
@@ -77,6 +80,7 @@ class ListingConfig:
             state_dir=str(data["state_dir"]),
             api_socket_path=str(data["api_socket_path"]),
             policy_inputs=PolicyInputs.from_dict(data["policy_inputs"]),
+            libvirt_uri=str(data.get("libvirt_uri", "")),
         )
 
 
@@ -175,6 +179,7 @@ def build_manager(
             remove_timeout=conf.remove_timeout,
             on_step=on_step,
             backends=_backends(build_vf_pools(conf, writer, net)),
+            define_mdevs=conf.libvirt.define_mdevs,
         )
     except BaseException:
         book.close()
@@ -242,6 +247,7 @@ class HostState:
     ledger: LedgerView = field(default_factory=LedgerView)
     # What the backends say about host preparation (VFs not enabled, ...).
     notes: tuple[str, ...] = ()
+    libvirt_uri: str = ""
 
     def inventory(self) -> inventory_mod.Inventory:
         from accel_agent.devices import inventory as inventory_mod
@@ -300,7 +306,8 @@ def host_state(
     else:
         view = read_ledger(listing.state_dir) if with_ledger else LedgerView()
     return HostState(
-        policy=policy, snapshot=snapshot, host=listing.host, ledger=view, notes=tuple(notes)
+        policy=policy, snapshot=snapshot, host=listing.host, ledger=view, notes=tuple(notes),
+        libvirt_uri=listing.libvirt_uri,
     )
 
 
@@ -376,6 +383,11 @@ def check(
     warnings += list(state.notes)
     warnings += list(state.inventory().warnings)
     warnings += [f"sysfs: {w}" for w in state.snapshot.warnings]
+    if conf.libvirt.define_mdevs and not conf.libvirt.uri:
+        warnings.append(
+            "[libvirt] define_mdevs is true but [libvirt] uri is empty: there is no libvirt "
+            "to define the agent's mdevs in; nothing is defined"
+        )
     warnings = list(dict.fromkeys(warnings))
     if strict:
         errors += warnings

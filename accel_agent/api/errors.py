@@ -66,6 +66,8 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.LedgerError: 503,
     exception.SysfsRootNotFound: 503,
     exception.LibvirtUnavailable: 503,
+    exception.NodeDevicesUnavailable: 503,
+    exception.NodeDeviceWriteFailed: 503,
     exception.PrivilegedHelperUnavailable: 503,
 }
 

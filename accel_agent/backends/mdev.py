@@ -4,18 +4,28 @@ Its read side is the host scanner's base (``accel_agent.sysfs.scanner`` and
 ``rescan``); a device is created by writing its UUID to the type's ``create``
 and removed by writing ``1`` to its ``remove``; a guest is given
 ``<hostdev type='mdev'>`` with the UUID.
+
+The boot race (DESIGN.md §14): libvirt's or mdevctl's autostart may start a
+definition of the agent's mdev before the agent's recovery re-creates it.  A
+create that meets EEXIST for an mdev of the same UUID, parent and type is the
+agent's device made by someone else first: success.  Any other mdev of that
+UUID stays refused (MdevAlreadyExists).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid as uuid_mod
 from typing import TYPE_CHECKING
 
+from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
 from accel_agent.sysfs.model import Parent
 
 if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import MdevDevice
+
+LOG = logging.getLogger(__name__)
 
 
 class MdevBackend(DeviceBackend):
@@ -25,7 +35,15 @@ class MdevBackend(DeviceBackend):
         return str(uuid_mod.uuid4())
 
     def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
-        writer.create(parent, device_type, uuid)
+        try:
+            writer.create(parent, device_type, uuid)
+        except exception.MdevAlreadyExists:
+            if not _same_mdev_exists(writer, parent, device_type, uuid):
+                raise
+            LOG.info(
+                "mdev %s (%s on %s) already existed: libvirt's or mdevctl's autostart "
+                "created it first; it is the agent's device", uuid, device_type, parent,
+            )
 
     def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
         writer.remove(device.uuid, timeout)
@@ -35,3 +53,11 @@ class MdevBackend(DeviceBackend):
         from accel_agent.libvirt_xml.devices import MdevDevice
 
         return MdevDevice(device.uuid)
+
+
+def _same_mdev_exists(writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> bool:
+    from accel_agent.sysfs import scanner
+
+    root = getattr(writer, "sysfs_root", None) or "/sys"
+    found = scanner.read_mdev(root, uuid)
+    return found is not None and (found.parent, found.mdev_type) == (parent, device_type)

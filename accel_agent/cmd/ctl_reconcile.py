@@ -104,6 +104,8 @@ def _takeover(args: argparse.Namespace, conf: Any) -> int:
     def line(mdev: dict[str, Any]) -> str:
         text = f"  {_TAKEOVER_WORDS.get(mdev['action'], mdev['action'])} {mdev['uuid']}"
         text += f"  {mdev['mdev_type']} on {mdev['parent']}"
+        if mdev.get("libvirt"):
+            text += f"  libvirt: {mdev['libvirt']}"  # "undefine": its definition goes
         return text + (f"  ({mdev['reason']})" if mdev.get("reason") else "")
 
     for domain in plan["domains"]:

@@ -30,8 +30,15 @@ def _types(state: wiring.HostState) -> dict[str, Any]:
 def _mdevs(state: wiring.HostState) -> dict[str, Any]:
     from accel_agent.reporting import views
 
+    libvirt = None
+    if state.libvirt_uri:  # an empty uri imports nothing of libvirt's
+        from accel_agent.devices import nodedevs
+
+        # Quiet: a listing without libvirt says null, not a warning.
+        libvirt = nodedevs.listing_view(nodedevs.for_uri(state.libvirt_uri), quiet=True)
     return views.mdevs_document(
-        state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned
+        state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned,
+        libvirt,
     )
 
 

@@ -35,6 +35,10 @@ class Listings:
         self._lock = threading.Lock()
         # listing name -> (the inputs it was built from, its JSON body)
         self._bodies: dict[str, tuple[tuple[Any, ...], bytes]] = {}
+        # libvirt's mdev definitions, kept with the snapshot they were read
+        # for: asked again only when a rescan gives a new snapshot or an
+        # operation ran, never on every request.
+        self._libvirt: tuple[Any, int, str, Any] | None = None
 
     def types_json(self) -> bytes:
         devices = self.devices
@@ -54,11 +58,35 @@ class Listings:
         snapshot = devices.scan_all()
         policy = devices.policy
         owners = {r.uuid: r.owner for r in records}
+        libvirt = self._definitions(snapshot)
         return self._body(
             "mdevs",
-            (snapshot, policy, owners),
-            lambda: views.mdevs_document(snapshot, policy, devices.host, owners, owners),
+            (snapshot, policy, owners, libvirt),
+            lambda: views.mdevs_document(
+                snapshot, policy, devices.host, owners, owners, libvirt
+            ),
         )
+
+    def _definitions(self, snapshot: Any) -> dict[str, tuple[bool, bool]] | None:
+        """libvirt's definitions for this snapshot (read once per snapshot,
+        per operation and per [libvirt] uri)."""
+        from accel_agent.devices import nodedevs
+
+        devices = self.devices
+        source = devices.nodedevs
+        with self._lock:
+            kept = self._libvirt
+        if (
+            kept is not None
+            and kept[0] is snapshot
+            and kept[1] == devices.operations
+            and kept[2] == source.uri
+        ):
+            return kept[3]
+        view = nodedevs.listing_view(source) if source.uri else None
+        with self._lock:
+            self._libvirt = (snapshot, devices.operations, source.uri, view)
+        return view
 
     def inventory_json(self) -> bytes:
         devices = self.devices

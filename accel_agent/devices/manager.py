@@ -32,6 +32,7 @@ from accel_agent.backends.base import DeviceBackend, DeviceWriter
 from accel_agent.backends.host import HostRescanner
 from accel_agent.devices import allocations, attach, claims, protocol, recovery, takeover
 from accel_agent.devices import inventory as inventory_mod
+from accel_agent.devices import nodedevs as nodedevs_mod
 from accel_agent.devices.domains import DomainReferences, NoDomains
 from accel_agent.devices.ledger import DeviceRecord, Ledger
 from accel_agent.devices.policy import MdevPolicy
@@ -57,6 +58,8 @@ class DeviceManager:
         on_step: Callable[[str], None] | None = None,
         on_kept_in_use: Callable[[str], None] | None = None,
         backends: Mapping[str, DeviceBackend] | None = None,
+        nodedevs: nodedevs_mod.NodeDevices | None = None,
+        define_mdevs: bool = False,
     ) -> None:
         self.sysfs_root = sysfs_root
         # Every device model this host may have; the scan says which serves
@@ -67,6 +70,15 @@ class DeviceManager:
         self.ledger = ledger
         self.writer = writer
         self.domains = domains or NoDomains()
+        # libvirt's mdev definitions: given (tests), or those at the domains'
+        # URI (a reload that swaps the domains swaps them too).
+        self._nodedevs = nodedevs
+        self._derived_nodedevs: nodedevs_mod.NodeDevices | None = None
+        # [libvirt] define_mdevs: define each mdev the agent makes, autostart off.
+        self.define_mdevs = define_mdevs
+        # Operations run so far (protocol.operation): what the listings'
+        # copy of libvirt's definitions is checked against.
+        self.operations = 0
         self.remove_timeout = remove_timeout
         # Crash tests hook here to kill the process between two steps.
         self.on_step = on_step or (lambda step: None)
@@ -80,6 +92,19 @@ class DeviceManager:
         self._rescanner = HostRescanner(
             sysfs_root, self.backends, str(ledger.path.parent), persist=True
         )
+
+    @property
+    def nodedevs(self) -> nodedevs_mod.NodeDevices:
+        if self._nodedevs is not None:
+            return self._nodedevs
+        uri = getattr(self.domains, "uri", "")
+        if self._derived_nodedevs is None or self._derived_nodedevs.uri != uri:
+            self._derived_nodedevs = nodedevs_mod.for_uri(uri)
+        return self._derived_nodedevs
+
+    @nodedevs.setter
+    def nodedevs(self, value: nodedevs_mod.NodeDevices | None) -> None:
+        self._nodedevs = value
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """The operation's lock, for a caller that must check and change the

@@ -88,7 +88,9 @@ def operation(m: DeviceManager) -> Iterator[None]:
         ):
             yield
     finally:
-        # Whatever it did or failed to do, the host may have changed.
+        # Whatever it did or failed to do, the host (and libvirt's
+        # definitions) may have changed.
+        m.operations += 1
         m.on_changed()
 
 
@@ -145,6 +147,7 @@ def make_and_assign(
             backend.make(m.writer, parent_name, mdev_type, new, settings)
             created.append(new)
             step(m, "allocate.created")
+        define_made(m, created)
         with m.ledger.transaction():
             for new in created:
                 m.ledger.settle_created(new)
@@ -305,7 +308,8 @@ def _unmake_quietly(m: DeviceManager, uuid: str) -> None:
 
 
 def remove_owned(m: DeviceManager, uuid: str) -> bool:
-    """Remove one owned, unassigned device (rollback and recovery paths).
+    """Remove one owned, unassigned device (rollback and recovery paths),
+    and libvirt's definition of it.
 
     False when it is in use (its VFIO group is held, or the remove timed
     out): it stays recorded as a free, owned device, never leaked."""
@@ -316,7 +320,8 @@ def remove_owned(m: DeviceManager, uuid: str) -> bool:
     except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
         held = exc
     else:
-        m.ledger.forget(uuid)
+        if undefine_or_keep(m, uuid):
+            m.ledger.forget(uuid)
         return True
     m.ledger.cancel_remove(uuid)
     _kept_in_use(m, uuid, held)
@@ -335,6 +340,9 @@ def release_and_remove(
     ``removable`` among its devices: one commit with the release and every
     remove intent, the sysfs removes, one commit settling them.  Returns the
     devices kept because they were in use (recorded free)."""
+    # libvirt's definitions, read before anything changes: a removed mdev
+    # that libvirt defines would come back at the next boot (autostart).
+    defined = m.nodedevs.mdevs() if removable else None
     # With removes to follow, the closing commit is the durable one.
     with m.ledger.transaction(durable=not removable):
         intent = m.ledger.begin_intent(IntentKind.RELEASE, owner)
@@ -347,6 +355,9 @@ def release_and_remove(
     if not removable:
         return []
     gone, held = _remove_all(m, list(removable))
+    # A failure here leaves the intent with every row removing, as a crash
+    # would: recovery undefines what is left and forgets the rows.
+    undefine_removed(m, gone, defined)
     with m.ledger.transaction():
         for uuid in gone:
             m.ledger.forget(uuid)
@@ -375,6 +386,67 @@ def _remove_all(m: DeviceManager, uuids: list[str]) -> tuple[list[str], list[str
             held.append(uuid)
         step(m, "release.removed")
     return gone, held
+
+
+def undefine_removed(
+    m: DeviceManager, uuids: Sequence[str], defined: Mapping[str, Any] | None
+) -> None:
+    """Undefine in libvirt each removed device it defines (``defined``: what
+    libvirt defines; None: unknown, libvirt unreachable, nothing done).
+    Called with owned devices only: the agent never undefines another's.
+    Raises NodeDeviceWriteFailed / NodeDevicesUnavailable with the remove
+    intents still recorded, for recovery."""
+    if defined is None:
+        return
+    for uuid in uuids:
+        found = defined.get(uuid)
+        if found is not None and found.defined:
+            m.nodedevs.undefine(uuid)
+            LOG.info("undefined removed mdev %s in libvirt (it would come back at boot)", uuid)
+            step(m, "release.undefined")
+
+
+def undefine_or_keep(m: DeviceManager, uuid: str) -> bool:
+    """After its sysfs remove: undefine ``uuid`` in libvirt if it defines
+    it.  False when libvirt refused: the row stays ``removing`` (its remove
+    intent), and the next recovery undefines it and forgets the row."""
+    failure: exception.AccelAgentException | None = None
+    try:
+        undefine_removed(m, [uuid], m.nodedevs.mdevs())
+    except exception.AccelAgentException as exc:
+        failure = exc
+    if failure is None:
+        return True
+    LOG.warning("mdev %s is removed but libvirt still defines it (%s); the next "
+                "recovery undefines it", uuid, failure)
+    return False
+
+
+def define_made(m: DeviceManager, uuids: Sequence[str]) -> None:
+    """``[libvirt] define_mdevs``: define each device the agent made in
+    libvirt, autostart off (the agent re-creates its devices at boot, not
+    libvirt).  Best effort: a failure is logged and recovery defines it."""
+    if not m.define_mdevs or not uuids:
+        return
+    failure: exception.AccelAgentException | None = None
+    try:
+        defined = m.nodedevs.require()
+        for uuid in uuids:
+            record = m.ledger.get(uuid)
+            if record is None or record.backend != "mdev":
+                continue
+            found = defined.get(uuid)
+            if found is not None and found.defined:
+                if found.autostart:
+                    m.nodedevs.set_autostart(uuid, False)
+                continue
+            m.nodedevs.define(uuid, record.parent, record.mdev_type, autostart=False)
+            LOG.info("defined mdev %s in libvirt, autostart off", uuid)
+    except exception.AccelAgentException as exc:
+        failure = exc
+    if failure is not None:  # outside the except clause: said once
+        LOG.warning("defining mdevs in libvirt failed (%s); the next recovery defines them",
+                    failure)
 
 
 def release_quietly(m: DeviceManager, records: Sequence[DeviceRecord]) -> None:
@@ -440,8 +512,10 @@ def settle_interrupted(m: DeviceManager, devices: Existing, report: RecoveryRepo
                 else:
                     report.kept_in_use.append(record.uuid)
             else:
-                m.ledger.forget(record.uuid)
-                report.forgotten.append(record.uuid)
+                # Removed from sysfs, maybe not from libvirt yet (idempotent).
+                if undefine_or_keep(m, record.uuid):
+                    m.ledger.forget(record.uuid)
+                    report.forgotten.append(record.uuid)
     for intent in m.ledger.pending_intents():
         m.ledger.finish_intent(intent.id)
 

@@ -8,8 +8,11 @@ gives its parent; settle what a crash left half-done (the protocol's half);
 free expired migration claims; give free pool VFs back to their driver;
 re-create every recorded device missing from sysfs with the **same UUID on
 the same parent and type** (a VF: the same settings), by the backend that
-made it; forget a free device of a type the config dropped (gone with the
-reboot, nobody needs it back); report foreign devices, never touched.
+made it (an mdev libvirt's autostart started first is the agent's: see
+backends/mdev.py); with ``[libvirt] define_mdevs``, define in libvirt
+(autostart off) every owned mdev it does not define; forget a free device
+of a type the config dropped (gone with the reboot, nobody needs it back);
+report foreign devices, never touched.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ def recover(m: DeviceManager, full_check: bool = False) -> RecoveryReport:
         report.released_claims += claims.release_expired(m)
         _return_free_vfs(m, report)
         _recreate_missing(m, devices, report)
+        # [libvirt] define_mdevs: what a crash (or libvirt down) left undefined.
+        protocol.define_made(
+            m, [r.uuid for r in m.ledger.all() if r.state is DeviceState.PRESENT]
+        )
         owned = {r.uuid for r in m.ledger.all()}
         # What this recovery removed is in the snapshot it started from, and
         # recorded nowhere now: gone, not foreign.

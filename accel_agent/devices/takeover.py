@@ -7,11 +7,21 @@ config does not give its parent, used by two domains or owned by another
 instance) refuses it and changes nothing; ``dry_run`` returns the plan,
 problems included.  Idempotent: a second run finds nothing to do.  Both
 write no sysfs: one durable transaction each (protocol.apply).
+
+libvirt's definitions (DESIGN.md §14): a taken-over mdev that libvirt defines
+(Nova since 2024.2 defines its mdevs persistent with autostart) is undefined,
+so that the agent alone re-creates it at boot and Nova's start-up finds no
+inactive definition to start.  Undefined, not merely autostart off: Nova's
+``init_host`` starts every *inactive* defined mdev, autostart or not.  The
+undefines come before the ledger's commit; a failure at any point defines
+again, with its XML and autostart flag, what this call undefined, and the
+ledger is not changed.  libvirt unreachable: refused, nothing changed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
@@ -28,7 +38,8 @@ LOG = logging.getLogger(__name__)
 
 
 def adopt(m: DeviceManager, uuid: str) -> DeviceRecord:
-    """Take ownership of a foreign mdev so the agent may reuse or remove it."""
+    """Take ownership of a foreign mdev so the agent may reuse or remove it;
+    libvirt's definition of it, if any, is undefined (all or nothing)."""
     text = uuid.strip().lower() if isinstance(uuid, str) else ""
     if not scanner.is_canonical_uuid(text):
         raise exception.InvalidMdevUUID(uuid=uuid, where="", reason="not a UUID")
@@ -42,7 +53,13 @@ def adopt(m: DeviceManager, uuid: str) -> DeviceRecord:
         existing = m.ledger.get(text)
         if existing is not None:
             return existing
-        record = m.ledger.adopt(text, mdev.parent, mdev.mdev_type, backend=mdev.backend)
+        defined = m.nodedevs.require()  # NodeDevicesUnavailable: nothing done
+        undone = undefine_all(m, defined, [text])
+        try:
+            record = m.ledger.adopt(text, mdev.parent, mdev.mdev_type, backend=mdev.backend)
+        except BaseException:
+            define_again(m, undone)
+            raise
         LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
         return record
 
@@ -57,30 +74,85 @@ def takeover(m: DeviceManager, adopt_unused: bool = False, dry_run: bool = False
     changes nothing.  ``dry_run`` returns the plan, problems included,
     and changes nothing.  Idempotent: a second run finds nothing to do."""
     domains = m.domains.mdev_domains()  # LibvirtUnavailable: nothing done
+    defined = m.nodedevs.require()  # NodeDevicesUnavailable: nothing done
     with protocol.operation(m):
         snapshot = m.scan()
-        plan = _plan_takeover(m, snapshot, domains, adopt_unused, dry_run)
+        plan = _plan_takeover(m, snapshot, domains, adopt_unused, dry_run, defined)
         if dry_run:
             return plan
         if plan.problems:
             raise exception.TakeoverRefused(reason="; ".join(plan.problems))
-        with protocol.apply(m):
-            for domain in plan.domains:
-                for mdev in domain["mdevs"]:
-                    if mdev["action"] == "adopt":
-                        m.ledger.adopt(
-                            mdev["uuid"], mdev["parent"], mdev["mdev_type"],
-                            backend=snapshot.mdevs[mdev["uuid"]].backend,
-                        )
-                    if mdev["action"] in ("adopt", "assign"):
-                        m.ledger.assign(mdev["uuid"], domain["uuid"])
-            for mdev in plan.unused:
+        undone = undefine_all(m, defined, _to_undefine(plan))
+        try:
+            _apply(m, snapshot, plan)
+        except BaseException:
+            define_again(m, undone)
+            raise
+        plan.applied = True
+    _log_takeover(plan)
+    return plan
+
+
+def _to_undefine(plan: TakeoverPlan) -> list[str]:
+    entries = [e for d in plan.domains for e in d["mdevs"]] + plan.unused
+    return [e["uuid"] for e in entries if e.get("libvirt") == "undefine"]
+
+
+def undefine_all(m: DeviceManager, defined: Mapping[str, Any], uuids: list[str]) -> list[Any]:
+    """Undefine each of ``uuids`` that libvirt defines; on a failure, define
+    again what this call undefined and raise.  Returns what it undefined
+    (each with its XML and autostart flag, to define it again)."""
+    undone: list[Any] = []
+    try:
+        for uuid in uuids:
+            found = defined.get(uuid)
+            if found is None or not found.defined:
+                continue
+            m.nodedevs.undefine(uuid)
+            undone.append(found)
+            protocol.step(m, "takeover.undefined")
+    except BaseException:
+        define_again(m, undone)
+        raise
+    return undone
+
+
+def define_again(m: DeviceManager, undone: list[Any]) -> None:
+    """Put back libvirt's definitions a failed takeover undefined."""
+    for found in reversed(undone):
+        failure: exception.AccelAgentException | None = None
+        try:
+            m.nodedevs.define_xml(found.xml, found.autostart)
+        except exception.AccelAgentException as exc:
+            failure = exc
+        if failure is not None:
+            LOG.error("could not define mdev %s in libvirt again after a failed takeover: %s",
+                      found.uuid, failure)
+        else:
+            LOG.info("defined mdev %s in libvirt again (autostart %s): the takeover failed",
+                     found.uuid, "on" if found.autostart else "off")
+
+
+def _apply(m: DeviceManager, snapshot: HostSnapshot, plan: TakeoverPlan) -> None:
+    with protocol.apply(m):
+        for domain in plan.domains:
+            for mdev in domain["mdevs"]:
                 if mdev["action"] == "adopt":
                     m.ledger.adopt(
                         mdev["uuid"], mdev["parent"], mdev["mdev_type"],
                         backend=snapshot.mdevs[mdev["uuid"]].backend,
                     )
-        plan.applied = True
+                if mdev["action"] in ("adopt", "assign"):
+                    m.ledger.assign(mdev["uuid"], domain["uuid"])
+        for mdev in plan.unused:
+            if mdev["action"] == "adopt":
+                m.ledger.adopt(
+                    mdev["uuid"], mdev["parent"], mdev["mdev_type"],
+                    backend=snapshot.mdevs[mdev["uuid"]].backend,
+                )
+
+
+def _log_takeover(plan: TakeoverPlan) -> None:
     for domain in plan.domains:
         taken = [m["uuid"] for m in domain["mdevs"] if m["action"] != "none"]
         if taken:
@@ -91,7 +163,11 @@ def takeover(m: DeviceManager, adopt_unused: bool = False, dry_run: bool = False
     adopted = [m["uuid"] for m in plan.unused if m["action"] == "adopt"]
     if adopted:
         LOG.info("adopted %d unused mdev(s) as free: %s", len(adopted), ", ".join(adopted))
-    return plan
+    undefined = _to_undefine(plan)
+    if undefined:
+        LOG.info("undefined %d mdev(s) in libvirt: the agent re-creates them: %s",
+                 len(undefined), ", ".join(undefined))
+
 
 def _plan_takeover(
     m: DeviceManager,
@@ -99,6 +175,7 @@ def _plan_takeover(
     domains: list[Any],
     adopt_unused: bool,
     dry_run: bool,
+    defined: Mapping[str, Any],
 ) -> TakeoverPlan:
     plan = TakeoverPlan(dry_run=dry_run, adopt_unused=adopt_unused)
     users: dict[str, list[str]] = {}
@@ -119,6 +196,9 @@ def _plan_takeover(
         for uuid in domain.mdevs:
             entry = _takeover_entry(m, snapshot, uuid, domain.uuid, who, plan.problems)
             if entry is not None:
+                # The mdev is (or stays) the instance's: libvirt must not keep it.
+                takes = entry["action"] in ("adopt", "assign") or _owned_by(m, uuid, domain.uuid)
+                entry["libvirt"] = _libvirt_action(defined, uuid, takes)
                 entries.append(entry)
         plan.domains.append({"uuid": domain.uuid, "name": domain.name, "mdevs": entries})
     for uuid, mdev in sorted(snapshot.mdevs.items()):
@@ -135,8 +215,24 @@ def _plan_takeover(
                     f"its type {mdev.mdev_type} is not the one configured for "
                     f"{mdev.parent} ({configured or 'none'})"
                 )
+        entry["libvirt"] = _libvirt_action(defined, uuid, entry["action"] == "adopt")
         plan.unused.append(entry)
     return plan
+
+def _libvirt_action(defined: Mapping[str, Any], uuid: str, takes: bool) -> str | None:
+    """"undefine" when the agent takes ``uuid`` and libvirt defines it."""
+    found = defined.get(uuid)
+    return "undefine" if takes and found is not None and found.defined else None
+
+
+def _owned_by(m: DeviceManager, uuid: str, instance: str) -> bool:
+    record = m.ledger.get(uuid)
+    return (
+        record is not None
+        and record.owner == instance
+        and record.owner_kind is OwnerKind.INSTANCE
+    )
+
 
 def _takeover_entry(
     m: DeviceManager,

@@ -56,10 +56,14 @@ def mdevs_document(
     host: str,
     owners: Mapping[str, str | None] | None = None,
     owned: Iterable[str] = (),
+    libvirt: Mapping[str, tuple[bool, bool]] | None = None,
 ) -> dict[str, Any]:
     """Every mdev on the host.  ``owned``: UUIDs the agent created or adopted;
     ``owners``: uuid -> instance.  Foreign mdevs are listed too: they use
-    capacity even though the agent never touches them."""
+    capacity even though the agent never touches them.  ``libvirt``: uuid ->
+    (defined, autostart) of every mdev libvirt defines; None when that is
+    not known (no [libvirt] uri, libvirt unreachable): each mdev's
+    ``libvirt`` is then null."""
     owned_set = set(owned)
     owners = owners or {}
     mdevs = []
@@ -78,9 +82,19 @@ def mdevs_document(
                 "backend": mdev.backend,
                 "address": mdev.address,
                 "type_name": _type_name(parent, mdev.mdev_type),
+                "libvirt": _libvirt(libvirt, mdev.uuid),
             }
         )
     return {"host": host, "mdevs": mdevs}
+
+
+def _libvirt(
+    libvirt: Mapping[str, tuple[bool, bool]] | None, uuid: str
+) -> dict[str, bool] | None:
+    if libvirt is None:
+        return None
+    defined, autostart = libvirt.get(uuid, (False, False))
+    return {"defined": defined, "autostart": autostart}
 
 
 def _type_name(parent: Parent | None, mdev_type: str | None) -> str | None:

@@ -620,6 +620,12 @@ def _parents_in_parallel(walker: _Scan, names: list[str], workers: int) -> None:
         _adopt(walker, entries)
 
 
+def read_mdev(sysfs_root: str, uuid: str) -> Mdev | None:
+    """One mdev as the scan would see it (its parent and type), or None:
+    for a create that met EEXIST (is the mdev there the one asked for?)."""
+    return _Scan(sysfs_root, log=False).mdev(os.path.join(sysfs_root, MDEV_DEVICES, uuid))
+
+
 def scan(sysfs_root: str, workers: int = 1) -> HostSnapshot:
     """Scan ``sysfs_root`` (``/sys`` or any tree shaped like it).
 
