@@ -33,7 +33,6 @@ class Host:
     udevd: defslab.Udevd
     libvirtd: migrationlab.Libvirtd
     agent: migrationlab.Agent
-    defining: Path  # the agent's config with [libvirt] define_mdevs = true
     conn: Any = None
     story: dict[str, str] = field(default_factory=dict)  # what one step left the next
 
@@ -44,16 +43,18 @@ class Host:
         """libvirt learns what mdevctl did from its watch on /etc/mdevctl.d, a
         moment after the call that did it returned: wait for it (a hang fails)."""
         wait_for(
-            lambda: self.state(uuid) == expected, defslab.TIMEOUT, 0.2,
+            lambda: self.state(uuid) == expected,
+            defslab.TIMEOUT,
+            0.2,
             f"libvirt to show {uuid} as {expected} (it shows {self.state(uuid)})",
         )
 
+    def owned_by(self, instance: str) -> list[str]:
+        return sorted(r.uuid for r in self.agent.ledger() if r.owner == instance)
+
     def listing(self, uuid: str) -> dict[str, Any]:
-        """This mdev's entry in the agent's listing (the daemon's when it runs)."""
-        if self.agent.daemon is not None and self.agent.daemon.running:
-            doc = self.agent.client().mdevs()
-        else:
-            doc = mdevlab.ok_json(self.agent.ctl("mdevs", "--json"))
+        """This mdev's entry in the daemon's listing."""
+        doc = self.agent.client().mdevs()
         entries = [m for m in doc["mdevs"] if m["uuid"] == uuid]
         assert len(entries) == 1, doc
         return entries[0]
@@ -65,15 +66,15 @@ def host() -> Iterator[Host]:
     udevd.start()
     _, linked = defslab.mdevctl_rule_path()
     libvirtd = migrationlab.Libvirtd("defs", "dddddddd-4444-4444-8444-444444444444", own_run=False)
-    agent = migrationlab.Agent("defs", libvirtd)
+    # One agent with [libvirt] define_mdevs = true from start to end.
+    agent = migrationlab.Agent("defs", libvirtd, "define_mdevs = true")
     try:
+        # both at once: each mostly waits for its own start-up work
         libvirtd.start()
+        agent.start()
         libvirtd.wait_ready()
-        agent._write_config()  # accelctl's, before any daemon runs
-        defining = agent.dir / "define.conf"
-        defining.write_text(agent.config_text("define_mdevs = true"))
-        started = Host(udevd, libvirtd, agent, defining, conn=libvirtd.open())
-        yield started
+        agent.wait_ready()
+        yield Host(udevd, libvirtd, agent, conn=libvirtd.open())
     finally:
         # Whatever a failed step left: no process, mdev or definition for the
         # migration tests that run next in this guest.
@@ -89,15 +90,23 @@ def host() -> Iterator[Host]:
 
 
 def test_an_mdev_nova_defines_is_listed_foreign_defined_and_autostarted(host: Host) -> None:
-    uri, name = host.libvirtd.uri, defslab.nodedev_name(NOVA_UUID)
-    assert defslab.PARENT_NODEDEV in defslab.virsh(uri, "nodedev-list", "--cap", "mdev_types")
-    xml = host.agent.dir / "nova-mdev.xml"
-    xml.write_text(defslab.mdev_xml(NOVA_UUID))
-    # Nova 34's _create_mdev: create, define, autostart; virsh's three steps here.
-    assert name in defslab.virsh(uri, "nodedev-define", str(xml))
-    assert name in defslab.virsh(uri, "nodedev-list", "--cap", "mdev", "--inactive").split()
-    defslab.virsh(uri, "nodedev-start", name)
-    defslab.virsh(uri, "nodedev-autostart", name)
+    import libvirt
+
+    conn, name = host.conn, defslab.nodedev_name(NOVA_UUID)
+    assert [
+        d.name() for d in conn.listAllDevices(libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV_TYPES)
+    ] == [defslab.PARENT_NODEDEV]
+    # virsh nodedev-define, nodedev-start, nodedev-autostart: the calls virsh
+    # makes, and Nova 34's _create_mdev (define, then autostart on)
+    dev = conn.nodeDeviceDefineXML(defslab.mdev_xml(NOVA_UUID), 0)
+    assert dev.name() == name
+    inactive = conn.listAllDevices(
+        libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV
+        | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE
+    )
+    assert [d.name() for d in inactive] == [name]  # virsh nodedev-list --cap mdev --inactive
+    dev.create()
+    dev.setAutostart(1)
 
     assert mdevlab.mdevs() == {NOVA_UUID: migrationlab.MDEV_TYPE}
     spec = defslab.mdevctl_defined()[NOVA_UUID]
@@ -122,9 +131,10 @@ def test_the_takeover_undefines_and_a_remove_leaves_nothing_to_autostart(host: H
     assert mdevlab.mdevs() == {NOVA_UUID: migrationlab.MDEV_TYPE}
 
     # release needs an owner: an instance takes the adopted (free) mdev first
-    given = mdevlab.ok_json(host.agent.ctl("allocate", "nova-vm", "--count", "1", "--json"))
-    assert mdevlab.uuids_in(given) == {NOVA_UUID}
-    mdevlab.ok(host.agent.ctl("release", "nova-vm", "--remove"))
+    client = host.agent.client()
+    client.allocate("nova-vm", 1)
+    assert host.owned_by("nova-vm") == [NOVA_UUID]
+    client.release("nova-vm", remove=True)
     assert mdevlab.mdevs() == {}
     host.wait_state(NOVA_UUID, None)
     assert host.agent.ledger() == []
@@ -133,23 +143,23 @@ def test_the_takeover_undefines_and_a_remove_leaves_nothing_to_autostart(host: H
 def test_after_a_boot_the_agent_s_mdevs_come_back_once_and_the_removed_one_not(
     host: Host,
 ) -> None:
-    agent = host.agent
-    plain = mdevlab.ok_json(agent.ctl("allocate", "vm-plain", "--count", "1", "--json"))
-    [p] = mdevlab.uuids_in(plain)
-    both = mdevlab.ok_json(
-        mdevlab.accelctl(
-            "allocate", "vm-def", "--count", "2", "--json", config=host.defining
-        )
-    )
-    d, r = sorted(mdevlab.uuids_in(both))
+    agent, client = host.agent, host.agent.client()
+    client.allocate("vm-plain", 1)
+    client.allocate("vm-def", 2)
+    [p], (d, r) = host.owned_by("vm-plain"), host.owned_by("vm-def")
     host.story.update(plain=p, defined=d, raced=r)
     defined = defslab.mdevctl_defined()
-    assert {u: s["start"] for u, s in defined.items()} == {d: "manual", r: "manual"}
-    # r as Nova would leave it: autostart on (by hand): mdevctl starts it at the boot
-    defslab.virsh(host.libvirtd.uri, "nodedev-autostart", defslab.nodedev_name(r))
+    assert {u: s["start"] for u, s in defined.items()} == {p: "manual", d: "manual", r: "manual"}
+    # p as a crash between its create and its define leaves it (or an agent that
+    # made it before define_mdevs was on); r as Nova leaves its own: autostart on,
+    # so mdevctl starts it at the boot, before the agent
+    host.conn.nodeDeviceLookupByName(defslab.nodedev_name(p)).undefine(0)
+    host.conn.nodeDeviceLookupByName(defslab.nodedev_name(r)).setAutostart(1)
+    assert {u: s["start"] for u, s in defslab.mdevctl_defined().items()} == {d: "manual", r: "auto"}
 
-    # The boot: libvirtd down, every mdev gone, mtty loaded again (udev runs
-    # mdevctl's rule), libvirtd up, then the agent (its start runs recovery).
+    # The boot: the agent and libvirtd down, every mdev gone, mtty loaded again
+    # (udev runs mdevctl's rule), libvirtd up, then the agent (recovery at start).
+    agent.stop()
     host.libvirtd.stop()
     defslab.reload_mtty(host.udevd)
     assert mdevlab.mdevs() == {r: migrationlab.MDEV_TYPE}, (
@@ -163,20 +173,28 @@ def test_after_a_boot_the_agent_s_mdevs_come_back_once_and_the_removed_one_not(
 
     assert mdevlab.mdevs() == {u: migrationlab.MDEV_TYPE for u in (p, d, r)}
     assert {rec.uuid: rec.owner for rec in agent.ledger()} == {
-        p: "vm-plain", d: "vm-def", r: "vm-def"
+        p: "vm-plain",
+        d: "vm-def",
+        r: "vm-def",
     }
     assert agent.daemon is not None
-    log = agent.daemon.log()
+    log = agent.daemon.log().split("===== run ")[-1]  # this start's
     recreated = re.findall(r"re-created mdev (\S+) ", log)
     assert sorted(recreated) == sorted([p, d]), log[-4000:]
     assert "MdevAlreadyExists" not in log and "EEXIST" not in log
     assert not re.search(r"\bERROR\b", log), log[-4000:]
-    # libvirt's view: the removed Nova mdev is gone for good; the agent's are as left
+    # The removed Nova mdev stays gone; recovery defined p again and turned r's
+    # autostart off: the agent, not libvirt, re-creates its mdevs at the next boot.
     assert NOVA_UUID not in mdevlab.mdevs() and NOVA_UUID not in defslab.mdevctl_defined()
     host.wait_state(NOVA_UUID, None)
-    assert host.listing(p)["libvirt"] == {"defined": False, "autostart": False}
-    assert host.listing(d)["libvirt"] == {"defined": True, "autostart": False}
-    assert host.listing(r)["libvirt"] == {"defined": True, "autostart": True}
+    assert {u: s["start"] for u, s in defslab.mdevctl_defined().items()} == {
+        p: "manual",
+        d: "manual",
+        r: "manual",
+    }
+    for uuid in (p, d, r):
+        host.wait_state(uuid, {"active": True, "persistent": True, "autostart": False})
+        assert host.listing(uuid)["libvirt"] == {"defined": True, "autostart": False}
 
 
 def test_the_node_device_name_nova_computes_for_an_agent_mdev(host: Host) -> None:
@@ -206,7 +224,10 @@ def test_the_node_device_name_nova_computes_for_an_agent_mdev(host: Host) -> Non
         info = handle["attach_handle_info"]
         nova_name = "mdev_{}_{}_{}_{}_{}".format(
             handle["attach_handle_uuid"].replace("-", "_"),
-            info["domain"], info["bus"], info["device"], info["function"],
+            info["domain"],
+            info["bus"],
+            info["device"],
+            info["function"],
         )
         assert info["asked_type"] == migrationlab.MDEV_TYPE
         assert not resolves(nova_name), "an mtty handle names no PCI parent"
