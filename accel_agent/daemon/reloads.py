@@ -223,6 +223,7 @@ class Reloads:
                 raise exception.ReloadRefused(reason="; ".join(orphans))
             devices.set_policy(policy)
             devices.domains = domains
+            devices.define_mdevs = new_conf.libvirt.define_mdevs
             devices.remove_timeout = new_conf.remove_timeout
         core.conf = new_conf
         core.reporter = reporter

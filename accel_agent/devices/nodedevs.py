@@ -39,7 +39,7 @@ class MdevNodeDevice:
     active: bool  # the mdev exists in sysfs
     defined: bool  # persistent: libvirt (mdevctl) keeps a definition
     autostart: bool
-    xml: str  # XMLDesc, to define it again exactly (a takeover rolled back)
+    xml: str  # XMLDesc: a rolled-back takeover defines it again from this (definition_xml)
 
 
 class NodeDevices(Protocol):
@@ -116,6 +116,26 @@ def parse_mdev_xml(xml: str) -> tuple[str | None, str | None, str | None]:
         (root.findtext("parent") or "").strip()
     )
     return uuid, parent, mdev_type
+
+
+def definition_xml(xml: str) -> str:
+    """What to define again from a device's XMLDesc: its parent, type, UUID
+    and vendor attributes, as a define takes them (Nova's shape), without
+    the live parts (name, path, driver, IOMMU group)."""
+    from lxml import etree
+
+    root = etree.fromstring(xml.encode("utf-8"))
+    device = etree.Element("device")
+    parent = root.findtext("parent")
+    if parent:
+        etree.SubElement(device, "parent").text = parent.strip()
+    cap = root.find("capability[@type='mdev']")
+    kept = etree.SubElement(device, "capability", type="mdev")
+    if cap is not None:
+        for child in cap:
+            if child.tag in ("type", "uuid", "attr"):
+                kept.append(child)
+    return etree.tostring(device, encoding="unicode")
 
 
 def _parent_from_nodedev(name: str) -> str | None:

@@ -22,6 +22,12 @@ The runs:
   an adoption): one durable transaction.
 * :func:`settle_interrupted`: recovery's half, what a crash left half-done.
 
+libvirt's definitions (DESIGN.md §14) go with the devices: a remove
+undefines the mdev in libvirt after its sysfs remove and before the
+settlement (a failure there leaves the remove intent, which recovery
+settles, undefining what is left); with ``[libvirt] define_mdevs`` a make
+defines what it created (best effort: recovery defines what is missing).
+
 A privileged helper that fails in the middle (PrivilegedHelperUnavailable:
 the write may or may not have happened) stops a run where it is: the intent
 stays, exactly as after a crash, and recovery settles it.
@@ -342,7 +348,7 @@ def release_and_remove(
     devices kept because they were in use (recorded free)."""
     # libvirt's definitions, read before anything changes: a removed mdev
     # that libvirt defines would come back at the next boot (autostart).
-    defined = m.nodedevs.mdevs() if removable else None
+    defined = m.nodedevs.mdevs() if any(_is_mdev(m, u) for u in removable) else None
     # With removes to follow, the closing commit is the durable one.
     with m.ledger.transaction(durable=not removable):
         intent = m.ledger.begin_intent(IntentKind.RELEASE, owner)
@@ -406,10 +412,18 @@ def undefine_removed(
             step(m, "release.undefined")
 
 
+def _is_mdev(m: DeviceManager, uuid: str) -> bool:
+    """Only mediated devices have libvirt definitions (mdevctl's)."""
+    record = m.ledger.get(uuid)
+    return record is None or record.backend == "mdev"
+
+
 def undefine_or_keep(m: DeviceManager, uuid: str) -> bool:
     """After its sysfs remove: undefine ``uuid`` in libvirt if it defines
     it.  False when libvirt refused: the row stays ``removing`` (its remove
     intent), and the next recovery undefines it and forgets the row."""
+    if not _is_mdev(m, uuid):
+        return True  # a VF: libvirt keeps no definition of it
     failure: exception.AccelAgentException | None = None
     try:
         undefine_removed(m, [uuid], m.nodedevs.mdevs())

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
-from accel_agent.devices import protocol
+from accel_agent.devices import nodedevs, protocol
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind, validate_instance_id
 from accel_agent.devices.results import TakeoverPlan
 from accel_agent.sysfs import scanner
@@ -122,7 +122,7 @@ def define_again(m: DeviceManager, undone: list[Any]) -> None:
     for found in reversed(undone):
         failure: exception.AccelAgentException | None = None
         try:
-            m.nodedevs.define_xml(found.xml, found.autostart)
+            m.nodedevs.define_xml(nodedevs.definition_xml(found.xml), found.autostart)
         except exception.AccelAgentException as exc:
             failure = exc
         if failure is not None:

@@ -118,6 +118,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(host, tmp_path):
     assert "dry run: nothing changed; would take over 3 mdev(s) of 2 domain(s)" in out
     plan = json.loads(ctl(conf, "adopt", "--from-libvirt", "--dry-run", "--all", "--json").stdout)
     assert plan["applied"] is False and plan["problems"] == []
+    # libvirt's test driver keeps no node-device definitions: nothing to undefine
+    assert {m["libvirt"] for d in plan["domains"] for m in d["mdevs"]} == {None}
     assert plan_actions(plan) == {M1: "adopt", M2: "adopt", M3: "adopt", SPARE: "adopt",
                                   ODD: "foreign"}
     assert ledger(host) == before

@@ -136,3 +136,58 @@ def test_a_driver_that_cannot_list_inactive_devices_defines_nothing():
 def test_the_real_test_driver_answers_no_definitions():
     pytest.importorskip("libvirt", reason="libvirt-python is not installed")
     assert nodedevs.LibvirtNodeDevices("test:///default").require() == {}
+
+
+def _empty_root(tmp_path):
+    root = tmp_path / "sys"
+    for sub in ("class/mdev_bus", "bus/mdev/devices", "bus/pci/devices"):
+        (root / sub).mkdir(parents=True)
+    return str(root)
+
+
+@pytest.mark.parametrize("uri, warned", [("", True), ("qemu:///system", False)])
+def test_check_config_warns_of_define_mdevs_without_a_uri(tmp_path, uri, warned):
+    from accel_agent import wiring
+    from tests.configutil import make_conf
+
+    conf = make_conf(
+        f"state_dir = {tmp_path / 'state'}\n[libvirt]\nuri = {uri}\ndefine_mdevs = true\n",
+        sysfs_root=_empty_root(tmp_path), directory=str(tmp_path),
+    )
+    errors, warnings, _ = wiring.check(conf)
+    said = [w for w in warnings if "define_mdevs" in w]
+    assert bool(said) is warned, warnings
+    assert errors == []
+
+
+def test_the_takeover_text_names_the_libvirt_action(monkeypatch, capsys):
+    """accelctl adopt --from-libvirt --dry-run prints each mdev's libvirt action."""
+    import argparse
+
+    from accel_agent.cmd import ctl_reconcile, daemon
+
+    plan = {
+        "applied": False, "dry_run": True, "all": False, "problems": [], "unused": [],
+        "domains": [{"uuid": U2, "name": "instance-1", "mdevs": [
+            {"uuid": U1, "parent": GPU, "mdev_type": "nvidia-35", "action": "adopt",
+             "libvirt": "undefine"},
+        ]}],
+    }
+    monkeypatch.setattr(daemon, "via_api", lambda *a, **k: plan)
+    args = argparse.Namespace(all=False, dry_run=True, json=False)
+    conf = argparse.Namespace(api=argparse.Namespace(socket_path="/nonexistent"))
+    assert ctl_reconcile._takeover(args, conf) == 0
+    assert f"adopt   {U1}  nvidia-35 on {GPU}  libvirt: undefine" in capsys.readouterr().out
+
+
+def test_a_definition_is_rebuilt_from_the_live_xml_without_its_live_parts():
+    live = (f"<device><name>mdev_x</name><path>/sys/devices/x</path>"
+            f"<parent>pci_0000_84_00_0</parent><driver><name>vfio_mdev</name></driver>"
+            f"<capability type='mdev'><type id='nvidia-35'/><uuid>{U1}</uuid>"
+            f"<parent_addr>{GPU}</parent_addr><iommuGroup number='3'/>"
+            f"<attr name='vgpu_params' value='x'/></capability></device>")
+    assert nodedevs.definition_xml(live) == (
+        "<device><parent>pci_0000_84_00_0</parent><capability type=\"mdev\">"
+        f"<type id=\"nvidia-35\"/><uuid>{U1}</uuid>"
+        "<attr name=\"vgpu_params\" value=\"x\"/></capability></device>"
+    )
