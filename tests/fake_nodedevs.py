@@ -23,6 +23,7 @@ INACTIVE = 1 << 30
 
 NO_SUPPORT = 3
 INVALID_ARG = 8
+NO_NODE_DEVICE = 51
 
 
 class FakeError(Exception):
@@ -65,6 +66,7 @@ class FakeLibvirt:
     VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE = INACTIVE
     VIR_ERR_NO_SUPPORT = NO_SUPPORT
     VIR_ERR_INVALID_ARG = INVALID_ARG
+    VIR_ERR_NO_NODE_DEVICE = NO_NODE_DEVICE
 
     def _check(self, call: str, uuid: str = "") -> None:
         failing = self.fail.get(call)
@@ -122,6 +124,9 @@ class _Dev:
     uuid: str
 
     def XMLDesc(self, flags: int) -> str:
+        if self.uuid in self.lv.fail.get("gone", set()):  # type: ignore[operator]
+            # listed, then gone before this call (libvirt's view catching up)
+            raise FakeError("no node device with matching name (fake)", NO_NODE_DEVICE)
         d = self.lv.defined.get(self.uuid)
         parent, mdev_type = (d.parent, d.mdev_type) if d else self.lv.sysfs()[self.uuid]
         return device_xml(self.uuid, parent, mdev_type)

@@ -224,10 +224,36 @@ class LibvirtNodeDevices:
                 raise
         return False
 
+    @staticmethod
+    def _unless_gone(libvirt: Any, read: Callable[[], Any]) -> Any:
+        """``read()`` of one listed device; None when the device went between
+        the listing and the call (VIR_ERR_NO_NODE_DEVICE: an mdev removed or
+        undefined a moment before, libvirt learning of mdevctl's changes late,
+        seen in the trixie lab): it is neither active nor defined any more,
+        and the rest of the listing still holds."""
+        try:
+            return read()
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_NODE_DEVICE:
+                raise
+        return None
+
     def _read(self, libvirt: Any, conn: Any) -> dict[str, MdevNodeDevice]:
         found: dict[str, MdevNodeDevice] = {}
         for dev in self._all_mdevs(libvirt, conn):
-            xml = dev.XMLDesc(0)
+
+            def describe(dev: Any = dev) -> tuple[str, bool, bool, bool]:
+                return (
+                    dev.XMLDesc(0),
+                    self._flag(libvirt, dev.isActive),
+                    self._flag(libvirt, dev.isPersistent),
+                    self._flag(libvirt, dev.autostart),
+                )
+
+            described = self._unless_gone(libvirt, describe)
+            if described is None:
+                continue
+            xml, active, defined, autostart = described
             uuid, parent, mdev_type = parse_mdev_xml(xml)
             if uuid is None:
                 continue
@@ -235,9 +261,9 @@ class LibvirtNodeDevices:
                 uuid=uuid,
                 parent=parent,
                 mdev_type=mdev_type,
-                active=self._flag(libvirt, dev.isActive),
-                defined=self._flag(libvirt, dev.isPersistent),
-                autostart=self._flag(libvirt, dev.autostart),
+                active=active,
+                defined=defined,
+                autostart=autostart,
                 xml=xml,
             )
             # mdevctl allows one UUID under several parents: a definition
@@ -248,7 +274,8 @@ class LibvirtNodeDevices:
 
     def _device(self, libvirt: Any, conn: Any, uuid: str) -> Any:
         for dev in self._all_mdevs(libvirt, conn):
-            if parse_mdev_xml(dev.XMLDesc(0))[0] == uuid and self._flag(
+            xml = self._unless_gone(libvirt, lambda dev=dev: dev.XMLDesc(0))
+            if xml is not None and parse_mdev_xml(xml)[0] == uuid and self._flag(
                 libvirt, dev.isPersistent
             ):
                 return dev

@@ -113,6 +113,10 @@ if [ "$INIT" = chroot ]; then
 	mount -t devtmpfs devtmpfs $H/dev
 	mkdir -p $H/dev/shm $H/dev/pts
 	mount -t devpts devpts $H/dev/pts
+	# what a booted system has beside devtmpfs (udev/systemd make them): mdevctl, which
+	# libvirt's node-device driver runs, reads a definition from /dev/stdin
+	ln -sfn /proc/self/fd $H/dev/fd
+	for fd in 0:stdin 1:stdout 2:stderr; do ln -sfn "/proc/self/fd/${fd%%:*}" "$H/dev/${fd#*:}"; done
 fi
 if [ "$ROOT" = host ]; then
 	# Keep a view of the host root before the tmpfs mounts hide parts of it: a
@@ -140,6 +144,11 @@ mkdir -p "$H$OUT" 2>/dev/null # only possible when it lies on one of the tmpfs a
 mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=262144 results "$H$OUT" ||
 	finish 70 "mounting the results share at $OUT failed"
 
+# A test that reloads mtty (a boot of the mdev stack, tests/realkernel/libvirtdefs/) finds
+# the module in the guest's root: the rootfs has no modules of this kernel.
+if [ "$ROOT" = rootfs ] && [ -f /lib/modules/mtty.ko ]; then
+	mkdir -p $H/lib/modules/lab && cp /lib/modules/mtty.ko $H/lib/modules/lab/
+fi
 [ -d /sys/class/mdev_bus/mtty ] || finish 70 "mtty loaded but /sys/class/mdev_bus/mtty is missing"
 say "MDEV_PARENTS $(ls /sys/class/mdev_bus)"
 [ -n "$CMD" ] || finish 70 "no lab_cmd= on the kernel command line"

@@ -48,6 +48,21 @@ def test_lists_defined_and_active_with_their_flags():
     assert nodedevs.listing_view(adaptor(fake)) == {U1: (True, True)}
 
 
+def test_a_device_gone_between_the_listing_and_its_read_is_skipped():
+    """Seen in the trixie lab: a release with remove of two mdevs; the second's
+    listing met the first, removed and undefined a moment before, still listed
+    by libvirt: the whole read failed and the second's definitions stayed."""
+    fake = FakeLibvirt(
+        sysfs=lambda: {U2: (GPU, "nvidia-35")},
+        defined={U1: Definition(GPU, "nvidia-35"), U2: Definition(GPU, "nvidia-35")},
+        fail={"gone": {U1}},
+    )
+    found = adaptor(fake).require()
+    assert list(found) == [U2] and found[U2].defined
+    adaptor(fake).undefine(U2)
+    assert fake.calls == [("undefine", U2)]
+
+
 def test_define_sets_autostart_off_and_names_the_parents_node_device():
     fake = FakeLibvirt()
     adaptor(fake).define(U1, GPU, "nvidia-35")

@@ -11,6 +11,10 @@ LAB_SUITE=trixie
 LAB_ROOTFS_PACKAGES=(
 	qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
 	python3 python3-venv python3-libvirt iproute2 procps kmod mount util-linux
+	# libvirt's node-device driver (virsh nodedev-define/-start/-autostart, as Nova 34
+	# does); it depends on mdevctl (the definitions, /etc/mdevctl.d) and udev (udevd runs
+	# mdevctl's rule that starts a parent's defined mdevs): tests/realkernel/libvirtdefs/
+	libvirt-daemon-driver-nodedev mdevctl udev
 )
 # Python distributions the rootfs takes from Debian, not from the wheelhouse:
 # libvirt-python is an sdist on PyPI (a C build against libvirt); python3-libvirt is built
@@ -23,4 +27,6 @@ LAB_TIMEOUT=900
 LAB_MODULES=(vfio_iommu_type1 mtty)
 LAB_QEMU_ARGS=()
 LAB_APPEND=""
-LAB_TESTS=(tests/realkernel/migration)
+# libvirtdefs first: it reloads mtty and stops what it starts before the migration
+# session starts its two hosts.
+LAB_TESTS=(tests/realkernel/libvirtdefs tests/realkernel/migration)

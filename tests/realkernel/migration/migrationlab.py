@@ -55,6 +55,11 @@ DOMAIN_TIMEOUT = 120.0
 # TCG guest: ~20-40 s on a quiet host, more than 90 s on a loaded one (the
 # lab's fault runs beside a soak); only a hang should reach this.
 AGENT_START_TIMEOUT = 300.0
+# QEMU's capabilities as the first libvirtd of a guest probed them (~40 s under TCG,
+# each libvirtd again in its own cache): a libvirtd starting with an empty cache gets
+# them from here; libvirt checks them (QEMU's and its own ctime, the kernel, the
+# microcode) and probes again when they do not fit.
+CAPS_SEED = LAB_DIR / "qemu-capabilities"
 
 
 def _libvirt() -> Any:
@@ -67,11 +72,15 @@ def _libvirt() -> Any:
 
 
 class Libvirtd:
-    """One libvirtd as if alone on its host, in its own mount namespace."""
+    """One libvirtd as if alone on its host, in its own mount namespace.
 
-    def __init__(self, name: str, host_uuid: str) -> None:
+    ``own_run=False``: the guest's /run stays visible (udevd's database, /run/udev,
+    which libvirt's node-device driver reads; one such libvirtd at a time)."""
+
+    def __init__(self, name: str, host_uuid: str, own_run: bool = True) -> None:
         self.name = name
         self.host_uuid = host_uuid
+        self.own_run = own_run
         self.root = LAB_DIR / f"libvirt-{name}"
         self.log_dir = LOG_DIR / f"libvirt-{name}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -87,6 +96,9 @@ class Libvirtd:
     def _write_config(self) -> None:
         for sub in ("sock", "lib", "cache"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        caps = self.root / "cache" / "qemu" / "capabilities"
+        if CAPS_SEED.is_dir() and not caps.exists():
+            shutil.copytree(CAPS_SEED, caps)
         (self.log_dir / "qemu").mkdir(parents=True, exist_ok=True)
         etc = self.root / "etc"
         shutil.rmtree(etc, ignore_errors=True)
@@ -126,7 +138,7 @@ class Libvirtd:
         script = textwrap.dedent(
             f"""\
             set -e
-            mount -t tmpfs -o mode=0755 tmpfs /run
+            {"mount -t tmpfs -o mode=0755 tmpfs /run" if self.own_run else ""}
             mkdir -p /run/libvirt
             mount --bind {self.root}/etc /etc/libvirt
             mount --bind {self.root}/lib /var/lib/libvirt
@@ -195,6 +207,10 @@ class Libvirtd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.proc = None
+        caps = self.root / "cache" / "qemu" / "capabilities"
+        if caps.is_dir() and any(caps.iterdir()) and not CAPS_SEED.exists():
+            shutil.copytree(caps, CAPS_SEED)
 
     def log(self) -> str:
         return _tail(self.log_dir / "libvirtd.log") + _tail(self.log_dir / "libvirtd.out")
@@ -207,9 +223,10 @@ class Agent:
     """One accel-agent daemon (the wheel installed in the lab's venv), its
     ``accelctl`` and its ledger, on the host of ``libvirtd``."""
 
-    def __init__(self, name: str, libvirtd: Libvirtd) -> None:
+    def __init__(self, name: str, libvirtd: Libvirtd, options: str = "") -> None:
         self.name = name
         self.libvirtd = libvirtd
+        self.options = options  # more lines of its [libvirt] section
         self.dir = LAB_DIR / f"agent-{name}"
         self.state_dir = self.dir / "state"
         self.socket = self.dir / "api.sock"
@@ -220,7 +237,11 @@ class Agent:
     def _write_config(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(
+        self.config.write_text(self.config_text(self.options))
+
+    def config_text(self, options: str = "") -> str:
+        """This agent's config; ``options``: more lines of its [libvirt] section."""
+        return (
             textwrap.dedent(
                 f"""\
                 [DEFAULT]
@@ -235,13 +256,14 @@ class Agent:
                 [libvirt]
                 uri = {self.libvirtd.uri}
                 qemu_globals = {", ".join(QEMU_GLOBALS)}
+                {{options}}
                 [devices]
                 enabled_mdev_types = {MDEV_TYPE}
                 [mdev_{MDEV_TYPE}]
                 device_addresses = {mdevlab.PARENT}
                 """
             )
-        )
+        ).replace("{options}", options)
 
     def start(self) -> None:
         self._write_config()
