@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from accel_agent.devices.attach import nova_handle
 from tests.functional.daemon_fixture import wait_for
 from tests.realkernel import mdevlab
 from tests.realkernel.libvirtdefs import defslab
@@ -219,18 +220,19 @@ def test_the_node_device_name_nova_computes_for_an_agent_mdev(host: Host) -> Non
     # an mtty mdev's (its parent is no PCI device: parent_addr "mtty")
     assert not resolves(f"mdev_{p.replace('-', '_')}")
     assert not resolves(f"mdev_{p.replace('-', '_')}_0000_00_00_0")
-    handle = _attach_handle(p)
-    if handle is not None:
-        info = handle["attach_handle_info"]
-        nova_name = "mdev_{}_{}_{}_{}_{}".format(
-            handle["attach_handle_uuid"].replace("-", "_"),
-            info["domain"],
-            info["bus"],
-            info["device"],
-            info["function"],
-        )
-        assert info["asked_type"] == migrationlab.MDEV_TYPE
-        assert not resolves(nova_name), "an mtty handle names no PCI parent"
+    # The agent's attach handle for it (issue 24 part 2): the name Nova 34's
+    # _allocate_cyborg_mdevs computes from it cannot resolve an mtty mdev either
+    # (no PCI fields), so Nova fails on it rather than create a second mdev.
+    handle = nova_handle(p, mdevlab.PARENT, migrationlab.MDEV_TYPE, None)
+    info = handle["attach_handle_info"]
+    assert handle["attach_handle_type"] == "MDEV"
+    assert info["asked_type"] == migrationlab.MDEV_TYPE
+    assert [info[k] for k in ("domain", "bus", "device", "function")] == [None] * 4
+    nova_name = "mdev_{}_{}_{}_{}_{}".format(
+        handle["attach_handle_uuid"].replace("-", "_"),
+        info["domain"], info["bus"], info["device"], info["function"],
+    )
+    assert not resolves(nova_name), "an mtty handle names no PCI parent"
 
 
 def test_a_remove_through_the_daemon_undefines(host: Host) -> None:
@@ -249,13 +251,3 @@ def _mdev_fields(xml: str) -> tuple[str | None, str | None, str | None]:
     from accel_agent.devices import nodedevs
 
     return nodedevs.parse_mdev_xml(xml)
-
-
-def _attach_handle(uuid: str) -> dict[str, Any] | None:
-    """The attach handle the agent gives Nova for an mtty mdev, when this tree
-    has it (issue 24 part 2); None otherwise."""
-    try:
-        from accel_agent.devices.attach import nova_handle  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return nova_handle(uuid, mdevlab.PARENT, migrationlab.MDEV_TYPE, None)
