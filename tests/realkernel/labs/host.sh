@@ -15,4 +15,4 @@ LAB_MODULES=(vfio_iommu_type1 mtty)
 LAB_QEMU_ARGS=()
 LAB_APPEND=""
 LAB_TESTS=(tests/realkernel --ignore=tests/realkernel/migration --ignore=tests/realkernel/systemd
-	--ignore=tests/realkernel/sriov)
+	--ignore=tests/realkernel/sriov --ignore=tests/realkernel/libvirtdefs)
