@@ -10,26 +10,19 @@ the migration tests that follow in the same guest.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.realkernel import labonly
 
 HERE = Path(__file__).resolve().parent
 LAB = "trixie"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("ACCEL_REALKERNEL_LAB") == LAB:
-        return
-    reason = pytest.mark.skip(
-        reason=f"runs in the guest of lab {LAB} (tests/realkernel/lab.sh --lab {LAB}); "
-        f"ACCEL_REALKERNEL_LAB is {os.environ.get('ACCEL_REALKERNEL_LAB')!r}"
-    )
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            item.add_marker(reason)
+    labonly.skip_outside(LAB, HERE, items)
 
 
 @pytest.fixture(autouse=True)

@@ -10,14 +10,13 @@ cleans up through the agents themselves, so a test that leaks fails.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from accel_agent.devices.ledger import OwnerKind
-from tests.realkernel import mdevlab
+from tests.realkernel import labonly, mdevlab
 from tests.realkernel.migration import migrationlab
 from tests.realkernel.migration.migrationlab import Hosts
 
@@ -26,15 +25,7 @@ LAB = "trixie"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("ACCEL_REALKERNEL_LAB") == LAB:
-        return
-    reason = pytest.mark.skip(
-        reason=f"runs in the guest of lab {LAB} (tests/realkernel/lab.sh --lab {LAB}); "
-        f"ACCEL_REALKERNEL_LAB is {os.environ.get('ACCEL_REALKERNEL_LAB')!r}"
-    )
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            item.add_marker(reason)
+    labonly.skip_outside(LAB, HERE, items)
 
 
 @pytest.fixture(scope="session")

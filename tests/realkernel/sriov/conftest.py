@@ -11,12 +11,12 @@ with every VF on igbvf and in the reset state.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.realkernel import labonly
 from tests.realkernel.sriov import igblab
 
 HERE = Path(__file__).resolve().parent
@@ -24,16 +24,9 @@ LAB = "igb"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("ACCEL_REALKERNEL_LAB") == LAB:
-        return
-    reason = pytest.mark.skip(
-        reason=f"runs in the guest of lab {LAB} (ACCEL_REALKERNEL_LABS={LAB} "
-        f"tests/realkernel/run.sh); ACCEL_REALKERNEL_LAB is "
-        f"{os.environ.get('ACCEL_REALKERNEL_LAB')!r}"
+    labonly.skip_outside(
+        LAB, HERE, items, how=f"ACCEL_REALKERNEL_LABS={LAB} tests/realkernel/run.sh"
     )
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            item.add_marker(reason)
 
 
 @pytest.fixture(scope="session")
