@@ -14,6 +14,9 @@ What moves is ``available_instances`` and the mdev list.
 
 * lists ``bus/mdev/devices`` and reads only the mdevs it has not seen, or
   whose link target changed (a UUID removed and re-created elsewhere);
+  a tree without it (copied without ``bus/``) lists each parent's device
+  directory instead, where the kernel puts its mdevs
+  (:meth:`scanner._Scan.child_mdevs`), with the same rules;
 * lists ``class/mdev_bus``; a parent that appeared, or whose link now points
   elsewhere, is read in full; a vanished one is dropped.  Only the kernel's
   own link (named after the device it leads to, its text ending in that
@@ -239,6 +242,14 @@ class Rescanner:
         # The mdevs first: a counter read after the list can only be fresher
         # than the list, which the next rescan notices (module docstring).
         listed = self._rescan_mdevs(walker, old, reread_mdevs)
+        if listed is None:
+            # No bus/mdev/devices: each parent's device directory lists its
+            # mdevs (scanner.child_mdevs); those known from the last scan
+            # are listed now, before any counter, like the bus.
+            listed_early = self._child_mdevs(
+                walker, old, {p.device_path for p in old.snapshot.parents.values()},
+                reread_mdevs,
+            )
         fresh_texts: dict[str, str] = {}  # entries resolved again: name -> link text
         trusted: dict[str, str] = {}  # the next rescan's parent_links
         cached: set[str] = set()  # device directories whose parent is reused
@@ -272,19 +283,28 @@ class Rescanner:
             if bus_fd is not None:
                 os.close(bus_fd)
         parents = walker.settle()
+        listed_late: set[str] = set()  # device directories listed after their counters
         if listed is None:
-            # No bus/mdev/devices (trees copied without bus/): the mdevs come
-            # from each type's devices/ directory, read after the counters,
-            # so no list vouches for any counter (basis None: re-read).
-            mdevs, mdev_targets = walker.mdevs(parents), {}
-            signatures: dict[str, frozenset[tuple[str, str]]] | None = None
+            # A parent new to this scan (read in full above) is listed only
+            # now, after its counters: no list vouches for them (basis None,
+            # re-read by the next listing).
+            now_paths = {p.device_path for p in parents.values()}
+            listed_late = now_paths - listed_early.keys()
+            late = self._child_mdevs(walker, old, listed_late, reread_mdevs)
+            mdevs, mdev_targets = {}, {}
+            for path in sorted(now_paths):
+                found, targets = late.get(path) or listed_early[path]
+                mdevs.update(found)
+                mdev_targets.update(targets)
+            mdevs = dict(sorted(mdevs.items()))  # in UUID order, as the bus lists them
         else:
             mdevs, mdev_targets = listed
-            signatures = _room_signatures(parents, mdevs, mdev_targets)
+        signatures = _room_signatures(parents, mdevs, mdev_targets)
         for name, parent in parents.items():
-            now = None if signatures is None else signatures.get(_room(parent), frozenset())
+            now = signatures.get(_room(parent), frozenset())
             if parent.device_path not in cached:
-                basis[name] = now  # read in full above, after the mdev list
+                # Read in full above, after the mdev list (unless listed late).
+                basis[name] = None if parent.device_path in listed_late else now
                 read_by[name] = seq
                 continue
             self._check_stop()
@@ -379,6 +399,30 @@ class Rescanner:
         finally:
             os.close(bus_fd)
         return targets
+
+    def _child_mdevs(
+        self, walker: scanner._Scan, old: _State, device_paths: set[str], reread: bool
+    ) -> dict[str, tuple[dict[str, Mdev], dict[str, str]]]:
+        """device directory -> (its mdevs, their "targets"), listed from the
+        directory itself (without bus/mdev/devices), reading only mdevs new
+        there (every one with ``reread``).  The target of such an mdev is its
+        device directory, which is what the bus's link leads to."""
+        listed: dict[str, tuple[dict[str, Mdev], dict[str, str]]] = {}
+        for path in device_paths:
+            self._check_stop()
+            mdevs: dict[str, Mdev] = {}
+            targets: dict[str, str] = {}
+            for uuid in walker.child_mdevs(path):
+                target = f"{path}/{uuid}"
+                cached = old.snapshot.mdevs.get(uuid)
+                if not reread and cached is not None and old.mdev_targets.get(uuid) == target:
+                    mdevs[uuid] = cached
+                else:
+                    mdev = walker.mdev_at(uuid, os.path.join(walker.root, target))
+                    mdevs[uuid] = cached if cached == mdev else mdev
+                targets[uuid] = target
+            listed[path] = (mdevs, targets)
+        return listed
 
     def _rescan_mdevs(
         self, walker: scanner._Scan, old: _State, reread: bool = False

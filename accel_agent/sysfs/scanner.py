@@ -36,6 +36,7 @@ import logging
 import marshal
 import os
 import re
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from accel_agent import exception
@@ -437,27 +438,51 @@ class _Scan:
 
     # -- mediated devices ---------------------------------------------------------
 
-    def mdevs(self, parents: dict[str, Parent]) -> dict[str, Mdev]:
+    def mdevs(self, parents: Mapping[str, Parent]) -> dict[str, Mdev]:
         bus_dir = os.path.join(self.root, MDEV_DEVICES)
-        if os.path.isdir(bus_dir):
-            candidates = [os.path.join(bus_dir, n) for n in self.listdir(bus_dir)]
-        else:
-            # Trees copied without bus/ (or very old layouts): each type's
-            # devices/ directory links the same device directories.
-            candidates = [
-                os.path.join(self.root, parent.device_path, SUPPORTED_TYPES, type_id, "devices", n)
-                for parent in parents.values()
-                for type_id in parent.types
-                for n in self.listdir(
-                    os.path.join(self.root, parent.device_path, SUPPORTED_TYPES, type_id, "devices")
-                )
-            ]
+        if not os.path.isdir(bus_dir):
+            # Trees copied without bus/: each mdev is a child directory of
+            # its parent's device (see child_mdevs).
+            found = {
+                uuid: self.mdev_at(uuid, os.path.join(self.root, path, uuid))
+                for path in {parent.device_path for parent in parents.values()}
+                for uuid in self.child_mdevs(path)
+            }
+            return {uuid: found[uuid] for uuid in sorted(found)}
         found: dict[str, Mdev] = {}
-        for link in candidates:
-            mdev = self.mdev(link)
+        for name in self.listdir(bus_dir):
+            mdev = self.mdev(os.path.join(bus_dir, name))
             if mdev is not None:
                 found[mdev.uuid] = mdev
         return found
+
+    def child_mdevs(self, device_path: str) -> list[str]:
+        """The UUIDs of the mdevs under a parent's device directory
+        (``device_path``, relative to the root), sorted.
+
+        The kernel registers an mdev as a child device of its parent
+        (drivers/vfio/mdev/mdev_core.c, ``mdev_device_create``: ``dev.parent``
+        is the parent's device), so its directory sits in the parent's, and
+        each type's ``devices/`` only links there.  One listing per parent
+        finds them all where ``bus/mdev/devices`` is missing: a tree copied
+        without ``bus/``; the per-type listings cost a directory per type (24
+        times as many on a 24-type GPU).  A child counts when it is a real
+        directory named as a canonical UUID holding an ``mdev_type`` entry,
+        which no other child device of a GPU has."""
+        found = []
+        directory = os.path.join(self.root, device_path)
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if (
+                        is_canonical_uuid(entry.name)
+                        and entry.is_dir(follow_symlinks=False)
+                        and os.path.lexists(os.path.join(entry.path, "mdev_type"))
+                    ):
+                        found.append(entry.name)
+        except OSError:
+            return []
+        return sorted(found)
 
     def mdev(self, link: str) -> Mdev | None:
         name = os.path.basename(link)
@@ -473,6 +498,11 @@ class _Scan:
         if device is None or not os.path.isdir(device):
             self.warn(f"mdev {name}: link is dangling, leaves the root or is no directory; skipped")
             return None
+        return self.mdev_at(name, device)
+
+    def mdev_at(self, name: str, device: str) -> Mdev:
+        """The mdev ``name`` whose device directory is ``device`` (a real
+        path inside the root): its parent is the directory holding it."""
         mdev_type = None
         type_dir = self.resolve(os.path.join(device, "mdev_type"))
         if type_dir is not None:
