@@ -20,7 +20,7 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from benchmarks import cold, rescan, timing, vfio, xml
+from benchmarks import breakdown, cold, rescan, timing, trees, vfio, xml
 
 TARGETS = {
     "a": "accelctl types --json through the daemon <= 0.3x mdevctl types' wall time; offline "
@@ -75,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument(
         "--only",
-        default="abcdefgklm",
+        default="abcdefgklmp",
         help="letters of the benchmarks to run (g: types/inventory on 8 NVIDIA vGPU 17+ "
         "GPUs x 48 VFs; k: (c) on a real kernel in the lab guest; "
         "l: a real live migration through the agent in the lab trixie guest; "
-        "m: a large host, 2,000 parents x 4 types)",
+        "m: a large host, 2,000 parents x 4 types; p: where a listing's time goes)",
     )
     parser.add_argument("--quick", action="store_true", help="fewer runs, 256-parent tree only")
     parser.add_argument("--output", help="write the Markdown report here")
@@ -121,6 +121,16 @@ def main(argv: list[str] | None = None) -> int:
 
     run("a", "cold listing", cold_body)
     run("b", "rescan", rescan_body)
+    run(
+        "p",
+        "where a listing's time goes",
+        lambda: [
+            f"### (p) where the time goes, accelctl types --json, {sizes[0][0]} x {sizes[0][1]}",
+            "",
+            *breakdown.report(trees.tree(*sizes[0]), runs),
+            "",
+        ],
+    )
     run("d", "XML rewrite", lambda: section("(d) XML rewrite", xml.measure(2000), []))
     run(
         "g",
