@@ -41,12 +41,14 @@ from accel_agent import __version__
 CACHE_DIR_ENV = "ACCEL_AGENT_CACHE_DIR"
 # Bump when the cached value's shape or meaning changes.
 FORMAT = 1
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The code whose behaviour the cached values depend on: option declarations
-# (defaults) and how the type options are read.
+# (defaults) and how the type options are read.  Each must exist (a test
+# checks): the stat of a path that is not there never changes, so a moved
+# module would silently stop invalidating the cache.
 _CODE_FILES = (
     os.path.join(_PACKAGE_DIR, "conf.py"),
-    os.path.join(_PACKAGE_DIR, "mdev", "policy.py"),
+    os.path.join(_PACKAGE_DIR, "devices", "policy.py"),
     os.path.join(_PACKAGE_DIR, "wiring.py"),
     os.path.abspath(__file__),
 )

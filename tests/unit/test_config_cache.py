@@ -125,6 +125,19 @@ def test_a_change_in_the_code_that_declares_options_is_a_miss(
     assert loads == [1]
 
 
+def test_the_code_files_that_key_the_cache_exist():
+    # A path that is not there stats the same forever: a moved module
+    # would stop invalidating the cache without any error (it did: the
+    # paths pointed one directory too high, and at a policy.py since moved).
+    import accel_agent.conf
+    import accel_agent.devices.policy
+
+    assert all(os.path.isfile(path) for path in config_cache._CODE_FILES)
+    assert accel_agent.conf.__file__ in config_cache._CODE_FILES
+    assert accel_agent.devices.policy.__file__ in config_cache._CODE_FILES
+    assert wiring.__file__ in config_cache._CODE_FILES
+
+
 def test_refused_values_are_reported_every_time_and_never_cached(cache_dir, tmp_path):
     bad = tmp_path / "bad.conf"
     bad.write_text(
