@@ -120,6 +120,20 @@ refuses to start.
 ]
 
 devices_opts.append(
+    cfg.IntOpt(
+        "standing_vf_wait",
+        default=120,
+        min=0,
+        max=3600,
+        help="Seconds the start-up waits, before READY, for the GPUs a standing layout "
+        "names ([mdev_<type>] standing with device_addresses) to appear: after a reboot "
+        "or a driver reload NVIDIA's VFs exist only once nvidia-sriov.service (sriov-manage "
+        "-e) enabled them. A GPU still missing then is named in health, and its layout is "
+        "placed when it appears. 0: do not wait.",
+    )
+)
+
+devices_opts.append(
     cfg.ListOpt(
         "enabled_vf_pools",
         default=[],
@@ -292,6 +306,32 @@ def _dynamic_opts(mdev_type: str) -> list[cfg.Opt]:
             max=65535,
             help="Most mdevs of this type per physical GPU (SR-IOV VFs of one card "
             "share it). Unset: what the hardware offers.",
+        ),
+        cfg.IntOpt(
+            "standing",
+            default=0,
+            min=0,
+            max=65535,
+            help="Devices of this type each physical GPU of it carries at all times, used "
+            "or not (a standing layout): N typed VFs on a vendor-VFIO GPU, N mdevs on an "
+            "mdev GPU, made after recovery and before the agent reports READY, restored "
+            "after a reboot, kept on release (even --remove). Capped by the GPU's "
+            "capacity (check-config says when it cannot fit). A lower value or another "
+            "type never removes a device in use: it drains. 0: devices exist only while "
+            "an instance holds them.",
+        ),
+        cfg.StrOpt(
+            "reported_by",
+            default="agent",
+            choices=[
+                ("agent", "the agent reports these GPUs to Placement and hands their "
+                 "devices out (allocate, attach)"),
+                ("nova", "Nova's PCI tracker reports and assigns the standing devices "
+                 "([pci] device_spec from accelctl nova-pci-config): the agent makes "
+                 "them, reports no provider for them and refuses to hand them out"),
+            ],
+            help="Who counts and assigns this type's devices, so that a GPU is never "
+            "reported or handed out twice.",
         ),
     ]
 

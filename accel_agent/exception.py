@@ -152,6 +152,17 @@ class InsufficientCapacity(AccelAgentException):
     msg_fmt = "insufficient capacity for type %(mdev_type)s on %(parents)s: %(reason)s"
 
 
+class ReportedByNova(InsufficientCapacity):
+    """A subclass so that callers handling "no room" (HTTP 409, attach's
+    rollback) handle it alike; its message says why there is none."""
+
+    msg_fmt = (
+        "type %(mdev_type)s is reported by Nova ([mdev_%(mdev_type)s] reported_by = nova): "
+        "Nova's PCI tracker assigns its standing devices, so the agent hands none out "
+        "(a device given by both would be given twice)"
+    )
+
+
 class ParentGone(AccelAgentException):
     msg_fmt = "mdev parent %(parent)s is going away or gone (ENODEV)"
 

@@ -401,9 +401,10 @@ def _policy_option(error: exception.AccelAgentException) -> tuple[str, str] | No
     if isinstance(error, exception.InvalidMdevClass):
         return f"mdev_{error.kwargs.get('mdev_type')}", "mdev_class"
     reason = str(error.kwargs.get("reason", ""))
-    if isinstance(error, exception.InvalidMdevConfig) and reason.startswith("max_instances "):
-        mdev_type = reason.partition(" of type ")[2].partition(" ")[0]
-        return f"mdev_{mdev_type}", "max_instances"
+    for option in ("max_instances", "standing", "reported_by"):
+        if isinstance(error, exception.InvalidMdevConfig) and reason.startswith(option + " "):
+            mdev_type = reason.partition(" of type ")[2].partition(" ")[0]
+            return f"mdev_{mdev_type}", option
     return None
 
 

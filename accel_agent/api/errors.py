@@ -42,6 +42,7 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.ApiMethodNotAllowed: 405,
     # 409: the host's state refuses it
     exception.InsufficientCapacity: 409,
+    exception.ReportedByNova: 409,
     exception.InstanceAlreadyAllocated: 409,
     exception.MdevInUse: 409,
     exception.LedgerConflict: 409,

@@ -21,6 +21,7 @@ from oslo_config import cfg
 
 from accel_agent import wiring
 from accel_agent.daemon import health as health_mod
+from accel_agent.daemon import layout_wait
 from accel_agent.daemon.counts import RescanView, placement_signature
 from accel_agent.daemon.listings import Listings
 from accel_agent.daemon.reloads import ReloadOutcome, Reloads
@@ -102,6 +103,17 @@ class AgentCore:
         # reaches run(), which then stops without finishing the start).
         with interruptible():
             report = self.rescans.run_recover(raise_config_errors=True)
+            if any(t.standing > 0 for t in self.devices.policy.types):
+                # Before READY: a consumer ordered after the agent (nova-compute)
+                # must never see a GPU without its standing layout.
+                missing = layout_wait.wait_for_gpus(
+                    self.devices, self.conf.devices.standing_vf_wait
+                )
+                if missing:
+                    # The VFs came up late or will not: recovery re-creates the
+                    # recorded devices of those that did.
+                    self.rescans.run_recover()
+                self.rescans.run_layout(missing_gpus=missing)
             self.rescans.rescan_now(frozenset({"startup"}))
         return report
 

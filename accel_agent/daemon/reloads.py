@@ -24,7 +24,7 @@ from oslo_config import cfg
 from accel_agent import conf as agent_conf
 from accel_agent import exception, wiring
 from accel_agent.devices import policy as policy_mod
-from accel_agent.devices.ledger import DeviceRecord
+from accel_agent.devices.ledger import DeviceRecord, OwnerKind
 from accel_agent.reporting import placement_opts
 
 if TYPE_CHECKING:
@@ -217,7 +217,11 @@ class Reloads:
         # NOTE: the check and the switch happen under the manager's lock, so
         # that no allocation made with the old policy slips in between.
         with devices.locked():
-            assigned = devices.scanned_records(devices.ledger.assigned())
+            # A standing layout's devices that no instance holds drain
+            # instead (devices/layout.py): never a reason to refuse.
+            assigned = devices.scanned_records(
+                r for r in devices.ledger.assigned() if r.owner_kind is not OwnerKind.STANDING
+            )
             orphans = orphaned(assigned, policy, devices.scan().parents)
             if orphans:
                 raise exception.ReloadRefused(reason="; ".join(orphans))

@@ -15,6 +15,7 @@ rescan that meets it again).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -41,6 +42,22 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class LayoutView:
+    """The standing layouts as the last converge left them (health)."""
+
+    draining: tuple[str, ...] = ()
+    # (GPU, (type, wanted, have)) where the layout is incomplete.
+    short: tuple[tuple[str, tuple[str, int, int]], ...] = ()
+    # Configured GPUs whose VFs the start-up waited for in vain.
+    missing_gpus: tuple[str, ...] = ()
+    error: str | None = None
+
+
+def _layouts_configured(devices: DeviceManager) -> bool:
+    return any(t.standing > 0 for t in devices.policy.types)
+
+
 def helper_guards() -> list:
     """The privileged helpers' guards, once accel_agent.privileged is loaded
     (a core built with a test writer never loads it: no helper to watch)."""
@@ -65,6 +82,9 @@ class Rescans:
         self.view = RescanView()
         self.recovery = RecoveryView()
         self._last_recover_error: str | None = None
+        # The standing layouts' last converge (devices/layout.py), for health.
+        self.layout: LayoutView = LayoutView()
+        self._last_layout_error: str | None = None
         # Devices recovery found looking like ours while the ledger was missing.
         self._unrecorded: frozenset[str] = frozenset()
         # Wired by the core: the Placement loop is woken when the inventory changed.
@@ -110,6 +130,39 @@ class Rescans:
         with self._lock:
             self.recovery = RecoveryView(at=now, recreated=tuple(report.recreated))
         return report
+
+    # --- standing layouts ----------------------------------------------------------------
+
+    def run_layout(self, missing_gpus: tuple[str, ...] = ()) -> LayoutView:
+        """Converge the standing layouts; what is left is kept for health.
+        ``missing_gpus``: configured GPUs whose VFs never appeared."""
+        from accel_agent.devices import layout
+
+        if not layout.has_layouts(self.devices) and not missing_gpus:
+            view = LayoutView()
+        else:
+            try:
+                report = self.devices.converge_layout()
+            except exception.AccelAgentException as exc:
+                if exc.message != self._last_layout_error:
+                    LOG.error("standing layout: converge failed: %s", exc.message)
+                self._last_layout_error = exc.message
+                self.metrics.error(type(exc).__name__)
+                view = LayoutView(error=exc.message, missing_gpus=missing_gpus)
+            else:
+                self._last_layout_error = None
+                view = LayoutView(
+                    draining=tuple(report.draining),
+                    short=tuple(sorted(report.short.items())),
+                    missing_gpus=missing_gpus,
+                )
+        with self._lock:
+            if not missing_gpus and self.layout.missing_gpus and view.error is None:
+                # A GPU missing at start stays named until a converge places its layout.
+                still = tuple(g for g in self.layout.missing_gpus if g in dict(view.short))
+                view = dataclasses.replace(view, missing_gpus=still)
+            self.layout = view
+        return view
 
     # --- rescan --------------------------------------------------------------------------
 
@@ -215,6 +268,10 @@ class Rescans:
             recoverable, waiting = self._missing(records, snapshot)
         if self._release_expired_claims():
             records = self._records()
+        if self.layout != LayoutView() or _layouts_configured(devices):
+            self.run_layout()
+            records = self._records()
+            snapshot = devices.scan()
         return self._publish(records, snapshot, recoverable, waiting)
 
     def _publish(

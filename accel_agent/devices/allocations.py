@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.devices import planning, protocol
+from accel_agent.devices import layout, planning, protocol
 from accel_agent.devices import requests as requests_mod
 from accel_agent.devices.ledger import DeviceRecord, OwnerKind, validate_instance_id
 from accel_agent.devices.results import Allocation
@@ -150,13 +150,17 @@ def release_owner(m: DeviceManager, owner: str, kind: OwnerKind, remove: bool) -
         # is never kept as a free device (its MAC belonged to a tenant).
         unmade = {r.uuid for r in records if m.backend(r.backend).unmade_on_release}
         removable = [r.uuid for r in records if r.uuid in unmade]
+        # A standing layout's devices go back to it, even with --remove; those
+        # beyond its N (it was lowered) drain: removed now that they are free.
+        back, surplus = layout.split_release(m, [r for r in records if r.uuid not in unmade])
+        removable += [uuid for uuid in surplus if uuid not in removable]
         if remove:
             referenced = m.domains.referenced_uuids()
             if referenced is None:
                 LOG.warning("cannot ask libvirt which mdevs domains use; removing anyway")
                 referenced = set()
             for record in records:
-                if record.uuid in unmade:
+                if record.uuid in unmade or record.uuid in back or record.uuid in surplus:
                     continue
                 if record.uuid in referenced:
                     LOG.warning(
@@ -168,6 +172,7 @@ def release_owner(m: DeviceManager, owner: str, kind: OwnerKind, remove: bool) -
                 else:
                     removable.append(record.uuid)
         kept += protocol.release_and_remove(m, owner, kind, removable)
+        layout.take_back(m, back + [uuid for uuid in kept if uuid in surplus])
         LOG.info("released %d mdev(s) of %s %s: %s", len(records),
                  "instance" if kind is OwnerKind.INSTANCE else "the migration claim of",
                  owner, _what_became(records, remove, unmade, kept))

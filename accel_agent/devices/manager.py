@@ -30,11 +30,11 @@ from accel_agent import backends as backends_mod
 from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceWriter
 from accel_agent.backends.host import HostRescanner
-from accel_agent.devices import allocations, attach, claims, protocol, recovery, takeover
+from accel_agent.devices import allocations, attach, claims, layout, protocol, recovery, takeover
 from accel_agent.devices import inventory as inventory_mod
 from accel_agent.devices import nodedevs as nodedevs_mod
 from accel_agent.devices.domains import DomainReferences, NoDomains
-from accel_agent.devices.ledger import DeviceRecord, Ledger
+from accel_agent.devices.ledger import DeviceRecord, Ledger, OwnerKind
 from accel_agent.devices.policy import MdevPolicy
 
 if TYPE_CHECKING:
@@ -161,7 +161,12 @@ class DeviceManager:
         ]
 
     def free_uuids(self) -> frozenset[str]:
-        return frozenset(r.uuid for r in self.ledger.all() if r.free)
+        """Devices no instance or claim holds: free ones, and a standing
+        layout's (an allocation takes those first: they are room, not use)."""
+        return frozenset(
+            r.uuid for r in self.ledger.all()
+            if r.free or (r.owner_kind is OwnerKind.STANDING and r.intent_id is None)
+        )
 
     def inventory(self, snapshot: HostSnapshot | None = None) -> inventory_mod.Inventory:
         snapshot = snapshot or self.scan()
@@ -181,6 +186,12 @@ class DeviceManager:
             self.host,
             self._free_present(snapshot) if free is None else free,
         )
+        if any(t.nova_reports for t in self.policy.types):
+            # [mdev_<type>] reported_by = nova: Nova's PCI tracker reports
+            # these GPUs' devices; a provider of ours too would count them twice.
+            base = dataclasses.replace(base, providers=tuple(
+                p for p in base.providers if not self.policy.reported_by_nova(p.mdev_type)
+            ))
         extra = [
             p
             for b in self.backends.values()
@@ -259,6 +270,9 @@ class DeviceManager:
 
     def recover(self, full_check: bool = False) -> RecoveryReport:
         return recovery.recover(self, full_check)
+
+    def converge_layout(self) -> layout.LayoutReport:
+        return layout.converge(self)
 
     def unrecorded(self, snapshot: HostSnapshot, foreign: list[str]) -> list[str]:
         return recovery.unrecorded(self, snapshot, foreign)

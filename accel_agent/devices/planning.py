@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from accel_agent import exception
 from accel_agent.devices import requests as requests_mod
+from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 from accel_agent.devices.protocol import PlanItem, Slot
 
 if TYPE_CHECKING:
@@ -42,14 +43,20 @@ def plan(
     # its parent is never handed out as the type asked for.
     free_by_parent: dict[tuple[str, str], list[str]] = {}
     recorded: set[str] = set()
+    if wanted_type and m.policy.reported_by_nova(wanted_type):
+        raise exception.ReportedByNova(mdev_type=wanted_type)
     for record in m.ledger.all():
         recorded.add(record.uuid)
-        if record.free and record.uuid in snapshot.mdevs and not planned[record.uuid]:
+        if record.uuid in snapshot.mdevs and not planned[record.uuid] and (
+            record.free or _standing_and_unused(record)
+        ):
             free_by_parent.setdefault((record.parent, record.mdev_type), []).append(record.uuid)
     candidates = []
     for provider in inventory.providers:
         if wanted_type and provider.mdev_type != wanted_type:
             continue
+        if m.policy.reported_by_nova(provider.mdev_type):
+            continue  # Nova assigns these (ReportedByNova when asked by name)
         if wanted_class and provider.resource_class != wanted_class:
             continue
         members = list(provider.parent_devices)
@@ -110,6 +117,29 @@ def _provider_slots(
     planned: Counter[str],
 ) -> list[Slot]:
     slots = [Slot(p, u) for p in members for u in sorted(free_by_parent.get((p, mdev_type), []))]
+    config = m.policy.config_of(mdev_type)
+    if config is not None and config.standing > 0:
+        # A standing layout's devices are all this type gets on its GPUs:
+        # allocations take them and never add beyond them.
+        return slots
+    return slots + creatable_slots(m, snapshot, provider, planned, members, recorded)
+
+
+def creatable_slots(
+    m: DeviceManager,
+    snapshot: HostSnapshot,
+    provider: inventory_mod.Provider,
+    planned: Counter[str],
+    members: list[str] | None = None,
+    recorded: set[str] | None = None,
+) -> list[Slot]:
+    """A new device's slot for each one the provider's GPU has room for, on
+    ``members`` (default: all its parents), around what ``planned`` took."""
+    mdev_type = provider.mdev_type
+    members = list(provider.parent_devices) if members is None else members
+    if recorded is None:
+        recorded = {r.uuid for r in m.ledger.all()}
+    slots: list[Slot] = []
     existing = sum(
         len(snapshot.mdevs_on(p, mdev_type)) + planned[p] for p in provider.parent_devices
     )
@@ -127,6 +157,16 @@ def _provider_slots(
         slots += [Slot(parent_name, None)] * take
         creatable -= take
     return slots
+
+
+def _standing_and_unused(record: DeviceRecord) -> bool:
+    """Held by a standing layout and by no instance: taken first.  Only the
+    agent's own layouts get here (Nova's types are refused above)."""
+    return (
+        record.owner_kind is OwnerKind.STANDING
+        and record.state is DeviceState.PRESENT
+        and record.intent_id is None
+    )
 
 
 def plan_attach(

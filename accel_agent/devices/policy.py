@@ -39,6 +39,14 @@ class TypeConfig:
     device_addresses: tuple[str, ...]
     mdev_class: str
     max_instances: int | None
+    # [mdev_<type>] standing: devices each GPU of the type carries at all times.
+    standing: int = 0
+    # [mdev_<type>] reported_by: "agent" or "nova" (Nova reports and assigns them).
+    reported_by: str = "agent"
+
+    @property
+    def nova_reports(self) -> bool:
+        return self.reported_by == "nova"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,18 @@ class MdevPolicy:
     def config_of(self, mdev_type: str) -> TypeConfig | None:
         return next((t for t in self.types if t.mdev_type == mdev_type), None)
 
+    def standing_for(self, parent: Parent | str) -> tuple[str, int] | None:
+        """(type, N) when the parent's configured type has a standing layout."""
+        mdev_type = self.type_for(parent)
+        config = self.config_of(mdev_type) if mdev_type else None
+        if config is None or config.standing <= 0:
+            return None
+        return config.mdev_type, config.standing
+
+    def reported_by_nova(self, mdev_type: str | None) -> bool:
+        config = self.config_of(mdev_type) if mdev_type else None
+        return config is not None and config.nova_reports
+
     @property
     def enabled(self) -> bool:
         return bool(self.types)
@@ -104,6 +124,8 @@ class TypeOptions:
     device_addresses: tuple[str, ...] = ()
     mdev_class: str = "VGPU"
     max_instances: int | None = None
+    standing: int = 0
+    reported_by: str = "agent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +143,8 @@ class PolicyInputs:
         return {
             "enabled": list(self.enabled),
             "type_options": [
-                [t.mdev_type, list(t.device_addresses), t.mdev_class, t.max_instances]
+                [t.mdev_type, list(t.device_addresses), t.mdev_class, t.max_instances,
+                 t.standing, t.reported_by]
                 for t in self.type_options
             ],
             "sections": list(self.sections),
@@ -137,8 +160,11 @@ class PolicyInputs:
                     tuple(str(a) for a in addresses),
                     str(mdev_class),
                     None if max_instances is None else int(max_instances),
+                    int(standing),
+                    str(reported_by),
                 )
-                for t, addresses, mdev_class, max_instances in data["type_options"]
+                for t, addresses, mdev_class, max_instances, standing, reported_by
+                in data["type_options"]
             ),
             sections=tuple(str(s) for s in data["sections"]),
         )
@@ -167,7 +193,27 @@ def _read_type_options(
             )
         )
         max_instances = None
-    return TypeOptions(mdev_type, addresses, mdev_class, max_instances)
+    try:
+        standing = group.standing
+    except (ValueError, cfg.ConfigFileValueError):
+        raw = _raw_value(conf, f"mdev_{mdev_type}", "standing")
+        errors.append(
+            exception.InvalidMdevConfig(
+                reason=f"standing {raw} of type {mdev_type} must be an integer from 0 to 65535"
+            )
+        )
+        standing = 0
+    try:
+        reported_by = group.reported_by
+    except (ValueError, cfg.ConfigFileValueError):
+        raw = _raw_value(conf, f"mdev_{mdev_type}", "reported_by")
+        errors.append(
+            exception.InvalidMdevConfig(
+                reason=f"reported_by {raw} of type {mdev_type} must be agent or nova"
+            )
+        )
+        reported_by = "agent"
+    return TypeOptions(mdev_type, addresses, mdev_class, max_instances, standing, reported_by)
 
 
 def _raw_value(conf: cfg.ConfigOpts, group: str, option: str) -> str:
@@ -240,10 +286,19 @@ def resolve_policy(
             errors.append(exception.DuplicateMdevType(mdev_type=mdev_type, count=count))
         option = options.get(mdev_type, TypeOptions(mdev_type))
         mdev_class, max_instances = option.mdev_class, option.max_instances
+        layout = {"standing": option.standing, "reported_by": option.reported_by}
+        if option.reported_by == "nova" and option.standing <= 0:
+            errors.append(
+                exception.InvalidMdevConfig(
+                    reason=f"[mdev_{mdev_type}] reported_by = nova needs standing >= 1: Nova "
+                    "hands out only devices that exist, and the agent makes them only for a "
+                    "standing layout"
+                )
+            )
         if not option.device_addresses:
             if default_type is None:
                 default_type = mdev_type
-                types.append(TypeConfig(mdev_type, (), mdev_class, max_instances))
+                types.append(TypeConfig(mdev_type, (), mdev_class, max_instances, **layout))
             else:
                 warnings.append(
                     f"Mdev type default already set to {default_type} so {mdev_type} "
@@ -264,7 +319,9 @@ def resolve_policy(
                 continue
             owner_of[parent] = mdev_type
             parents.append(parent)
-        types.append(TypeConfig(mdev_type, tuple(parents), mdev_class, max_instances))
+        types.append(
+            TypeConfig(mdev_type, tuple(parents), mdev_class, max_instances, **layout)
+        )
 
     warnings.extend(_unused_sections(inputs.sections, set(inputs.enabled)))
     if errors:

@@ -138,6 +138,7 @@ def make_and_assign(
         with m.ledger.transaction():
             for slot, _type, source in items:
                 assert slot.reuse is not None
+                take_from_layout(m, slot.reuse)
                 _assign(m, slot.reuse, owner, owner_kind, expires_at, None, source)
             if on_settle is not None:
                 on_settle(reused)  # type: ignore[arg-type]
@@ -193,6 +194,7 @@ def _record_intent(
         intent = m.ledger.begin_intent(kind, owner)
         for slot, mdev_type, source in items:
             if slot.reuse:
+                take_from_layout(m, slot.reuse)
                 m.ledger.reserve(slot.reuse, intent)
                 chosen.append((slot.reuse, source))
                 continue
@@ -211,6 +213,15 @@ def _record_intent(
             to_create.append((new, slot.parent, mdev_type, backend, slot.settings))
             chosen.append((new, source))
     return intent, chosen, to_create
+
+
+def take_from_layout(m: DeviceManager, uuid: str) -> None:
+    """A standing layout's device the plan gives an instance: the layout lets
+    it go in the transaction that assigns or reserves it.  A crash after
+    leaves it free at worst, and the layout takes it back (devices/layout.py)."""
+    record = m.ledger.get(uuid)
+    if record is not None and record.owner_kind is OwnerKind.STANDING:
+        m.ledger.release(uuid)
 
 
 def _assign(
@@ -545,6 +556,9 @@ def remake(m: DeviceManager, record: DeviceRecord) -> None:
 
 
 def forget_gone(m: DeviceManager, record: DeviceRecord) -> None:
-    """A free device gone from sysfs that nobody needs back (its type was
-    dropped): forgotten."""
-    m.ledger.forget(record.uuid)
+    """A free device (or a standing layout's) gone from sysfs that nobody
+    needs back (its type was dropped): forgotten."""
+    with m.ledger.transaction():
+        if record.owner_kind is OwnerKind.STANDING:
+            m.ledger.release(record.uuid)
+        m.ledger.forget(record.uuid)

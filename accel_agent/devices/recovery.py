@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from accel_agent import exception
 from accel_agent.devices import claims, protocol
-from accel_agent.devices.ledger import DeviceRecord, DeviceState
+from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 from accel_agent.devices.protocol import Existing
 from accel_agent.devices.results import RecoveryReport
 
@@ -130,6 +130,8 @@ def _check_recreatable(m: DeviceManager, devices: Existing) -> None:
     for record in m.ledger.assigned():
         if devices.exists(record) or record.state is not DeviceState.PRESENT:
             continue
+        if record.owner_kind is OwnerKind.STANDING:
+            continue  # a layout's device no instance holds: as a free one
         if record.backend != "mdev" and not devices.has_parent(record):
             # A VF's configured type is its GPU's (its pool's); with the VF
             # gone (SR-IOV disabled) it cannot be told: it waits for its
@@ -167,9 +169,11 @@ def _recreate_missing(m: DeviceManager, devices: Existing, report: RecoveryRepor
             LOG.warning("mdev %s waits for parent %s to come back", record.uuid, record.parent)
             report.waiting_for_parent.append(record.uuid)
             continue
-        if not record.assigned and _configured_type(m, record, devices) != record.mdev_type:
-            # A free device of a type the config dropped: nobody needs it
-            # back, and it is gone from sysfs already (a reboot): nothing leaks.
+        unheld = not record.assigned or record.owner_kind is OwnerKind.STANDING
+        if unheld and _configured_type(m, record, devices) != record.mdev_type:
+            # A free device (or a layout's) of a type the config dropped:
+            # nobody needs it back, and it is gone from sysfs already (a
+            # reboot): nothing leaks.
             protocol.forget_gone(m, record)
             report.forgotten.append(record.uuid)
             LOG.info(

@@ -107,7 +107,7 @@ def test_existing_state_dir_is_not_chmodded(tmp_path: Path) -> None:
 
 
 def test_new_ledger_has_current_schema(ledger: Ledger) -> None:
-    assert ledger.schema_version == SCHEMA_VERSION == 4
+    assert ledger.schema_version == SCHEMA_VERSION == 5
     tables = {
         r[0] for r in raw(ledger).execute("SELECT name FROM sqlite_master WHERE type='table'")
     }
@@ -140,6 +140,34 @@ def test_migration_to_a_later_version_keeps_data(state_dir: Path) -> None:
         assert record is not None and record.owner == "inst-a"
         note = led._conn.execute("SELECT note FROM mdevs WHERE uuid = ?", (uid(1),)).fetchone()
         assert note == ("migrated",)
+
+
+def test_v4_ledger_upgraded_keeps_assignments_and_takes_standing_owners(
+    state_dir: Path, clock: Clock
+) -> None:
+    """Schema 5 rebuilds assignments (a wider owner_kind CHECK): every row,
+    its index and both triggers survive it."""
+    with Ledger(state_dir, migrations=MIGRATIONS[:4], clock=clock) as led:
+        present(led, 1)
+        present(led, 2)
+        present(led, 3)
+        led.assign(uid(1), "inst-a")
+        led.assign(uid(2), "dst-1", owner_kind=OwnerKind.CLAIM, claim_expires_at=99.0,
+                   source_uuid=uid(9))
+    with Ledger(state_dir, upgrade=True, clock=clock) as led:
+        assert led.schema_version == SCHEMA_VERSION == 5
+        one, two = led.get(uid(1)), led.get(uid(2))
+        assert one is not None and (one.owner, one.owner_kind) == ("inst-a", OwnerKind.INSTANCE)
+        assert two is not None and (two.owner_kind, two.source_uuid) == (OwnerKind.CLAIM, uid(9))
+        assert led.assign(uid(3), "layout", owner_kind=OwnerKind.STANDING).owner_kind is \
+            OwnerKind.STANDING
+        conn = raw(led)
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        assert {"assignments_by_owner", "assign_only_present", "assigned_stays_present"} <= names
+        assert "assignments_v5" not in names
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("UPDATE mdevs SET state = 'removing' WHERE uuid = ?", (uid(3),))
+        assert led.check_integrity() == "ok"
 
 
 def test_failed_migration_changes_nothing(state_dir: Path) -> None:

@@ -22,6 +22,9 @@ class DeviceState(enum.StrEnum):
 class OwnerKind(enum.StrEnum):
     INSTANCE = "instance"
     CLAIM = "claim"  # a live-migration destination claim, expires
+    # Held by a standing layout ([mdev_<type>] standing) while no instance
+    # holds it: never free, so nothing else takes it (Nova may use it).
+    STANDING = "standing"
 
 
 class IntentKind(enum.StrEnum):

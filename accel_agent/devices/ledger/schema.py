@@ -101,11 +101,54 @@ def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
     )
 
 
+_ASSIGN_ONLY_PRESENT = """CREATE TRIGGER assign_only_present BEFORE INSERT ON assignments
+       WHEN (SELECT state FROM mdevs WHERE uuid = NEW.uuid) IS NOT 'present'
+       BEGIN SELECT RAISE(ABORT, 'only a present mdev can be assigned'); END"""
+_ASSIGNED_STAYS_PRESENT = """CREATE TRIGGER assigned_stays_present BEFORE UPDATE OF state ON mdevs
+       WHEN NEW.state != 'present'
+            AND EXISTS (SELECT 1 FROM assignments WHERE uuid = NEW.uuid)
+       BEGIN SELECT RAISE(ABORT, 'release an assigned mdev before changing its state'); END"""
+
+
+def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
+    # Standing layouts (issue 23): a device the layout holds while no
+    # instance does is assigned to owner kind 'standing', so that nothing
+    # takes it for free (Nova may be using it).  SQLite cannot change a
+    # CHECK constraint in place: the table is rebuilt, as its manual says
+    # (lang_altertable.html, "other kinds of table schema changes"), with
+    # its index and triggers made again; the trigger on mdevs that reads it
+    # goes first, so that no trigger ever names a missing table.
+    conn.execute("DROP TRIGGER assigned_stays_present")
+    conn.execute(
+        """CREATE TABLE assignments_v5 (
+            uuid TEXT PRIMARY KEY NOT NULL REFERENCES mdevs (uuid) ON DELETE RESTRICT,
+            owner TEXT NOT NULL CHECK (length(owner) BETWEEN 1 AND 255),
+            owner_kind TEXT NOT NULL CHECK (owner_kind IN ('instance', 'claim', 'standing')),
+            claim_expires_at REAL,
+            assigned_at REAL NOT NULL,
+            source_uuid TEXT CHECK (source_uuid IS NULL OR (length(source_uuid) = 36
+                AND source_uuid = lower(source_uuid))),
+            CHECK ((owner_kind = 'claim') = (claim_expires_at IS NOT NULL))
+        )"""
+    )
+    conn.execute(
+        "INSERT INTO assignments_v5 (uuid, owner, owner_kind, claim_expires_at, assigned_at, "
+        "source_uuid) SELECT uuid, owner, owner_kind, claim_expires_at, assigned_at, "
+        "source_uuid FROM assignments"
+    )
+    conn.execute("DROP TABLE assignments")
+    conn.execute("ALTER TABLE assignments_v5 RENAME TO assignments")
+    conn.execute("CREATE INDEX assignments_by_owner ON assignments (owner)")
+    conn.execute(_ASSIGN_ONLY_PRESENT)
+    conn.execute(_ASSIGNED_STAYS_PRESENT)
+
+
 # MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
 MIGRATIONS: tuple[Migration, ...] = (
     _migrate_v0_to_v1,
     _migrate_v1_to_v2,
     _migrate_v2_to_v3,
     _migrate_v3_to_v4,
+    _migrate_v4_to_v5,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

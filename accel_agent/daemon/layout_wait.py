@@ -1,0 +1,61 @@
+"""The start-up's bounded wait for the GPUs a standing layout names.
+
+After a host reboot or an NVIDIA driver reload the SR-IOV VFs of a vGPU 17+
+GPU do not exist until NVIDIA's ``nvidia-sriov.service`` runs ``sriov-manage
+-e`` ("the virtual functions … are disabled after the hypervisor host is
+rebooted or if the driver is reloaded", NVIDIA's documentation); an mdev
+parent may likewise register after the agent started (mdevctl issue 82, the
+boot race).  The unit is ordered after ``nvidia-sriov.service`` where it
+exists, and this wait covers the rest: the layout is placed before READY
+whenever the devices come in time, so nova-compute, ordered after the
+agent, never sees an untyped VF.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accel_agent.devices.manager import DeviceManager
+
+LOG = logging.getLogger(__name__)
+POLL_SECONDS = 1.0
+
+
+def missing_gpus(m: DeviceManager) -> tuple[str, ...]:
+    """The configured addresses of standing types that are neither an mdev
+    parent nor the PF of one (its VFs are not there)."""
+    snapshot = m.scan()
+    present = set(snapshot.parents)
+    present |= {p.pci_address for p in snapshot.parents.values() if p.pci_address}
+    present |= {p.physfn for p in snapshot.parents.values() if p.physfn}
+    return tuple(
+        address
+        for config in m.policy.types
+        if config.standing > 0
+        for address in config.device_addresses
+        if address not in present
+    )
+
+
+def wait_for_gpus(
+    m: DeviceManager, timeout: float, sleep=time.sleep, clock=time.monotonic
+) -> tuple[str, ...]:
+    """Wait up to ``timeout`` seconds for them; returns those still missing."""
+    missing = missing_gpus(m)
+    if not missing:
+        return ()
+    LOG.info("standing layout: waiting up to %g s for %s (their VFs or parents are not "
+             "there yet)", timeout, ", ".join(missing))
+    deadline = clock() + timeout
+    while missing and clock() < deadline:
+        sleep(POLL_SECONDS)
+        missing = missing_gpus(m)
+    if missing:
+        LOG.warning("standing layout: %s still missing after %g s; their layouts are placed "
+                    "when they appear", ", ".join(missing), timeout)
+    else:
+        LOG.info("standing layout: every configured GPU is there")
+    return missing
