@@ -170,6 +170,12 @@ def test_enable_vfs_all_changes_nothing_when_one_gpu_is_off_its_driver(host):
     with pytest.raises(exception.SimulatorError, match=f"{PF2} is bound to no driver"):
         host.enable_vfs("ALL")
     assert vf_count(host, PF) == (0, [], [])  # checked before anything changed
+    host.write(f"{DEV}/{PF}/driver_override", "vfio-pci")
+    host.write("bus/pci/drivers/nvidia/unbind", PF)
+    host.write("bus/pci/drivers_probe", PF)
+    with pytest.raises(exception.SimulatorError, match=f"{PF} is bound to vfio-pci, not nvidia"):
+        host.enable_vfs(PF)
+    assert vf_count(host, PF) == (0, [], [])
 
 
 def test_enable_vfs_on_a_host_without_vgpu_gpus_is_an_error():
