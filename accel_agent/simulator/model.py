@@ -23,7 +23,8 @@ names its sources:
 
 It keeps what they share: the IOMMU group numbers, the event log and the
 generation counter, and the host operations of tests and the control socket
-(reboot, hold/release, register/unregister, fault injection, status).
+(reboot, with or without the vGPU 17+ VFs, enable-vfs, driver-reload,
+hold/release, register/unregister, fault injection, status).
 
 Threading: one ``RLock`` guards all state; a remove that blocks on a held
 device waits on a condition of that lock, so other callers (the FUSE worker

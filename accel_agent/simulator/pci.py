@@ -421,6 +421,8 @@ class PciBus:
         (driver_register() -> driver_attach()).  Refused, changing nothing,
         while any of them is in use: an open VFIO device holds a reference on
         its driver's module, and ``rmmod`` answers "Module ... is in use".
+        The static VFs of the ``nvidia-sriov`` profile stay (they are probed
+        again); a real reload would cycle them too.
         Returns the addresses bound to ``name`` afterwards."""
         bound = [fn for fn in self.functions() if fn.driver == name]
         if not bound:
