@@ -322,8 +322,9 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="log every FUSE request (foreground)")
     p = action("umount", cmd_umount, "stop the simulator and unmount")
     p.add_argument("--timeout", type=_seconds, default=15.0)
-    p = action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes, VFs, "
-               "drivers and driver_override return to the boot state, every vGPU type is 0")
+    p = action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes; VFs, "
+               "drivers and driver_override return to the boot state (the VFs the host "
+               "booted with are enabled again unless --vfs-disabled); every vGPU type is 0")
     p.add_argument("--vfs-disabled", action="store_true",
                    help="the NVIDIA vGPU 17+ GPUs come back without VFs, as after a real "
                         "reboot before nvidia-sriov.service ran (sriov_numvfs 0, no virtfn "
