@@ -7,7 +7,8 @@ accel_agent.simulator``, which is also how ``mount`` starts its server).
   simulate mount DIR [--profile P ...] [--gpus N] [--vfs N] [--nics N] [--parents N]
                      [--types M] [--spec FILE.json] [--foreground] [--remove-timeout S]
                      [--timeout S]
-  simulate umount DIR | reboot DIR | status DIR [--json]
+  simulate umount DIR | reboot DIR [--vfs-disabled] | status DIR [--json]
+  simulate enable-vfs DIR PF|ALL | driver-reload DIR [--driver NAME]
   simulate hold DIR UUID|ADDR | release DIR UUID|ADDR
   simulate unregister DIR PARENT | register DIR PARENT
   simulate fail-next-create DIR ERRNO [--parent P] [--type T]
@@ -121,7 +122,26 @@ def _client(args: argparse.Namespace) -> control.SimulatorClient:
 
 @_handled
 def cmd_reboot(args: argparse.Namespace) -> int:
-    _client(args).reboot()
+    _client(args).reboot(vfs_disabled=args.vfs_disabled)
+    return 0
+
+
+@_handled
+def cmd_enable_vfs(args: argparse.Namespace) -> int:
+    # Worded like NVIDIA's sriov-manage, whose output operators know.
+    result = _client(args).enable_vfs(args.pf)
+    for pf in result.get("enabled", []):
+        print(f"Enabled VFs on {pf}")
+    for pf in result.get("already_enabled", []):
+        print(f"GPU at {pf} already has VFs enabled.")
+    return 0
+
+
+@_handled
+def cmd_driver_reload(args: argparse.Namespace) -> int:
+    bound = _client(args).driver_reload(args.driver)
+    print(f"reloaded {args.driver}: {len(bound)} device(s) bound again"
+          f"{' (' + ', '.join(bound) + ')' if bound else ''}")
     return 0
 
 
@@ -196,6 +216,8 @@ def _print_pci(status: dict[str, Any]) -> None:
         vgpus_of[v["physfn"]] = vgpus_of.get(v["physfn"], 0) + 1
     for pf in status.get("sriov_pfs", []):
         extra = f"  netdev {pf['netdev']}" if pf["netdev"] else ""
+        if pf.get("vgpu") and not pf.get("vfs_enabled", True):
+            extra += "  VFs disabled (simulate enable-vfs)"
         vgpus = f"  vgpus {vgpus_of[pf['address']]}" if pf["address"] in vgpus_of else ""
         print(f"  pf {pf['address']} {pf['driver'] or '(unbound)'}  vfs "
               f"{pf['num_vfs']}/{pf['total_vfs']}{vgpus}{extra}")
@@ -300,8 +322,25 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="log every FUSE request (foreground)")
     p = action("umount", cmd_umount, "stop the simulator and unmount")
     p.add_argument("--timeout", type=_seconds, default=15.0)
-    action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes, VFs, drivers "
-           "and driver_override return to the boot state, every vGPU type is 0")
+    p = action("reboot", cmd_reboot, "simulate a host reboot: every mdev vanishes; VFs, "
+               "drivers and driver_override return to the boot state (the VFs the host "
+               "booted with are enabled again unless --vfs-disabled); every vGPU type is 0")
+    p.add_argument("--vfs-disabled", action="store_true",
+                   help="the NVIDIA vGPU 17+ GPUs come back without VFs, as after a real "
+                        "reboot before nvidia-sriov.service ran (sriov_numvfs 0, no virtfn "
+                        "links); 'enable-vfs' brings them back")
+    p = action("enable-vfs", cmd_enable_vfs,
+               "what NVIDIA's 'sriov-manage -e PF|ALL' does: give a vGPU 17+ GPU without VFs "
+               "all the VFs it supports (sriov_totalvfs), bound to nvidia and untyped, with "
+               "their udev add events; a GPU that has VFs already is left alone")
+    p.add_argument("pf", metavar="PF|ALL",
+                   help="the GPU's PCI address, or ALL for every vGPU 17+ GPU")
+    p = action("driver-reload", cmd_driver_reload,
+               "simulate 'rmmod' and 'modprobe' of a PCI driver: every device bound to it is "
+               "unbound and probed again; its GPUs' VFs (and their vGPUs) are gone until "
+               "'enable-vfs', mdevs on its devices vanish, other drivers' devices are "
+               "untouched; refused while any of them is in use")
+    p.add_argument("--driver", default="nvidia", help="the driver to reload (default nvidia)")
     p = action("status", cmd_status, "show parents, counters, mdevs, SR-IOV PFs, typed VFs "
                "and functions off their own driver")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -8,7 +8,12 @@ simulator serving a directory without reading that directory.
 
 Protocol: JSON lines.  A request is ``{"op": NAME, ...args}``; the reply is
 ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "message"}``.
-Operations: ``ping``, ``status`` (``counters``: bool), ``reboot``,
+Operations: ``ping``, ``status`` (``counters``: bool), ``reboot``
+(``vfs_disabled``: bool, the vGPU 17+ GPUs come up without VFs),
+``enable-vfs`` (``pf``: a PF address or ``"ALL"``; NVIDIA's ``sriov-manage
+-e``; result ``{"enabled": [...], "already_enabled": [...]}``),
+``driver-reload`` (``driver``, default ``"nvidia"``; result: the addresses
+bound to it afterwards),
 ``hold`` (``uuid``: an mdev UUID or the PCI address of a function bound to a
 VFIO driver, ``after_probe``)/``release`` (``uuid``),
 ``unregister``/``register`` (``parent``),
@@ -185,8 +190,16 @@ class SimulatorClient:
     def status(self, counters: bool = True) -> dict[str, Any]:
         return self.call("status", counters=counters)
 
-    def reboot(self) -> None:
-        self.call("reboot")
+    def reboot(self, vfs_disabled: bool = False) -> None:
+        self.call("reboot", vfs_disabled=vfs_disabled)
+
+    def enable_vfs(self, pf: str = "ALL") -> dict[str, list[str]]:
+        """NVIDIA's ``sriov-manage -e PF|ALL`` on the simulated host."""
+        return dict(self.call("enable-vfs", pf=pf))
+
+    def driver_reload(self, driver: str = "nvidia") -> list[str]:
+        """``rmmod`` and ``modprobe`` of ``driver``: its PFs lose their VFs."""
+        return list(self.call("driver-reload", driver=driver))
 
     def hold(self, uuid: str, after_probe: bool = False) -> None:
         self.call("hold", uuid=uuid, after_probe=after_probe)
@@ -290,7 +303,11 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                        profiles=list(host.spec.profiles))
             return out
         if op == "reboot":
-            host.reboot()
+            host.reboot(vfs_disabled=_flag(req, "vfs_disabled", False))
+        elif op == "enable-vfs":
+            return host.enable_vfs(_text(req, "pf"))
+        elif op == "driver-reload":
+            return host.driver_reload(_text(req, "driver", "nvidia"))
         elif op == "hold":
             host.hold(str(req["uuid"]), after_probe=bool(req.get("after_probe", False)))
         elif op == "release":
@@ -310,10 +327,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             host.fail_next_vgpu_write(errno_from_name(req["errno"]),
                                       None if vf is None else str(vf), type_id)
         elif op == "accept-held-vgpu-destroy":
-            accept = req.get("accept", True)
-            if not isinstance(accept, bool):
-                raise ValueError(f"accept must be true or false, got {accept!r}")
-            host.accept_held_vgpu_destroy(accept)
+            host.accept_held_vgpu_destroy(_flag(req, "accept", True))
 
         elif op == "stall-reads":
             seconds = req.get("seconds")
@@ -329,6 +343,20 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         else:
             raise ValueError(f"unknown op {op!r}")
         return None
+
+
+def _flag(req: dict[str, Any], name: str, default: bool) -> bool:
+    value = req.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _text(req: dict[str, Any], name: str, default: str | None = None) -> str:
+    value = req.get(name, default)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
 
 
 def _claim_socket(path: str) -> None:

@@ -23,7 +23,8 @@ names its sources:
 
 It keeps what they share: the IOMMU group numbers, the event log and the
 generation counter, and the host operations of tests and the control socket
-(reboot, hold/release, register/unregister, fault injection, status).
+(reboot, with or without the vGPU 17+ VFs, enable-vfs, driver-reload,
+hold/release, register/unregister, fault injection, status).
 
 Threading: one ``RLock`` guards all state; a remove that blocks on a held
 device waits on a condition of that lock, so other callers (the FUSE worker
@@ -216,21 +217,48 @@ class SimulatedHost(Kernfs):
         with self._lock:
             self._mdev.unregister(name)
 
-    def reboot(self) -> None:
+    def reboot(self, vfs_disabled: bool = False) -> None:
         """A host reboot: every mdev is gone (counters restored), the PCI side is
         back to the spec's boot state (VFs enabled again as the spec says, every
         vGPU type 0, every function on its own driver, no driver_override),
         every parent is registered again, holds and injected faults are
-        forgotten."""
+        forgotten.  ``vfs_disabled``: the vGPU 17+ GPUs come up without VFs,
+        as NVIDIA documents for a reboot, until :meth:`enable_vfs` (their
+        ``sriov-manage -e``) runs; other SR-IOV PFs get their VFs as usual."""
         with self._lock:
             self._mdev.destroy_all()
             self._sriov.shutdown()
             self._pci.reboot()
-            self._sriov.boot()
+            self._sriov.boot(vgpu_vfs=not vfs_disabled)
             self._vgpus.reset()
             self._mdev.rebooted()
             self.boot_count += 1
             self._changed()
+
+    def enable_vfs(self, pf: str) -> dict[str, list[str]]:
+        """NVIDIA's ``sriov-manage -e PF|ALL``: every vGPU 17+ GPU named (``ALL``:
+        each of them) without VFs gets all it supports (``sriov_totalvfs``),
+        bound to ``nvidia`` and untyped (see
+        :meth:`.pci_sriov.SriovPfs.sriov_manage_enable`)."""
+        with self._lock:
+            if pf.lower() == "all":
+                return self._sriov.sriov_manage_enable(None)
+            if not address.is_pci_address(pf):
+                raise exception.SimulatorError(reason=f"{pf!r} is neither a PCI address nor ALL")
+            return self._sriov.sriov_manage_enable(address.parse_pci_address(pf))
+
+    def driver_reload(self, driver: str = "nvidia") -> list[str]:
+        """``rmmod``/``modprobe`` of a PCI driver: what it had bound goes and is
+        probed again; a PF's VFs vanish with its remove() (NVIDIA: the VFs "are
+        disabled ... if the driver is reloaded"), typed or not, and stay gone
+        until :meth:`enable_vfs`; mdev parents on that driver lose their mdevs.
+        Other drivers' devices and mdevs are untouched.  Refused, changing
+        nothing, while a device of the driver (or a VF or mdev of it) is in
+        use.  Returns the addresses bound to ``driver`` afterwards."""
+        with self._lock:
+            out = self._pci.reload_driver(driver)
+            self._changed()
+            return out
 
     def hold(self, uuid: str, after_probe: bool = False) -> None:
         """Mark an mdev (by UUID) or a PCI function bound to a VFIO driver (by

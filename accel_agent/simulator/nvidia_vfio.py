@@ -21,13 +21,20 @@ placement_id              0644  like gpu_instance_id (its values are unpublished
 vgpu_params               0644  reads empty (research §3)
 ========================  ====  ===============================================
 
-What is creatable (research §5, equal-size or "homogeneous" mode, the default;
-the mixed-size mode of ``nvidia-smi vgpu -shm 1`` is not modelled): nothing on
-a typed VF (it lists the header only); on a free VF every type while the card
-holds no vGPU; once it holds vGPUs of framebuffer size S, only the types of
-size S, each while fewer than its ``max_instances`` vGPUs of that size exist
-on the card.  A card whose VFs are all typed therefore shows the header only
-everywhere.
+What is creatable (the homogeneous rule; the mixed-size mode of ``nvidia-smi
+vgpu -shm 1`` is not modelled): nothing on a typed VF (it lists the header
+only); on a free VF every type while the card holds no vGPU; once it holds
+vGPUs of framebuffer size S, only the types of size S, each while fewer than
+its ``max_instances`` vGPUs of that size exist on the card.  A card whose VFs
+are all typed therefore shows the header only everywhere.  Sources: research
+vendor-vfio-and-sriov.md §3 (the list holds what is creatable *now*, nothing
+on a typed VF, the header only on a full card), §4 (without ``-shm 1`` before
+the first type write "only types of the first-placed size stay creatable
+(homogeneous)"), §5 (capacity per PF ``min(free VFs, max_instances(T) -
+used(T))``), and nova-34-and-standing-layouts.md "NVIDIA vGPU 17+ facts"
+(``creatable_vgpu_types`` "narrows as siblings are typed", one size per GPU);
+the public sources are those the research files name (among them KubeVirt
+user-guide PR 518: "a single type per card will be configured").
 
 Writes to ``current_vgpu_type`` (parsed like the kernel's ``kstrtoul``, so a
 trailing newline is optional; the driver's own parser is not published):
@@ -41,14 +48,25 @@ an id not creatable on this VF now     EINVAL   choice: research §3 says it fai
 an id on a VF already typed            EINVAL   choice: nothing is creatable there
 ``0`` on a free VF                     ok       no-op (research §5: "already 0
                                                 counts as done")
-``0`` while the VF's ``vfio/<group>``  EBUSY    choice: the real driver's answer is
-  is open or held (a VM uses it)                unknown; the agent probes first anyway
+``0`` while the VF's ``vfio/<group>``  EBUSY    choice (below)
+  is open or held (a VM uses it)
                                        ok       after accept-held-vgpu-destroy: a
                                                 driver that does not refuse (the vGPU
                                                 is destroyed under the VM)
 fail-next-vgpu-write (control hook)    chosen   e.g. EIO as with a MIG-backed type
                                                 whose GPU instance is missing (§3)
 =====================================  =======  ===================================
+
+A ``0`` written to a VF in use is refused and the vGPU stays (research
+nova-34-and-standing-layouts.md "NVIDIA vGPU 17+ facts": third-party logs show
+the refusal, reported as EPERM; NVIDIA documents no errno).  The simulator
+answers EBUSY, a choice: it is the kernel's own answer for this device being
+in use (a second open of its VFIO group, vfio/group.c, research
+vendor-vfio-and-sriov.md §5; an unbind or ``sriov_numvfs`` 0 here too), so
+one errno means "in use" across the simulated host, and EPERM would read as
+a permission problem.  Nothing may depend on the number: the agent must take
+any errno as a refusal that destroyed nothing (``fail-next-vgpu-write EPERM
+--type-id 0`` plays the EPERM driver).
 
 Every write to ``current_vgpu_type`` that reaches the driver is recorded
 (:meth:`NvidiaVgpus.writes`, the simulator's ``status``: ``vgpu_writes``), with
@@ -61,7 +79,11 @@ injected faults.
 Writes to ``gpu_instance_id``, ``placement_id`` and ``vgpu_params`` are refused
 with EINVAL (their semantics on this route are unpublished; the simulated
 card has no MIG).  Unbinding a VF from ``nvidia`` destroys its vGPU and the
-directory (the driver's remove); a reboot starts every VF at ``0``.
+directory (the driver's remove); a reboot starts every VF at ``0`` ("each
+VF's ``current_vgpu_type`` resets on PCI re-enumeration", research
+nova-34-and-standing-layouts.md).  ``reboot --vfs-disabled`` and
+``driver-reload`` leave the GPU with no VF at all until ``enable-vfs`` (the
+``sriov-manage -e`` of :mod:`.pci_sriov`) adds them again, untyped.
 """
 
 from __future__ import annotations
@@ -144,7 +166,8 @@ class NvidiaVgpus:
         return self._by_pf.get(vf.pf, [])
 
     def creatable(self, vf: _VgpuVf) -> list[VgpuTypeSpec]:
-        """What a write of an id to this VF would create now (module docstring)."""
+        """What a write of an id to this VF would create now: the homogeneous
+        rule (research vendor-vfio-and-sriov.md §3-§5; module docstring)."""
         if vf.type_id:
             return []
         placed = [vf.spec.vgpu_type(v.type_id) for v in self._siblings(vf) if v.type_id]
@@ -196,6 +219,8 @@ class NvidiaVgpus:
             if vf.type_id == 0:
                 return len(data)
             if vf.fn.busy and not self.accept_held_destroy:
+                # Refused in use (research nova-34 "vGPU 17+ facts"); EBUSY is the
+                # simulator's choice of errno, the real one is unpublished.
                 raise oserror(errno.EBUSY, f"{vf.fn.address}: the vGPU is in use by a VM")
             vf.type_id = 0
         else:

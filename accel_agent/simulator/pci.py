@@ -414,12 +414,44 @@ class PciBus:
                 self.attach(fn, fn.native_driver)
         self._changed()
 
+    def reload_driver(self, name: str) -> list[str]:
+        """``rmmod NAME; modprobe NAME``: every function bound to ``name`` is
+        detached (a PF's remove() disables its SR-IOV, so its VFs vanish), then
+        the driver's registration probes every unbound function it matches
+        (driver_register() -> driver_attach()).  Refused, changing nothing,
+        while any of them is in use: an open VFIO device holds a reference on
+        its driver's module, and ``rmmod`` answers "Module ... is in use".
+        The static VFs of the ``nvidia-sriov`` profile stay (they are probed
+        again); a real reload would cycle them too.
+        Returns the addresses bound to ``name`` afterwards."""
+        bound = [fn for fn in self.functions() if fn.driver == name]
+        if not bound:
+            raise exception.SimulatorError(reason=f"no PCI device is bound to {name}")
+        for fn in bound:
+            try:
+                self.check_detach(fn)
+            except OSError as err:
+                raise exception.SimulatorError(
+                    reason=f"rmmod {name}: module in use ({err.strerror}); nothing changed"
+                ) from None
+        for fn in bound:
+            if fn.alive and fn.driver == name:  # a VF may have gone with its PF
+                self.detach(fn)
+        for fn in self.functions():
+            if (fn.driver is None and self._matches(name, fn) and self._can_probe(fn)
+                    and self._accepts(name, fn)):
+                self.attach(fn, name)
+        return [fn.address for fn in self.functions() if fn.driver == name]
+
     def status(self) -> dict[str, Any]:
         pfs, vfs, rebound = [], [], []
         for fn in self.functions():
             if fn.pf_spec is not None:
+                # vfs_enabled: what NVIDIA's sriov-manage -e changes (a reboot or a
+                # driver reload leaves a vGPU 17+ GPU without VFs until it runs).
                 pfs.append({"address": fn.address, "driver": fn.driver,
                             "total_vfs": fn.pf_spec.total_vfs, "num_vfs": len(fn.vfs),
+                            "vfs_enabled": bool(fn.vfs), "vgpu": fn.pf_spec.is_vgpu,
                             "netdev": fn.pf_spec.netdev if fn.driver == fn.native_driver
                             else None})
             if fn.index >= 0:

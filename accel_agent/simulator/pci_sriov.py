@@ -56,6 +56,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
+from accel_agent import exception
 from accel_agent.simulator import tree as t
 from accel_agent.simulator.kabi import kstrtoul
 from accel_agent.simulator.pci import VFIO_PCI, Emit, PciBus, PciFunction
@@ -101,12 +102,61 @@ class SriovPfs:
     def _sorted_pfs(self) -> list[PciFunction]:
         return [self._pfs[a] for a in sorted(self._pfs)]
 
-    def boot(self) -> None:
-        """Enable the VFs the spec says exist at boot (what a boot script did)."""
+    def boot(self, vgpu_vfs: bool = True) -> None:
+        """Enable the VFs the spec says exist at boot (what a boot script did).
+        ``vgpu_vfs`` False: the vGPU 17+ GPUs' boot script has not run yet, so
+        they come up without VFs (NVIDIA: "the virtual functions ... are
+        disabled after the hypervisor host is rebooted"; research
+        nova-34-and-standing-layouts.md, "NVIDIA vGPU 17+ facts"); other PFs
+        (NICs) still get theirs."""
         for fn in self._sorted_pfs():
             assert fn.pf_spec is not None
+            if fn.pf_spec.is_vgpu and not vgpu_vfs:
+                continue
             if fn.driver == fn.native_driver and not fn.vfs and fn.pf_spec.num_vfs:
                 self._enable_vfs(fn, fn.pf_spec.num_vfs)
+
+    def sriov_manage_enable(self, target: str | None) -> dict[str, list[str]]:
+        """NVIDIA's ``sriov-manage -e PF|ALL`` (None: ALL), the way its script
+        does it (research vendor-vfio-and-sriov.md §4; the script ships with the
+        vGPU host driver as /usr/lib/nvidia/sriov-manage and runs at boot from
+        nvidia-sriov.service): a GPU that has VFs already is left alone ("already
+        has VFs enabled"), any other gets ``sriov_totalvfs`` VFs, each probed
+        like any new VF (bound to ``nvidia``, ``current_vgpu_type`` 0, a udev
+        ``add`` then ``bind`` event).  ALL means every vGPU 17+ GPU.
+
+        Simplifications, each a choice: the script writes ``sriov_numvfs``
+        while the PF sits on ``pci-pf-stub`` and binds it back to ``nvidia``
+        after, which is not replayed (no PF unbind/bind events); a PF that is
+        not on ``nvidia`` is refused here (the script would rebind it) and so
+        is a PF that is no vGPU 17+ GPU (the script ignores non-NVIDIA ones).
+        Everything is checked before anything changes.  Returns the PFs
+        ``enabled`` now and those ``already_enabled``."""
+        if target is None:
+            pfs = [fn for fn in self._sorted_pfs() if fn.pf_spec and fn.pf_spec.is_vgpu]
+            if not pfs:
+                raise exception.SimulatorError(reason="no NVIDIA vGPU 17+ GPU on this host")
+        else:
+            fn = self._pfs.get(target)
+            if fn is None or fn.pf_spec is None or not fn.pf_spec.is_vgpu:
+                raise exception.SimulatorError(
+                    reason=f"{target} is not an NVIDIA vGPU 17+ GPU of this host (its VFs "
+                           "are enabled by a sriov_numvfs write instead)")
+            pfs = [fn]
+        for fn in pfs:
+            if fn.driver != fn.native_driver:
+                raise exception.SimulatorError(
+                    reason=f"{fn.address} is bound to {fn.driver or 'no driver'}, not "
+                           f"{fn.native_driver}; nothing changed")
+        out: dict[str, list[str]] = {"enabled": [], "already_enabled": []}
+        for fn in pfs:
+            assert fn.pf_spec is not None
+            if fn.vfs:
+                out["already_enabled"].append(fn.address)
+            else:
+                self._enable_vfs(fn, fn.pf_spec.total_vfs)
+                out["enabled"].append(fn.address)
+        return out
 
     def shutdown(self) -> None:
         """The host goes down: every VF is gone, holds on them forgotten."""

@@ -165,8 +165,10 @@ def nvidia_vfio(gpus: int = 1, vfs: int = 16) -> HostSpec:
     """NVIDIA vGPU 17+ on L40S GPUs: no mdev; VFs bound to nvidia, typed via nvidia/.
 
     Research vendor-vfio-and-sriov.md §2-5: each PF (10de:26b9, bound to
-    ``nvidia``) has ``vfs`` VFs enabled at boot (as ``sriov-manage -e`` leaves
-    them; ``sriov_totalvfs`` 32), at first VF offset 4, stride 1 (00.4, 00.5,
+    ``nvidia``) has ``vfs`` VFs enabled at boot (``sriov_totalvfs`` 32; a boot
+    script enabled them: NVIDIA's own ``sriov-manage -e`` enables all 32, which
+    is what ``simulate enable-vfs`` does after ``reboot --vfs-disabled`` or
+    ``driver-reload``), at first VF offset 4, stride 1 (00.4, 00.5,
     ...), sharing the PF's vendor:device id, bound to ``nvidia``, each in its
     own IOMMU group with a ``vfio/<group>`` node, each with
     ``nvidia/creatable_vgpu_types`` and ``nvidia/current_vgpu_type`` (see

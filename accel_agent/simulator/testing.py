@@ -6,6 +6,7 @@
     with mounted(profiles.mtty(), tmp_path / "sys") as sim:
         ...                       # the agent reads/writes sim.root like /sys
         sim.hold(uuid); sim.reboot(); sim.status()
+        sim.reboot(vfs_disabled=True); sim.enable_vfs("ALL")   # vGPU 17+ VFs
 
 ``mounted`` runs the simulator as a subprocess (so FUSE callbacks never share
 the test's GIL and a test failure cannot leave a server thread behind) and

@@ -117,6 +117,60 @@ def test_reboot_resets_vgpus(sim):
     assert read(sim.path(GPU, "sriov_numvfs")) == b"4\n"
 
 
+def vfs_enabled(sim) -> dict[str, bool]:
+    return {p["address"]: p["vfs_enabled"] for p in sim.status()["sriov_pfs"]}
+
+
+def test_reboot_with_vfs_disabled_then_enable_vfs_through_fuse(sim):
+    current = sim.path(VF0, "nvidia", "current_vgpu_type")
+    assert write(current, b"1150") == 0
+    stale = os.open(current, os.O_RDONLY)  # the agent had it open across the reboot
+    try:
+        sim.reboot(vfs_disabled=True)
+        with pytest.raises(OSError) as info:
+            os.pread(stale, 64, 0)
+        assert info.value.errno == errno.ENODEV
+    finally:
+        os.close(stale)
+    for gpu in (GPU, "bus/pci/devices/0000:c2:00.0"):
+        assert read(sim.path(gpu, "sriov_numvfs")) == b"0\n"
+        assert read(sim.path(gpu, "sriov_totalvfs")) == b"32\n"
+        assert [n for n in os.listdir(sim.path(gpu)) if n.startswith("virtfn")] == []
+    assert not os.path.lexists(sim.path(VF0))
+    assert not any(d.startswith("0000:c1:00.") and d != "0000:c1:00.0"
+                   for d in os.listdir(sim.path("bus/pci/devices")))
+    assert vfs_enabled(sim) == {"0000:10:00.0": False, "0000:c1:00.0": False,
+                                "0000:c2:00.0": False}  # the NIC has none at boot
+    # The mdev GPUs of the same host are back as after any reboot.
+    assert os.listdir(sim.path("class/mdev_bus")) == ["0000:84:00.0", "0000:85:00.0"]
+
+    assert sim.enable_vfs("ALL") == {"enabled": ["0000:c1:00.0", "0000:c2:00.0"],
+                                     "already_enabled": []}
+    assert read(sim.path(GPU, "sriov_numvfs")) == b"32\n"
+    assert os.readlink(sim.path(GPU, "virtfn31")) == "../0000:c1:04.3"
+    assert read(current) == b"0\n"
+    creatable = read(sim.path(GPU, "virtfn31", "nvidia", "creatable_vgpu_types"))
+    assert len(creatable.splitlines()) == 1 + 23  # every type: the card is empty
+    assert os.path.basename(os.path.realpath(sim.path(VF0, "driver"))) == "nvidia"
+    assert vfs_enabled(sim) == {"0000:10:00.0": False, "0000:c1:00.0": True,
+                                "0000:c2:00.0": True}
+    assert write(current, b"1150") == 0  # and they can be typed again
+
+
+def test_driver_reload_is_refused_while_a_vfs_group_is_open_through_fuse(sim):
+    assert write(sim.path(VF1, "nvidia", "current_vgpu_type"), b"1156") == 0
+    fd = os.open(sim.path("vfio", group_of(sim, VF1)), os.O_RDONLY)  # QEMU has it
+    try:
+        with pytest.raises(Exception, match="module in use"):
+            sim.driver_reload("nvidia")
+        assert read(sim.path(VF1, "nvidia", "current_vgpu_type")) == b"1156\n"
+    finally:
+        os.close(fd)
+    assert "0000:c1:00.0" in sim.driver_reload("nvidia")
+    assert read(sim.path(GPU, "sriov_numvfs")) == b"0\n"
+    assert not os.path.lexists(sim.path(VF1))
+
+
 def test_sriov_numvfs_through_the_shell_and_fuse(sim):
     numvfs = sim.path(NIC, "sriov_numvfs")
     res = subprocess.run(["sh", "-c", f"echo 3 > '{numvfs}'"], capture_output=True, text=True,

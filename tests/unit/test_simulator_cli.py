@@ -132,3 +132,107 @@ def test_status_prints_the_pci_side(capsys, monkeypatch):
     vf_group = next(v["iommu_group"] for v in status["vfs"] if v["address"] == "0000:10:10.2")
     assert f"  pci 0000:10:10.2 vfio-pci group {vf_group}  override vfio-pci  held" in out
     assert not any("0000:10:10.0" in line for line in out)  # on its own driver: quiet
+
+
+@pytest.fixture
+def served_host(monkeypatch):
+    """An in-process host behind the real control socket server (no FUSE):
+    what `simulate reboot|enable-vfs|driver-reload|status DIR` talk to."""
+    import shutil
+    import tempfile
+    import threading
+
+    from accel_agent.simulator.model import SimulatedHost
+    from accel_agent.simulator.profiles import build_spec
+
+    host = SimulatedHost(build_spec(["nvidia-vfio", "mtty"], gpus=2, vfs=2))
+    rundir = tempfile.mkdtemp(prefix="accel-sim-cli-", dir="/tmp")
+    path = os.path.join(rundir, "s.sock")
+    server = control._Server(path, host, "/x", threading.Event(), lambda: None)
+    # A short poll interval: shutdown() waits for the loop to notice.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
+                              daemon=True)
+    thread.start()
+    monkeypatch.setattr(cli, "_client", lambda args: control.SimulatorClient(path, "/x"))
+    try:
+        yield host
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def test_reboot_vfs_disabled_then_enable_vfs_through_the_control_socket(served_host, capsys):
+    host = served_host
+    host.write("bus/pci/devices/0000:c1:00.5/nvidia/current_vgpu_type", "1150")
+    assert run(["simulate", "reboot", "/x", "--vfs-disabled"]) == 0
+    assert host.read("bus/pci/devices/0000:c1:00.0/sriov_numvfs") == b"0\n"
+    assert run(["simulate", "status", "/x"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  pf 0000:c1:00.0 nvidia  vfs 0/32  VFs disabled (simulate enable-vfs)" in out
+    assert run(["simulate", "status", "/x", "--json"]) == 0
+    pfs = json.loads(capsys.readouterr().out)["sriov_pfs"]
+    assert [(p["address"], p["vfs_enabled"], p["vgpu"]) for p in pfs] == [
+        ("0000:c1:00.0", False, True), ("0000:c2:00.0", False, True)]
+    assert run(["simulate", "enable-vfs", "/x", "0000:c2:00.0"]) == 0
+    assert capsys.readouterr().out == "Enabled VFs on 0000:c2:00.0\n"
+    assert run(["simulate", "enable-vfs", "/x", "ALL"]) == 0
+    assert capsys.readouterr().out == ("Enabled VFs on 0000:c1:00.0\n"
+                                       "GPU at 0000:c2:00.0 already has VFs enabled.\n")
+    assert host.read("bus/pci/devices/0000:c1:00.0/sriov_numvfs") == b"32\n"
+    assert host.read("bus/pci/devices/0000:c1:00.5/nvidia/current_vgpu_type") == b"0\n"
+    assert run(["simulate", "status", "/x"]) == 0
+    assert "  pf 0000:c1:00.0 nvidia  vfs 32/32" in capsys.readouterr().out.splitlines()
+    assert run(["simulate", "reboot", "/x"]) == 0  # a plain reboot: the boot VFs
+    assert host.read("bus/pci/devices/0000:c1:00.0/sriov_numvfs") == b"2\n"
+
+
+def test_driver_reload_through_the_control_socket(served_host, capsys):
+    host = served_host
+    host.hold("0000:c1:00.4")
+    assert run(["simulate", "driver-reload", "/x"]) == 1
+    err = capsys.readouterr().err
+    assert "rmmod nvidia: module in use" in err and err.count("\n") == 1
+    assert host.read("bus/pci/devices/0000:c1:00.0/sriov_numvfs") == b"2\n"
+    host.release("0000:c1:00.4")
+    assert run(["simulate", "driver-reload", "/x", "--driver", "nvidia"]) == 0
+    assert capsys.readouterr().out == (
+        "reloaded nvidia: 2 device(s) bound again (0000:c1:00.0, 0000:c2:00.0)\n")
+    assert host.read("bus/pci/devices/0000:c1:00.0/sriov_numvfs") == b"0\n"
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["simulate", "enable-vfs", "/x", "0000:84:00.0"], "is not an NVIDIA vGPU 17+ GPU"),
+    (["simulate", "enable-vfs", "/x", "gpu0"], "neither a PCI address nor ALL"),
+    (["simulate", "driver-reload", "/x", "--driver", "nouveau"], "no PCI device is bound"),
+])
+def test_new_actions_fail_with_one_line_and_change_nothing(served_host, argv, needle, capsys):
+    generation = served_host.generation
+    assert run(argv) == 1
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+    assert served_host.generation == generation
+
+
+@pytest.mark.parametrize("request_", [
+    {"op": "reboot", "vfs_disabled": "yes"},
+    {"op": "enable-vfs"},
+    {"op": "enable-vfs", "pf": 7},
+    {"op": "driver-reload", "driver": ""},
+])
+def test_bad_control_requests_are_refused(served_host, request_):
+    client = cli._client(None)
+    generation = served_host.generation
+    with pytest.raises(Exception, match="bad request"):
+        client.call(**request_)
+    assert served_host.generation == generation
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "enable-vfs", "/x"],                 # no PF|ALL
+    ["simulate", "reboot", "/x", "--vfs-disabled=1"],  # a flag takes no value
+])
+def test_new_actions_usage_errors_exit_2(argv):
+    with pytest.raises(SystemExit) as info:
+        run(argv)
+    assert info.value.code == 2

@@ -353,7 +353,8 @@ def test_status_lists_pfs_vfs_and_rebound_functions(igb):
     to_vfio(igb, VF1)
     status = json.loads(json.dumps(igb.status()))  # JSON-clean, as the control socket sends it
     assert status["sriov_pfs"][0] == {"address": PF, "driver": "igb", "total_vfs": 7,
-                                      "num_vfs": 2, "netdev": "enp16s0f0"}
+                                      "num_vfs": 2, "vfs_enabled": True, "vgpu": False,
+                                      "netdev": "enp16s0f0"}
     assert [(v["address"], v["driver"], v["driver_override"], v["vgpu_type"])
             for v in status["vfs"]] == [(VF0, "igbvf", None, 0), (VF1, "vfio-pci", "vfio-pci", 0)]
     assert status["pci_functions"] == []
