@@ -22,10 +22,12 @@ from accel_agent.sysfs.model import HostSnapshot
 # inventory is imported where used: accelctl's plain listings
 # (cmd/plain_listing.py) do not need it.
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from oslo_config import cfg
 
     from accel_agent.devices import inventory as inventory_mod
-    from accel_agent.devices.ledger import Ledger
+    from accel_agent.devices.ledger import DeviceRecord, Ledger
 
 
 @dataclass(frozen=True)
@@ -201,8 +203,15 @@ class LedgerView:
     """What the ledger says, for read-only listings: empty when the agent
     has never run here (a read must not create state)."""
 
+    # uuid -> the instance (or migration claim) holding it, None when none
+    # does: free, or a standing layout's.
     owners: dict[str, str | None] = field(default_factory=dict)
+    # Room, not use: free devices and those a standing layout holds.
     free: frozenset[str] = frozenset()
+    # Held by a standing layout ([mdev_<type>] standing), no instance.
+    layout_held: frozenset[str] = frozenset()
+    # A standing layout's devices, also those an instance holds now.
+    layout_members: frozenset[str] = frozenset()
 
     @property
     def owned(self) -> frozenset[str]:
@@ -212,10 +221,22 @@ class LedgerView:
     def of(cls, book: Ledger) -> LedgerView:
         """The view of an open ledger: the daemon's own (never a second
         connection to it in its process, DESIGN.md §5)."""
-        records = book.all()
+        return cls.of_records(book.all())
+
+    @classmethod
+    def of_records(cls, records: Iterable[DeviceRecord]) -> LedgerView:
+        from accel_agent.devices.ledger import OwnerKind
+
+        records = list(records)
+        held = frozenset(
+            r.uuid for r in records if r.owner_kind is OwnerKind.STANDING
+        )
         return cls(
-            owners={r.uuid: r.owner for r in records},
-            free=frozenset(r.uuid for r in records if r.free),
+            owners={r.uuid: None if r.uuid in held else r.owner for r in records},
+            free=frozenset(r.uuid for r in records if r.free or (
+                r.uuid in held and r.intent_id is None)),
+            layout_held=held,
+            layout_members=frozenset(r.uuid for r in records if r.layout or r.uuid in held),
         )
 
 

@@ -38,7 +38,7 @@ def _mdevs(state: wiring.HostState) -> dict[str, Any]:
         libvirt = nodedevs.listing_view(nodedevs.for_uri(state.libvirt_uri), quiet=True)
     return views.mdevs_document(
         state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned,
-        libvirt,
+        libvirt, state.ledger.layout_members,
     )
 
 

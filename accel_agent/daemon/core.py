@@ -106,12 +106,12 @@ class AgentCore:
             if any(t.standing > 0 for t in self.devices.policy.types):
                 # Before READY: a consumer ordered after the agent (nova-compute)
                 # must never see a GPU without its standing layout.
-                missing = layout_wait.wait_for_gpus(
+                waited, missing = layout_wait.wait_for_gpus(
                     self.devices, self.conf.devices.standing_vf_wait
                 )
-                if missing:
-                    # The VFs came up late or will not: recovery re-creates the
-                    # recorded devices of those that did.
+                if waited:
+                    # VFs came while the agent waited: recovery re-creates the
+                    # recorded devices on them first (the same UUIDs and VFs).
                     self.rescans.run_recover()
                 self.rescans.run_layout(missing_gpus=missing)
             self.rescans.rescan_now(frozenset({"startup"}))

@@ -42,11 +42,12 @@ def missing_gpus(m: DeviceManager) -> tuple[str, ...]:
 
 def wait_for_gpus(
     m: DeviceManager, timeout: float, sleep=time.sleep, clock=time.monotonic
-) -> tuple[str, ...]:
-    """Wait up to ``timeout`` seconds for them; returns those still missing."""
+) -> tuple[bool, tuple[str, ...]]:
+    """Wait up to ``timeout`` seconds for them: (whether any was missing at
+    first, those still missing)."""
     missing = missing_gpus(m)
     if not missing:
-        return ()
+        return False, ()
     LOG.info("standing layout: waiting up to %g s for %s (their VFs or parents are not "
              "there yet)", timeout, ", ".join(missing))
     deadline = clock() + timeout
@@ -58,4 +59,4 @@ def wait_for_gpus(
                     "when they appear", ", ".join(missing), timeout)
     else:
         LOG.info("standing layout: every configured GPU is there")
-    return missing
+    return True, missing

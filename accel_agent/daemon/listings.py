@@ -54,16 +54,18 @@ class Listings:
         devices = self.devices
         # The ledger is read each time: accelctl --offline may write it
         # behind the daemon (serialised by the manager's file lock).
-        records = devices.ledger.all()
+        from accel_agent.wiring import LedgerView
+
+        ledger = LedgerView.of_records(devices.ledger.all())
         snapshot = devices.scan_all()
         policy = devices.policy
-        owners = {r.uuid: r.owner for r in records}
+        owners = ledger.owners
         libvirt = self._definitions(snapshot)
         return self._body(
             "mdevs",
-            (snapshot, policy, owners, libvirt),
+            (snapshot, policy, owners, libvirt, ledger.layout_members),
             lambda: views.mdevs_document(
-                snapshot, policy, devices.host, owners, owners, libvirt
+                snapshot, policy, devices.host, owners, owners, libvirt, ledger.layout_members
             ),
         )
 

@@ -184,6 +184,7 @@ def _converge_gpu(
         with m.ledger.transaction():
             for record in joining:
                 m.ledger.assign(record.uuid, LAYOUT_OWNER, owner_kind=OwnerKind.STANDING)
+                m.ledger.set_layout(record.uuid)
         report.adopted += [r.uuid for r in joining]
     for record in free[len(joining):]:
         if protocol.remove_owned(m, record.uuid):
@@ -226,6 +227,7 @@ def _make(m: DeviceManager, provider: inventory_mod.Provider, count: int) -> lis
         m, snapshot, LAYOUT_OWNER,
         [(slot, fresh.mdev_type, None) for slot in slots],
         owner_kind=OwnerKind.STANDING,
+        on_settle=lambda made: [m.ledger.set_layout(uuid) for uuid in made],
     )
 
 
@@ -236,7 +238,7 @@ def split_release(
     those beyond its N, to remove).  Devices of no standing layout are in
     neither.  Counted per GPU: the layout takes back while the GPU has
     fewer than N devices of the type besides those it took."""
-    if not any(t.standing > 0 for t in m.policy.types):
+    if not any(t.standing > 0 for t in m.policy.types) and not any(r.layout for r in records):
         return [], []
     snapshot = m.scan()
     releasing = {r.uuid for r in records}
@@ -248,6 +250,8 @@ def split_release(
         parent = snapshot.parents.get(record.parent)
         found = m.policy.standing_for(parent) if parent is not None else None
         if parent is None or found is None or found[0] != record.mdev_type:
+            if record.layout:
+                surplus.append(record.uuid)  # a layout's device it no longer wants
             continue
         gpu = parent.physical_gpu
         staying = sum(
@@ -273,6 +277,7 @@ def take_back(m: DeviceManager, uuids: list[str]) -> None:
             record = m.ledger.get(uuid)
             if record is not None and record.free:
                 m.ledger.assign(uuid, LAYOUT_OWNER, owner_kind=OwnerKind.STANDING)
+                m.ledger.set_layout(uuid)
     LOG.info("standing layout: %d released device(s) back in the layout: %s",
              len(uuids), ", ".join(uuids))
 

@@ -221,6 +221,7 @@ def take_from_layout(m: DeviceManager, uuid: str) -> None:
     leaves it free at worst, and the layout takes it back (devices/layout.py)."""
     record = m.ledger.get(uuid)
     if record is not None and record.owner_kind is OwnerKind.STANDING:
+        m.ledger.set_layout(uuid)  # still the layout's: its release gives it back
         m.ledger.release(uuid)
 
 

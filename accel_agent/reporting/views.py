@@ -57,6 +57,7 @@ def mdevs_document(
     owners: Mapping[str, str | None] | None = None,
     owned: Iterable[str] = (),
     libvirt: Mapping[str, tuple[bool, bool]] | None = None,
+    layout_members: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Every mdev on the host.  ``owned``: UUIDs the agent created or adopted;
     ``owners``: uuid -> instance.  Foreign mdevs are listed too: they use
@@ -66,6 +67,7 @@ def mdevs_document(
     ``libvirt`` is then null."""
     owned_set = set(owned)
     owners = owners or {}
+    standing, draining = _layout_marks(snapshot, policy, owned_set, set(layout_members), owners)
     mdevs = []
     for mdev in sorted(snapshot.mdevs.values(), key=lambda m: (m.parent, m.uuid)):
         parent = snapshot.parents.get(mdev.parent)
@@ -83,9 +85,44 @@ def mdevs_document(
                 "address": mdev.address,
                 "type_name": _type_name(parent, mdev.mdev_type),
                 "libvirt": _libvirt(libvirt, mdev.uuid),
+                "standing": mdev.uuid in standing,
+                "draining": mdev.uuid in draining,
             }
         )
     return {"host": host, "mdevs": mdevs}
+
+
+def _layout_marks(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    owned: set[str],
+    members: set[str],
+    owners: Mapping[str, str | None],
+) -> tuple[set[str], set[str]]:
+    """(the agent's devices that belong to their GPU's standing layout, those
+    it no longer wants and removes once free).  A layout's device of
+    another type than its GPU's standing one (or on a GPU with none now)
+    drains; so do an instance's devices beyond the N of a lowered layout."""
+    standing: set[str] = set()
+    draining: set[str] = set()
+    by_gpu: dict[tuple[str, str], list[str]] = {}
+    for mdev in snapshot.mdevs.values():
+        if mdev.uuid not in owned:
+            continue
+        parent = snapshot.parents.get(mdev.parent)
+        found = policy.standing_for(parent) if parent is not None else None
+        if found is not None and found[0] == mdev.mdev_type:
+            standing.add(mdev.uuid)
+            by_gpu.setdefault((parent.physical_gpu, found[0]), []).append(mdev.uuid)
+        elif mdev.uuid in members:
+            draining.add(mdev.uuid)
+    for (gpu, _type), uuids in by_gpu.items():
+        parent = next(p for p in snapshot.parents.values() if p.physical_gpu == gpu)
+        found = policy.standing_for(parent)
+        extra = len(uuids) - (found[1] if found else 0)
+        if extra > 0:
+            draining.update(sorted(u for u in uuids if owners.get(u) is not None)[:extra])
+    return standing, draining
 
 
 def _libvirt(

@@ -147,13 +147,21 @@ def test_v4_ledger_upgraded_keeps_assignments_and_takes_standing_owners(
 ) -> None:
     """Schema 5 rebuilds assignments (a wider owner_kind CHECK): every row,
     its index and both triggers survive it."""
-    with Ledger(state_dir, migrations=MIGRATIONS[:4], clock=clock) as led:
-        present(led, 1)
-        present(led, 2)
-        present(led, 3)
-        led.assign(uid(1), "inst-a")
-        led.assign(uid(2), "dst-1", owner_kind=OwnerKind.CLAIM, claim_expires_at=99.0,
-                   source_uuid=uid(9))
+    with Ledger(state_dir, migrations=MIGRATIONS[:4], clock=clock):
+        pass  # a new file: given schema 4, written below as an agent of then did
+    conn = sqlite3.connect(state_dir / "ledger.sqlite3")
+    with conn:
+        for n in (1, 2, 3):
+            conn.execute(
+                "INSERT INTO mdevs (uuid, parent, mdev_type, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, 'present', 1, 1)", (uid(n), PCI, NV),
+            )
+        conn.execute("INSERT INTO assignments (uuid, owner, owner_kind, assigned_at) "
+                     "VALUES (?, 'inst-a', 'instance', 1)", (uid(1),))
+        conn.execute("INSERT INTO assignments (uuid, owner, owner_kind, claim_expires_at, "
+                     "assigned_at, source_uuid) VALUES (?, 'dst-1', 'claim', 99, 1, ?)",
+                     (uid(2), uid(9)))
+    conn.close()
     with Ledger(state_dir, upgrade=True, clock=clock) as led:
         assert led.schema_version == SCHEMA_VERSION == 5
         one, two = led.get(uid(1)), led.get(uid(2))
@@ -161,6 +169,7 @@ def test_v4_ledger_upgraded_keeps_assignments_and_takes_standing_owners(
         assert two is not None and (two.owner_kind, two.source_uuid) == (OwnerKind.CLAIM, uid(9))
         assert led.assign(uid(3), "layout", owner_kind=OwnerKind.STANDING).owner_kind is \
             OwnerKind.STANDING
+        assert not led.get(uid(3)).layout and led.set_layout(uid(3)).layout
         conn = raw(led)
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         assert {"assignments_by_owner", "assign_only_present", "assigned_stays_present"} <= names
@@ -360,7 +369,7 @@ def test_database_constraints_hold_against_raw_sql(ledger: Ledger, clock: Clock)
         conn.execute("DELETE FROM mdevs WHERE uuid = ?", (uid(1),))
     with pytest.raises(sqlite3.IntegrityError):  # UUIDs are lowercase: CHECK
         conn.execute(
-            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0, 'mdev', NULL)",
+            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0, 'mdev', NULL, 0)",
             (uid(0xABC).upper(), PCI, NV),
         )
     conn.close()

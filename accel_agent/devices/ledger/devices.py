@@ -225,6 +225,16 @@ class DeviceStore(IntentStore):
             self._execute("UPDATE mdevs SET updated_at = ? WHERE uuid = ?", (now, uuid))
             return self._require(uuid)
 
+    def set_layout(self, uuid: str, member: bool = True) -> DeviceRecord:
+        """Mark a device as a standing layout's (or no longer)."""
+        with self.transaction():
+            self._require(uuid)
+            self._execute(
+                "UPDATE mdevs SET layout = ?, updated_at = ? WHERE uuid = ?",
+                (int(member), self._clock(), uuid),
+            )
+            return self._require(uuid)
+
     def release(self, uuid: str) -> DeviceRecord:
         """Drop the mdev's owner, keeping the mdev (free for reuse).  Idempotent."""
         with self.transaction():

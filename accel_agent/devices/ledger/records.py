@@ -55,6 +55,8 @@ class DeviceRecord:
     # VLAN, ...): recovery prepares it again the same way, and the guest XML
     # repeats it.  None for a device that has no such settings (an mdev).
     settings: dict[str, Any] | None = None
+    # A standing layout's device (devices/layout.py), whoever holds it now.
+    layout: bool = False
 
     @property
     def assigned(self) -> bool:
@@ -79,7 +81,7 @@ class Intent:
 RECORD_SELECT = """
     SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind,
            a.claim_expires_at, m.intent_id, m.adopted, m.created_at, m.updated_at,
-           a.source_uuid, m.backend, m.settings
+           a.source_uuid, m.backend, m.settings, m.layout
     FROM mdevs m LEFT JOIN assignments a ON a.uuid = m.uuid
 """
 RECORD_ORDER = " ORDER BY m.created_at, m.uuid"
@@ -102,4 +104,5 @@ def decode_record(row: Sequence[Any]) -> DeviceRecord:
         source_uuid=row[11],
         backend=row[12],
         settings=json.loads(row[13]) if row[13] is not None else None,
+        layout=bool(row[14]),
     )

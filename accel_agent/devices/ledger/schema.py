@@ -119,6 +119,12 @@ def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
     # its index and triggers made again; the trigger on mdevs that reads it
     # goes first, so that no trigger ever names a missing table.
     conn.execute("DROP TRIGGER assigned_stays_present")
+    # A standing layout's device, also while an instance holds it: its
+    # release gives it back to the layout, or removes it once the layout no
+    # longer wants it (draining), where another device is kept free.
+    conn.execute(
+        "ALTER TABLE mdevs ADD COLUMN layout INTEGER NOT NULL DEFAULT 0 CHECK (layout IN (0, 1))"
+    )
     conn.execute(
         """CREATE TABLE assignments_v5 (
             uuid TEXT PRIMARY KEY NOT NULL REFERENCES mdevs (uuid) ON DELETE RESTRICT,

@@ -1,0 +1,138 @@
+"""Standing layouts (``[mdev_<type>] standing = N``, issue 23) through the real
+daemon and its privsep helper on the FUSE simulator's NVIDIA vGPU 17+ GPUs.
+
+Every outcome is read from two independent sources: the simulated sysfs
+(which VFs carry a vGPU type) and the ledger file (plain SQL).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from accel_agent import exception
+from tests import ledger_sql
+from tests.functional.daemon_fixture import sim_agent
+from tests.functional.killharness import typed_vfs
+from tests.functional.privsep_fixture import skip_unless_root
+from tests.functional.simhost import simulated_host
+
+pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
+
+GPU1, GPU2 = "0000:c1:00.0", "0000:c2:00.0"
+TYPE = "nvidia-1150"
+
+
+def body(standing: int, reported_by: str = "agent", wait: int = 60) -> str:
+    return (
+        f"[devices]\nenabled_mdev_types = {TYPE}\nstanding_vf_wait = {wait}\n"
+        f"[mdev_{TYPE}]\ndevice_addresses = {GPU1}, {GPU2}\nstanding = {standing}\n"
+        f"reported_by = {reported_by}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    skip_unless_root()
+    with simulated_host(tmp_path_factory.mktemp("standing"), ["nvidia-vfio"], gpus=2,
+                        vfs=4) as host:
+        yield host
+
+
+def typed_per_gpu(host) -> dict[str, int]:
+    """GPU -> how many of its VFs carry a vGPU type, from sysfs."""
+    counts = {GPU1: 0, GPU2: 0}
+    for vf, value in typed_vfs(host.root).items():
+        if value:
+            counts[vf[:8] + "00.0"] += 1
+    return counts
+
+
+def owners(host) -> dict[str, tuple[str | None, str | None]]:
+    """uuid -> (owner, owner kind), from the ledger file."""
+    return {r.uuid: (r.owner, r.owner_kind) for r in ledger_sql.rows(host.state_dir)}
+
+
+def test_the_layout_stands_before_ready_and_allocations_take_it_without_adding(sim, tmp_path):
+    with sim_agent(sim, tmp_path, body(2)) as agent:
+        agent.daemon.start()
+        # READY came after the layout: 2 typed VFs per GPU, all the layout's.
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+        assert set(owners(sim).values()) == {("layout", "standing")}
+        api = agent.daemon.client()
+        listed = {m["uuid"]: m for m in api.mdevs()["mdevs"]}
+        assert all(listed[u]["standing"] for u in owners(sim))
+        got = api.allocate("vm-a", 3, mdev_type=TYPE)
+        uuids = [m["uuid"] for m in got["mdevs"]]
+        assert set(uuids) <= set(owners(sim))  # standing devices, no new one
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+        api.allocate("vm-b", 1, mdev_type=TYPE)
+        with pytest.raises(exception.ApiError) as refused:
+            api.allocate("vm-c", 1, mdev_type=TYPE)  # never beyond the layout
+        assert refused.value.kwargs["status"] == 409
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+        # Release, even --remove: the devices stay, the layout's again.
+        api.release("vm-a", remove=True)
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+        assert {owners(sim)[u] for u in uuids} == {("layout", "standing")}
+
+
+def test_a_lower_standing_drains_and_never_retypes_a_device_in_use(sim, tmp_path):
+    with sim_agent(sim, tmp_path, body(2)) as agent:
+        agent.daemon.start()
+        api = agent.daemon.client()
+        held = api.allocate("vm-a", 2, mdev_type=TYPE, parent=GPU1)["mdevs"]
+        assert {m["parent"][:8] + "00.0" for m in held} == {GPU1}
+        agent.body = body(0)
+        agent.write()
+        agent.daemon.sighup()
+        deadline = time.monotonic() + 60
+        while typed_per_gpu(sim)[GPU2] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # GPU2's free layout devices went; GPU1's, held by vm-a, drain.
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 0}
+        assert {o for o, _ in owners(sim).values()} == {"vm-a"}
+        api.release("vm-a")
+        assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
+        assert owners(sim) == {}
+
+
+def test_reported_by_nova_is_made_but_never_handed_out_nor_reported(sim, tmp_path):
+    with sim_agent(sim, tmp_path, body(1, "nova")) as agent:
+        agent.daemon.start()
+        assert typed_per_gpu(sim) == {GPU1: 1, GPU2: 1}
+        api = agent.daemon.client()
+        with pytest.raises(exception.ApiError) as refused:
+            api.allocate("vm-a", 1, mdev_type=TYPE)
+        assert refused.value.kwargs["status"] == 409
+        assert "reported_by = nova" in str(refused.value)
+        assert api.inventory()["providers"] == []
+        assert set(owners(sim).values()) == {("layout", "standing")}
+
+
+def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready(
+    sim, tmp_path
+):
+    with sim_agent(sim, tmp_path, body(2)) as agent:
+        agent.daemon.start()
+        before = dict(owners(sim))
+        agent.daemon.stop()
+        sim.sim.reboot(vfs_disabled=True)
+        assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
+        agent.daemon.spawn()
+        # The agent waits for the VFs (nvidia-sriov.service's job); enable
+        # them once it says so, from another thread than the one waiting.
+        deadline = time.monotonic() + 60
+        while "waiting up to" not in agent.daemon.log() and time.monotonic() < deadline:
+            assert agent.daemon.running, agent.daemon.log()[-3000:]
+            time.sleep(0.1)
+        assert "READY=1" not in agent.daemon.read_notifications()
+        enabler = threading.Thread(target=sim.sim.enable_vfs, args=("ALL",))
+        enabler.start()
+        agent.daemon.wait_ready()
+        enabler.join()
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+        # The same devices: recovery re-created the recorded ones.
+        assert owners(sim) == before
