@@ -5,8 +5,9 @@ Degraded while: Placement syncs fail, the last rescan or recovery failed,
 recorded devices are missing or wait for their parent, the last reload was
 refused, a privileged helper is restarting or cannot be started, the ledger
 cannot record new work (deleted or replaced under the agent, a failed write,
-a full filesystem), or devices that look like the agent's were found while
-its ledger was missing.
+a full filesystem), devices that look like the agent's were found while
+its ledger was missing, or a standing layout is not in place (draining,
+short of room, its GPU missing).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import accel_agent
 from accel_agent.daemon.counts import RescanView, iso
-from accel_agent.daemon.rescans import helper_guards
+from accel_agent.daemon.rescans import LayoutView, helper_guards
 from accel_agent.reporting import health_kinds as kind
 
 if TYPE_CHECKING:
@@ -68,6 +69,28 @@ def ledger_problems(ledger: Ledger, rescan: RescanView) -> list[Problem]:
     return problems
 
 
+def layout_problems(layout: LayoutView) -> list[Problem]:
+    """The standing layouts not in place (devices/layout.py)."""
+    problems: list[Problem] = []
+    if layout.draining or layout.short or layout.error:
+        parts = [f"{len(layout.draining)} draining"] if layout.draining else []
+        parts += [
+            f"{gpu} has {have} of {wanted} {mdev_type}"
+            for gpu, (mdev_type, wanted, have) in layout.short
+            if gpu not in layout.missing_gpus
+        ]
+        parts += [f"converge failed: {layout.error}"] if layout.error else []
+        if parts:
+            problems.append((kind.LAYOUT_CONVERGING, "layout converging, " + ", ".join(parts)))
+    if layout.missing_gpus:
+        problems.append((
+            kind.LAYOUT_GPUS_MISSING,
+            f"GPU(s) of a standing layout not on this host (VFs not enabled? "
+            f"nvidia-sriov.service): {', '.join(layout.missing_gpus)}",
+        ))
+    return problems
+
+
 def health(core: AgentCore) -> dict[str, Any]:
     rescan, recovery = core.rescans.views()
     reload = core.reloads.current()
@@ -106,6 +129,8 @@ def health(core: AgentCore) -> dict[str, Any]:
         if not h.ok
     ]
     problems += ledger_problems(core.devices.ledger, rescan)
+    layout = core.rescans.layout
+    problems += layout_problems(layout)
     return {
         "status": "degraded" if problems else "ok",
         "version": accel_agent.__version__,
@@ -129,6 +154,15 @@ def health(core: AgentCore) -> dict[str, Any]:
             "last_reload": iso(reload.at),
             "last_reload_result": reload.result,
             "last_reload_error": reload.reason,
+        },
+        "layout": {
+            "draining": list(layout.draining),
+            "short": {
+                gpu: {"mdev_type": mdev_type, "standing": wanted, "present": have}
+                for gpu, (mdev_type, wanted, have) in layout.short
+            },
+            "missing_gpus": list(layout.missing_gpus),
+            "error": layout.error,
         },
         "privileged_helpers": {h.name: h.to_dict() for h in helpers},
         "problems": [message for _, message in problems],

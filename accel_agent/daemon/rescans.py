@@ -30,6 +30,7 @@ from accel_agent.daemon.counts import (
     mdev_infos,
     placement_signature,
 )
+from accel_agent.devices import layout
 from accel_agent.devices.ledger import DeviceRecord, DeviceState
 from accel_agent.reporting.metrics import AgentMetrics, ProviderSample
 from accel_agent.sysfs.rescan import ScanStopped, interruptible
@@ -52,10 +53,6 @@ class LayoutView:
     # Configured GPUs whose VFs the start-up waited for in vain.
     missing_gpus: tuple[str, ...] = ()
     error: str | None = None
-
-
-def _layouts_configured(devices: DeviceManager) -> bool:
-    return any(t.standing > 0 for t in devices.policy.types)
 
 
 def helper_guards() -> list:
@@ -136,8 +133,6 @@ class Rescans:
     def run_layout(self, missing_gpus: tuple[str, ...] = ()) -> LayoutView:
         """Converge the standing layouts; what is left is kept for health.
         ``missing_gpus``: configured GPUs whose VFs never appeared."""
-        from accel_agent.devices import layout
-
         if not layout.has_layouts(self.devices) and not missing_gpus:
             view = LayoutView()
         else:
@@ -268,7 +263,7 @@ class Rescans:
             recoverable, waiting = self._missing(records, snapshot)
         if self._release_expired_claims():
             records = self._records()
-        if self.layout != LayoutView() or _layouts_configured(devices):
+        if self.layout != LayoutView() or layout.has_layouts(devices):
             self.run_layout()
             records = self._records()
             snapshot = devices.scan()

@@ -25,6 +25,10 @@ LEDGER_REPLACED = "ledger_replaced"
 LEDGER_WRITE_FAILED = "ledger_write_failed"
 LEDGER_NO_SPACE = "ledger_no_space"
 UNRECORDED_MDEVS = "unrecorded_mdevs"
+# Standing layouts ([mdev_<type>] standing): devices draining, or a GPU short
+# of its layout; a configured GPU whose VFs never appeared.
+LAYOUT_CONVERGING = "layout_converging"
+LAYOUT_GPUS_MISSING = "layout_gpus_missing"
 
 PROBLEM_KINDS = (
     PLACEMENT_SYNC_FAILING,
@@ -38,5 +42,7 @@ PROBLEM_KINDS = (
     LEDGER_WRITE_FAILED,
     LEDGER_NO_SPACE,
     UNRECORDED_MDEVS,
+    LAYOUT_CONVERGING,
+    LAYOUT_GPUS_MISSING,
 )
 LEDGER_UNWRITABLE = (LEDGER_REPLACED, LEDGER_WRITE_FAILED, LEDGER_NO_SPACE)

@@ -79,22 +79,68 @@ def test_the_layout_stands_before_ready_and_allocations_take_it_without_adding(s
         assert {owners(sim)[u] for u in uuids} == {("layout", "standing")}
 
 
+def reload(agent, standing: int, reported_by: str = "agent") -> None:
+    """A new config and SIGHUP; returns once the daemon applied it (its log)."""
+    before = agent.daemon.log().count("configuration reloaded")
+    agent.body = body(standing, reported_by)
+    agent.write()
+    agent.daemon.sighup()
+    deadline = time.monotonic() + 60
+    while agent.daemon.log().count("configuration reloaded") == before:
+        assert time.monotonic() < deadline, agent.daemon.log()[-3000:]
+        time.sleep(0.1)
+
+
+def settle(agent, sim, expected: dict[str, int]) -> None:
+    """Until sysfs shows ``expected`` typed VFs per GPU (the rescan a reload
+    asks for converges the layout), or a minute passed."""
+    deadline = time.monotonic() + 60
+    while typed_per_gpu(sim) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def test_a_lower_standing_drains_and_never_retypes_a_device_in_use(sim, tmp_path):
     with sim_agent(sim, tmp_path, body(2)) as agent:
         agent.daemon.start()
         api = agent.daemon.client()
         held = api.allocate("vm-a", 2, mdev_type=TYPE, parent=GPU1)["mdevs"]
+        mine = {m["uuid"] for m in held}
         assert {m["parent"][:8] + "00.0" for m in held} == {GPU1}
-        agent.body = body(0)
-        agent.write()
-        agent.daemon.sighup()
-        deadline = time.monotonic() + 60
-        while typed_per_gpu(sim)[GPU2] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        # GPU2's free layout devices went; GPU1's, held by vm-a, drain.
-        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 0}
-        assert {o for o, _ in owners(sim).values()} == {"vm-a"}
+        # N 2 -> 1: GPU2 loses a free layout device; GPU1's two are vm-a's:
+        # one drains, none goes while vm-a holds it.
+        reload(agent, 1)
+        settle(agent, sim, {GPU1: 2, GPU2: 1})
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 1}
+        assert {u for u, (o, _) in owners(sim).items() if o == "vm-a"} == mine
+        listed = {m["uuid"]: m for m in api.mdevs()["mdevs"]}
+        assert sum(listed[u]["draining"] for u in mine) == 1
+        # Released: one goes back to the layout, the drained one is removed.
         api.release("vm-a")
+        assert typed_per_gpu(sim) == {GPU1: 1, GPU2: 1}
+        assert set(owners(sim).values()) == {("layout", "standing")}
+        # standing = 0: every layout device goes.
+        reload(agent, 0)
+        settle(agent, sim, {GPU1: 0, GPU2: 0})
+        assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
+        assert owners(sim) == {}
+
+
+def test_a_layout_device_a_vm_holds_drains_until_the_vm_lets_go(sim, tmp_path):
+    with sim_agent(sim, tmp_path, body(1, "nova")) as agent:
+        agent.daemon.start()
+        vf = next(vf for vf, value in typed_vfs(sim.root).items() if value and vf.startswith(
+            GPU1[:8]))
+        sim.sim.hold(vf)  # Nova's guest has it: its VFIO group is open
+        reload(agent, 0)
+        settle(agent, sim, {GPU1: 1, GPU2: 0})
+        assert typed_per_gpu(sim) == {GPU1: 1, GPU2: 0}
+        api = agent.daemon.client()
+        (left,) = api.mdevs()["mdevs"]
+        assert left["address"] == vf and left["draining"] and not left["standing"]
+        assert agent.daemon.health()["layout"]["draining"] == [left["uuid"]]
+        sim.sim.release(vf)
+        reload(agent, 0)  # a rescan converges again (so does the periodic one)
+        settle(agent, sim, {GPU1: 0, GPU2: 0})
         assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
         assert owners(sim) == {}
 
@@ -133,6 +179,8 @@ def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready
         enabler.start()
         agent.daemon.wait_ready()
         enabler.join()
+        log = agent.daemon.log()
+        assert log.rindex("every configured GPU is there") < log.rindex(" ready: API on")
         assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
         # The same devices: recovery re-created the recorded ones.
         assert owners(sim) == before

@@ -43,6 +43,9 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     monkeypatch.setattr(health_mod, "helper_guards",
                         lambda: [SimpleNamespace(health=lambda h=h: h) for h in (down, well)])
 
+    from accel_agent.daemon.rescans import LayoutView
+
+    core.rescans.layout = LayoutView(draining=("d1",), missing_gpus=("0000:c1:00.0",))
     health = core.health()
     expected = [
         (kind.PLACEMENT_SYNC_FAILING, "Placement sync failing"),
@@ -56,6 +59,8 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
         (kind.LEDGER_WRITE_FAILED, "disk I/O error"),
         (kind.LEDGER_NO_SPACE, "no space left"),
         (kind.UNRECORDED_MDEVS, "u1"),
+        (kind.LAYOUT_CONVERGING, "layout converging, 1 draining"),
+        (kind.LAYOUT_GPUS_MISSING, "0000:c1:00.0"),
     ]
     assert health["problem_kinds"] == [k for k, _ in expected]
     assert len(health["problems"]) == len(expected)
@@ -74,6 +79,7 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     ledger.identity_problem = lambda: None
     ledger.write_error = None
     monkeypatch.setattr(health_mod, "helper_guards", lambda: [])
+    core.rescans.layout = LayoutView()
     health = core.health()
     assert health["problem_kinds"] == [kind.LEDGER_NO_SPACE]
     assert {k for k, v in problem_values(core).items() if v == 1} == {kind.LEDGER_NO_SPACE}
