@@ -179,7 +179,9 @@ def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready
         enabler.start()
         agent.daemon.wait_ready()
         enabler.join()
+        # The layout was placed before READY, not by a rescan after it.
         log = agent.daemon.log()
+        assert "every configured GPU is there" in log, log[-3000:]
         assert log.rindex("every configured GPU is there") < log.rindex(" ready: API on")
         assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
         # The same devices: recovery re-created the recorded ones.
