@@ -14,8 +14,9 @@ each parsed device_spec, "aliases": the parsed aliases, "hypervisor": the PCI
 device dicts the libvirt driver built, "tracked": the tracker's devices,
 "pools": its stats pools, "providers": what the Placement translator put in
 the provider tree, "live_migratable_request": whether the flavor's PCI request
-is one the conductor lets live-migrate, "claimed": the addresses a claim for
-the flavor's alias got, "startup": for each (libvirt, QEMU) version pair,
+is one the conductor lets live-migrate, "supported": whether the tracker's
+stats can meet it, "claimed": the addresses a claim for the flavor's alias
+got, "claim_error": null or why none fitted, "startup": for each (libvirt, QEMU) version pair,
 null or the error nova-compute's PCI check at start raises}.
 
 Everything Nova sees comes from Nova's own code: the device dicts are what
@@ -236,8 +237,12 @@ def _run(node: str, case: dict[str, Any], connection_class: Any, objects: Any,
     compute_utils.update_pci_request_with_placement_allocations(
         ctx, None, requests.requests, mapping)
     answer["supported"] = tracker.stats.support_requests(requests.requests, mapping)
-    claimed = tracker.claim_instance(ctx, requests, None)
-    answer["claimed"] = sorted(d.address for d in claimed)
+    answer["claimed"], answer["claim_error"] = [], None
+    try:
+        claimed = tracker.claim_instance(ctx, requests, None)
+        answer["claimed"] = sorted(d.address for d in claimed)
+    except exception.PciDeviceRequestFailed as e:  # no device fits: the test says so
+        answer["claim_error"] = str(e)
 
 
 if __name__ == "__main__":
