@@ -16,8 +16,10 @@ device dicts the libvirt driver built, "tracked": the tracker's devices,
 the provider tree, "live_migratable_request": whether the flavor's PCI request
 is one the conductor lets live-migrate, "supported": whether the tracker's
 stats can meet it, "claimed": the addresses a claim for the flavor's alias
-got, "claim_error": null or why none fitted, "startup": for each (libvirt, QEMU) version pair,
-null or the error nova-compute's PCI check at start raises}.
+got, "claim_error": null or why none fitted, "hostdevs": the guest's
+<hostdev> XML the libvirt driver writes for each claimed device, "startup":
+for each (libvirt, QEMU) version pair, null or the error nova-compute's PCI
+check at start raises}.
 
 Everything Nova sees comes from Nova's own code: the device dicts are what
 ``LibvirtDriver._get_pci_passthrough_devices`` builds from the node devices
@@ -237,12 +239,16 @@ def _run(node: str, case: dict[str, Any], connection_class: Any, objects: Any,
     compute_utils.update_pci_request_with_placement_allocations(
         ctx, None, requests.requests, mapping)
     answer["supported"] = tracker.stats.support_requests(requests.requests, mapping)
-    answer["claimed"], answer["claim_error"] = [], None
+    answer["claimed"], answer["claim_error"], answer["hostdevs"] = [], None, []
     try:
         claimed = tracker.claim_instance(ctx, requests, None)
         answer["claimed"] = sorted(d.address for d in claimed)
     except exception.PciDeviceRequestFailed as e:  # no device fits: the test says so
         answer["claim_error"] = str(e)
+    else:
+        # The <hostdev> the libvirt driver writes into the guest for each
+        # claimed device (its managed mode from the device's spec tags).
+        answer["hostdevs"] = [driver._get_guest_pci_device(d).to_xml() for d in claimed]
 
 
 if __name__ == "__main__":

@@ -306,6 +306,14 @@ def test_a_nova_claim_for_the_printed_alias_gets_a_typed_vf(nova_agent, agent):
     assert len(nova_agent["claimed"]) == 1 and nova_agent["claimed"][0] in agent["vfs"]
     # The conductor lets an instance of this flavor live-migrate.
     assert nova_agent["live_migratable_request"] is True
+    # The guest gets the VF unmanaged: libvirt leaves it on nvidia, the vGPU lives.
+    [hostdev] = [etree.fromstring(x) for x in nova_agent["hostdevs"]]
+    assert (hostdev.get("type"), hostdev.get("managed")) == ("pci", "no")
+    address = hostdev.find("source/address")
+    got = tuple(int(address.get(k), 16) for k in ("domain", "bus", "slot", "function"))
+    domain, bus, rest = nova_agent["claimed"][0].split(":")
+    slot, function = rest.split(".")
+    assert got == (int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16))
 
 
 def test_nova_compute_starts_with_the_live_migratable_tag_only_from_its_floor(nova_agent):
