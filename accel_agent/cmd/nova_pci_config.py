@@ -12,7 +12,8 @@ from accel_agent.cmd import output
 DESCRIPTION = (
     "For operators who hand NVIDIA vGPU 17+ VFs to Nova as PCI passthrough devices: print "
     "the nova.conf [pci] device_spec lines (\"managed\": \"no\", one resource_class per "
-    "vGPU type) and alias lines for the VFs the agent has typed, or would type with "
+    "vGPU type, \"live_migratable\": \"yes\") and alias lines for the VFs the agent has "
+    "typed, or would type with "
     "--per-gpu N. With --check FILE, compare FILE's [pci] section with the host instead: "
     "each difference on one line, exit 1 when there is any. Reads sysfs, the ledger and "
     "the config (the ledger through the daemon when it runs); changes nothing."
@@ -113,7 +114,8 @@ def _document(specs: list, host: str) -> dict:
     """``nova-pci-config --json``: what the [pci] lines say, as objects.
 
     ``device_spec`` and ``alias`` hold the values of those nova.conf options
-    (one object per line of the text form, in its order); ``vfs`` says, for
+    (one object per line of the text form, in its order; both carry
+    ``"live_migratable": "yes"``, see nova_pci.LIVE_MIGRATABLE); ``vfs`` says, for
     each device_spec, its type and GPU and whether the agent has typed it yet
     (false: one that ``--per-gpu`` adds, typed when asked)."""
     from accel_agent.reporting import nova_pci

@@ -104,14 +104,34 @@ def plan(
     return specs
 
 
+# Nova 34 reads ``live_migratable`` in both options (nova/conf/pci.py):
+# - in a device_spec, PciDeviceSpec normalises it to "true" and the tracker
+#   copies it onto the device and its stats pool (pci/devspec.py,
+#   enhanced_pci_device_with_spec_tags; pci/stats.py pool tags), and the
+#   Placement translator gives the provider the HW_PCI_LIVE_MIGRATABLE trait
+#   (compute/pci_placement_translator.py, _get_traits_for_dev);
+# - in an alias, the request asks for such devices only, and the conductor
+#   refuses to live-migrate an instance whose flavor's PCI requests do not all
+#   say so (conductor/tasks/live_migrate.py, _check_can_migrate_pci).
+# The agent's migration gates are its version floors (migration/versions.py),
+# checked per migration between two hosts; none is per type, so every vGPU VF
+# is listed live-migratable.  Nova itself refuses to start with the tag in a
+# device_spec below libvirt 10.0.0 / QEMU 8.2.2 (libvirt driver,
+# _check_pci_whitelist): the text form says so.
+LIVE_MIGRATABLE = "yes"
+NOVA_LIVE_MIGRATABLE_FLOOR = "libvirt >= 10.0.0 and QEMU >= 8.2.2"
+
+
 def device_spec(spec: VfSpec) -> dict[str, str]:
     """One ``[pci] device_spec`` value (a JSON object in nova.conf)."""
-    return {"address": spec.address, "managed": "no", "resource_class": spec.resource_class}
+    return {"address": spec.address, "managed": "no", "resource_class": spec.resource_class,
+            "live_migratable": LIVE_MIGRATABLE}
 
 
 def alias(mdev_type: str, resource_class: str) -> dict[str, str]:
     """One ``[pci] alias`` value (a JSON object in nova.conf)."""
-    return {"name": mdev_type, "device_type": "type-VF", "resource_class": resource_class}
+    return {"name": mdev_type, "device_type": "type-VF", "resource_class": resource_class,
+            "live_migratable": LIVE_MIGRATABLE}
 
 
 def aliases(specs: list[VfSpec]) -> list[dict[str, str]]:
@@ -133,6 +153,12 @@ def render(specs: list[VfSpec], host: str) -> str:
         f"# Nova [pci] lines for the vendor-VFIO vGPUs of {host}, from accelctl nova-pci-config.",
         "# managed=no: the VF stays bound to nvidia (libvirt must not rebind it).",
         "# Needs [pci] report_in_placement = True for the resource classes to be used.",
+        # Nova 34's alias check (pci/request.py, _validate_required_ids): an
+        # alias without vendor_id/product_id is refused unless this is set.
+        "# And [filter_scheduler] pci_in_placement = True where nova-api and nova-scheduler "
+        "run (Nova refuses an alias with only a resource_class otherwise).",
+        "# live_migratable=yes: nova-compute (Nova 34) then needs "
+        f"{NOVA_LIVE_MIGRATABLE_FLOOR} to start.",
     ]
     if not specs:
         lines.append("# (no typed VF: nothing to pass through; try --per-gpu N)")

@@ -200,13 +200,15 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     _type_by_hand(host, foreign, 1150)
     text = ctl(config, "nova-pci-config").stdout
     assert _spec_lines(text) == [
-        {"address": vf, "managed": "no", "resource_class": "CUSTOM_NVIDIA_1150"}
+        {"address": vf, "managed": "no", "resource_class": "CUSTOM_NVIDIA_1150",
+         "live_migratable": "yes"}
         for vf in sorted(mine)
     ]
     aliases = [json.loads(line.split("=", 1)[1]) for line in text.splitlines()
                if line.startswith("alias =")]
     assert aliases == [
-        {"name": "nvidia-1150", "device_type": "type-VF", "resource_class": "CUSTOM_NVIDIA_1150"}
+        {"name": "nvidia-1150", "device_type": "type-VF", "resource_class": "CUSTOM_NVIDIA_1150",
+         "live_migratable": "yes"}
     ]
     assert "[pci]" in text.splitlines()
     assert foreign not in text

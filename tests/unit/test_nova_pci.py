@@ -52,7 +52,9 @@ def test_no_drift_between_render_and_parse() -> None:
     assert text.count("alias =") == 1 and "# 0000:c1:00.5: not typed yet" in text
     found = nova_pci.parse_nova_conf(text)
     assert nova_pci.drift(specs, found, ["0000:c1:00.4", "0000:c1:00.5"]) == []
-    wrong = nova_pci.parse_nova_conf(text.replace("CUSTOM_NVIDIA_1414\"}\n", "X\"}\n", 1))
+    wrong = nova_pci.parse_nova_conf(
+        text.replace('"resource_class": "CUSTOM_NVIDIA_1414"', '"resource_class": "X"', 1)
+    )
     assert nova_pci.drift(specs, wrong, []) == [
         "0000:c1:00.4: resource_class is 'X', the host's type nvidia-1414 needs "
         "'CUSTOM_NVIDIA_1414'"
@@ -81,3 +83,19 @@ def test_nova_reads_the_rendered_lines(tmp_path) -> None:
         "0000:c2:00.4",
     ]
     assert [json.loads(v)["name"] for v in conf.pci.alias] == ["nvidia-1414", "nvidia-1415"]
+
+
+def test_every_line_asks_for_live_migration_and_says_what_nova_then_needs() -> None:
+    """Nova 34 reads live_migratable in a device_spec (the provider's
+    HW_PCI_LIVE_MIGRATABLE trait) and in an alias (the conductor live-migrates
+    only instances whose requests say so): both carry it.  Nova's reading is
+    proven in tests/nova/test_nova_pci_passthrough.py."""
+    spec = nova_pci.VfSpec("0000:c1:00.4", "nvidia-1414", "CUSTOM_NVIDIA_1414", "0000:c1:00.0",
+                           True)
+    text = nova_pci.render([spec], "h")
+    [line] = [v for v in text.splitlines() if v.startswith("device_spec =")]
+    [alias] = [v for v in text.splitlines() if v.startswith("alias =")]
+    assert json.loads(line.split("=", 1)[1])["live_migratable"] == "yes"
+    assert json.loads(alias.split("=", 1)[1])["live_migratable"] == "yes"
+    assert "libvirt >= 10.0.0 and QEMU >= 8.2.2" in text
+    assert "[filter_scheduler] pci_in_placement = True" in text
