@@ -43,6 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the device_spec and alias values as JSON objects (with --check: "
         "{file, matches, problems}); same exit status",
     )
+    parser.add_argument(
+        "--live-migratable",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="tag the lines live_migratable (Nova 34: HW_PCI_LIVE_MIGRATABLE, live "
+        "migration of the flavor's VFs). auto (default): only where this host's libvirt "
+        "and QEMU, asked at [libvirt] uri, meet Nova's floor for it (libvirt 10.0.0, "
+        "QEMU 8.2.2: nova-compute refuses to start below it)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -82,10 +91,14 @@ def run(args: argparse.Namespace) -> int:
     state = wiring.host_state(listing, errors, ledger=_daemons_view(args, listing))
     specs = nova_pci.plan(state.snapshot, state.policy, state.ledger.owned, args.per_gpu)
     if args.check is None:
-        if args.json:
-            output.emit_json(_document(specs, state.host))
+        if args.live_migratable == "auto":
+            tag, why_not = nova_pci.live_migratable_here(listing.libvirt_uri)
         else:
-            print(nova_pci.render(specs, state.host), end="")
+            tag, why_not = args.live_migratable == "yes", "--live-migratable no"
+        if args.json:
+            output.emit_json(_document(specs, state.host, tag))
+        else:
+            print(nova_pci.render(specs, state.host, tag, why_not), end="")
         return output.EXIT_OK
     try:
         with open(args.check, encoding="utf-8") as handle:
@@ -110,20 +123,22 @@ def run(args: argparse.Namespace) -> int:
     return output.EXIT_ERROR if problems else output.EXIT_OK
 
 
-def _document(specs: list, host: str) -> dict:
+def _document(specs: list, host: str, live_migratable: bool = True) -> dict:
     """``nova-pci-config --json``: what the [pci] lines say, as objects.
 
     ``device_spec`` and ``alias`` hold the values of those nova.conf options
     (one object per line of the text form, in its order; both carry
-    ``"live_migratable": "yes"``, see nova_pci.LIVE_MIGRATABLE); ``vfs`` says, for
+    ``"live_migratable": "yes"`` when ``live_migratable`` is true: see
+    nova_pci.live_migratable_here and ``--live-migratable``); ``vfs`` says, for
     each device_spec, its type and GPU and whether the agent has typed it yet
     (false: one that ``--per-gpu`` adds, typed when asked)."""
     from accel_agent.reporting import nova_pci
 
     return {
         "host": host,
-        "device_spec": [nova_pci.device_spec(spec) for spec in specs],
-        "alias": nova_pci.aliases(specs),
+        "device_spec": [nova_pci.device_spec(spec, live_migratable) for spec in specs],
+        "alias": nova_pci.aliases(specs, live_migratable),
+        "live_migratable": live_migratable,
         "vfs": [
             {"address": spec.address, "mdev_type": spec.mdev_type,
              "resource_class": spec.resource_class, "physical_gpu": spec.physical_gpu,

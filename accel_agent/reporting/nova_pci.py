@@ -87,6 +87,10 @@ def plan(
             if device.uuid in owned_set and device.mdev_type == mdev_type:
                 typed.setdefault(parent.physical_gpu, []).append(replace(spec, typed=True))
             continue
+        if config.standing > 0:
+            # A standing layout types its VFs at start, before READY: Nova is
+            # given exactly those, never a VF that may stay untyped.
+            continue
         offered = parent.types.get(mdev_type)
         if offered is not None and offered.available_instances > 0:
             free.setdefault(parent.physical_gpu, []).append(spec)
@@ -114,40 +118,72 @@ def plan(
 #   refuses to live-migrate an instance whose flavor's PCI requests do not all
 #   say so (conductor/tasks/live_migrate.py, _check_can_migrate_pci).
 # The agent's migration gates are its version floors (migration/versions.py),
-# checked per migration between two hosts; none is per type, so every vGPU VF
-# is listed live-migratable.  Nova itself refuses to start with the tag in a
-# device_spec below libvirt 10.0.0 / QEMU 8.2.2 (libvirt driver,
-# _check_pci_whitelist): the text form says so.
+# checked per migration between two hosts; none is per type.  Nova itself
+# refuses to start with the tag in a device_spec below libvirt 10.0.0 / QEMU
+# 8.2.2 (libvirt driver, _check_pci_whitelist), and Debian bookworm ships
+# libvirt 9.0: so the tag is printed only where this host's libvirt and QEMU
+# meet that floor (live_migratable_here), and the text form says why not.
 LIVE_MIGRATABLE = "yes"
 NOVA_LIVE_MIGRATABLE_FLOOR = "libvirt >= 10.0.0 and QEMU >= 8.2.2"
+NOVA_LIVE_MIGRATABLE_LIBVIRT = (10, 0, 0)
+NOVA_LIVE_MIGRATABLE_QEMU = (8, 2, 2)
 
 
-def device_spec(spec: VfSpec) -> dict[str, str]:
+def live_migratable_here(uri: str) -> tuple[bool, str]:
+    """(whether to print ``live_migratable``, why not): this host's libvirt
+    and QEMU, as ``[libvirt] uri`` reports them, against Nova's floor."""
+    if not uri:
+        return False, "no [libvirt] uri, so the libvirt and QEMU versions Nova needs for it " \
+            f"({NOVA_LIVE_MIGRATABLE_FLOOR}) cannot be checked"
+    from accel_agent.migration import versions
+
+    try:
+        found = versions.probe_uri(uri)
+    except Exception as exc:  # libvirt unreachable or missing: not known, so no tag
+        return False, f"libvirt at {uri} cannot be asked its versions ({exc})"
+    if found.libvirt >= NOVA_LIVE_MIGRATABLE_LIBVIRT and found.qemu >= NOVA_LIVE_MIGRATABLE_QEMU:
+        return True, ""
+    return False, (
+        f"this host has libvirt {versions.text(found.libvirt)} and QEMU "
+        f"{versions.text(found.qemu)}; nova-compute refuses the tag below "
+        f"{NOVA_LIVE_MIGRATABLE_FLOOR}"
+    )
+
+
+def device_spec(spec: VfSpec, live_migratable: bool = True) -> dict[str, str]:
     """One ``[pci] device_spec`` value (a JSON object in nova.conf)."""
-    return {"address": spec.address, "managed": "no", "resource_class": spec.resource_class,
-            "live_migratable": LIVE_MIGRATABLE}
+    value = {"address": spec.address, "managed": "no", "resource_class": spec.resource_class}
+    if live_migratable:
+        value["live_migratable"] = LIVE_MIGRATABLE
+    return value
 
 
-def alias(mdev_type: str, resource_class: str) -> dict[str, str]:
+def alias(mdev_type: str, resource_class: str, live_migratable: bool = True) -> dict[str, str]:
     """One ``[pci] alias`` value (a JSON object in nova.conf)."""
-    return {"name": mdev_type, "device_type": "type-VF", "resource_class": resource_class,
-            "live_migratable": LIVE_MIGRATABLE}
+    value = {"name": mdev_type, "device_type": "type-VF", "resource_class": resource_class}
+    if live_migratable:
+        value["live_migratable"] = LIVE_MIGRATABLE
+    return value
 
 
-def aliases(specs: list[VfSpec]) -> list[dict[str, str]]:
+def aliases(specs: list[VfSpec], live_migratable: bool = True) -> list[dict[str, str]]:
     """The aliases ``specs`` need: one per type, sorted."""
-    return [alias(*pair) for pair in sorted({(s.mdev_type, s.resource_class) for s in specs})]
+    return [
+        alias(*pair, live_migratable=live_migratable)
+        for pair in sorted({(s.mdev_type, s.resource_class) for s in specs})
+    ]
 
 
-def device_spec_line(spec: VfSpec) -> str:
-    return "device_spec = " + json.dumps(device_spec(spec))
+def device_spec_line(spec: VfSpec, live_migratable: bool = True) -> str:
+    return "device_spec = " + json.dumps(device_spec(spec, live_migratable))
 
 
-def alias_line(mdev_type: str, resource_class: str) -> str:
-    return "alias = " + json.dumps(alias(mdev_type, resource_class))
+def alias_line(mdev_type: str, resource_class: str, live_migratable: bool = True) -> str:
+    return "alias = " + json.dumps(alias(mdev_type, resource_class, live_migratable))
 
 
-def render(specs: list[VfSpec], host: str) -> str:
+def render(specs: list[VfSpec], host: str, live_migratable: bool = True,
+           why_not: str = "") -> str:
     """The ``[pci]`` section as nova.conf takes it."""
     lines = [
         f"# Nova [pci] lines for the vendor-VFIO vGPUs of {host}, from accelctl nova-pci-config.",
@@ -158,7 +194,8 @@ def render(specs: list[VfSpec], host: str) -> str:
         "# And [filter_scheduler] pci_in_placement = True where nova-api and nova-scheduler "
         "run (Nova refuses an alias with only a resource_class otherwise).",
         "# live_migratable=yes: nova-compute (Nova 34) then needs "
-        f"{NOVA_LIVE_MIGRATABLE_FLOOR} to start.",
+        f"{NOVA_LIVE_MIGRATABLE_FLOOR} to start."
+        if live_migratable else f"# No live_migratable tag: {why_not}.",
     ]
     if not specs:
         lines.append("# (no typed VF: nothing to pass through; try --per-gpu N)")
@@ -168,9 +205,9 @@ def render(specs: list[VfSpec], host: str) -> str:
         # value, and Nova would then fail to parse the JSON.
         if not spec.typed:
             lines.append(f"# {spec.address}: not typed yet (the agent types it when asked)")
-        lines.append(device_spec_line(spec))
+        lines.append(device_spec_line(spec, live_migratable))
     for mdev_type, resource_class in sorted({(s.mdev_type, s.resource_class) for s in specs}):
-        lines.append(alias_line(mdev_type, resource_class))
+        lines.append(alias_line(mdev_type, resource_class, live_migratable))
     return "\n".join(lines) + "\n"
 
 

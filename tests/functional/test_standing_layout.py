@@ -7,6 +7,7 @@ Every outcome is read from two independent sources: the simulated sysfs
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -14,7 +15,7 @@ import pytest
 
 from accel_agent import exception
 from tests import ledger_sql
-from tests.functional.daemon_fixture import sim_agent
+from tests.functional.daemon_fixture import ctl, sim_agent
 from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
@@ -156,6 +157,12 @@ def test_reported_by_nova_is_made_but_never_handed_out_nor_reported(sim, tmp_pat
         assert "reported_by = nova" in str(refused.value)
         assert api.inventory()["providers"] == []
         assert set(owners(sim).values()) == {("layout", "standing")}
+        # Nova's [pci] lines: exactly the layout's typed VFs, even asked for more.
+        document = json.loads(ctl(agent.config, "nova-pci-config", "--json", "--per-gpu",
+                                  "4").stdout)
+        typed = sorted(vf for vf, value in typed_vfs(sim.root).items() if value)
+        assert [s["address"] for s in document["device_spec"]] == typed
+        assert all(v["typed"] for v in document["vfs"])
 
 
 def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready(

@@ -156,8 +156,8 @@ def agent(sim: SimHost, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
         agent.daemon.start()
         client = agent.daemon.client()
         handles = client.attach("vm-nova", REQUESTS)["attachments"]
-        text = ctl(agent.config, "nova-pci-config")
-        document = ctl(agent.config, "nova-pci-config", "--json")
+        text = ctl(agent.config, "nova-pci-config", "--live-migratable", "yes")
+        document = ctl(agent.config, "nova-pci-config", "--json", "--live-migratable", "yes")
         inventory = client.inventory()
     assert text.returncode == 0 and document.returncode == 0, text.stderr + document.stderr
     return {

@@ -99,3 +99,24 @@ def test_every_line_asks_for_live_migration_and_says_what_nova_then_needs() -> N
     assert json.loads(alias.split("=", 1)[1])["live_migratable"] == "yes"
     assert "libvirt >= 10.0.0 and QEMU >= 8.2.2" in text
     assert "[filter_scheduler] pci_in_placement = True" in text
+
+
+def test_the_tag_is_left_out_where_nova_would_refuse_it(monkeypatch) -> None:
+    """Below libvirt 10.0.0 / QEMU 8.2.2 nova-compute refuses to start with
+    live_migratable in a device_spec (Debian bookworm has libvirt 9.0): the
+    agent then leaves it out and says why; without a uri it cannot know."""
+    from accel_agent.migration import versions
+
+    assert nova_pci.live_migratable_here("")[0] is False
+    found = {"v": versions.HostVersions(libvirt=(9, 0, 0), qemu=(7, 2, 0), kernel=(6, 1, 0))}
+    monkeypatch.setattr(versions, "probe_uri", lambda uri: found["v"])
+    tag, why = nova_pci.live_migratable_here("qemu:///system")
+    assert tag is False and "libvirt 9.0.0" in why
+    found["v"] = versions.HostVersions(libvirt=(10, 0, 0), qemu=(8, 2, 2), kernel=(6, 1, 0))
+    assert nova_pci.live_migratable_here("qemu:///system") == (True, "")
+    spec = nova_pci.VfSpec("0000:c1:00.4", "nvidia-1414", "CUSTOM_NVIDIA_1414", "0000:c1:00.0",
+                           True)
+    text = nova_pci.render([spec], "h", False, "why not")
+    assert "live_migratable" not in "".join(
+        v for v in text.splitlines() if not v.startswith("#"))
+    assert "# No live_migratable tag: why not." in text
