@@ -97,6 +97,8 @@ def test_mdevs_lists_typed_vfs_with_address_type_name_and_owner(host):
             "configured": True, "owned": True, "instance": "vm-l",
             "backend": "nvidia_vfio", "address": vf, "type_name": "NVIDIA L40S-4Q",
             "libvirt": None,  # [libvirt] uri is empty: not known
+            "standing": False,  # no standing layout configured
+            "draining": False,
         }
     ]
     assert isinstance(listing[0]["iommu_group"], int)
