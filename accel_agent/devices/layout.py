@@ -147,7 +147,7 @@ def _drop_unwanted(
         _remove_from_layout(m, record, report)
 
 
-def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutReport) -> None:
+def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutReport) -> bool:
     with m.ledger.transaction():
         m.ledger.release(record.uuid)
     protocol.step(m, "layout.released")
@@ -159,13 +159,14 @@ def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutRe
                     record.uuid, exc_info=True)
     if gone:
         report.removed.append(record.uuid)
-        return
+        return True
     # In use (a VM holds it): the layout keeps it until it is free.
     with m.ledger.transaction():
         current = m.ledger.get(record.uuid)
         if current is not None and current.free:
             m.ledger.assign(record.uuid, LAYOUT_OWNER, owner_kind=OwnerKind.STANDING)
     report.draining.append(record.uuid)
+    return False
 
 
 def _converge_gpu(
@@ -194,11 +195,21 @@ def _converge_gpu(
     if have > standing:
         extra = have - standing
         layouts = [r for r in held if r.owner_kind is OwnerKind.STANDING]
-        for record in layouts[:extra]:
-            _remove_from_layout(m, record, report)
-        report.draining += [
-            r.uuid for r in held if r.owner_kind is not OwnerKind.STANDING
-        ][: max(0, extra - len(layouts))]
+        kept: list[str] = []
+        for record in layouts:
+            if extra == 0:
+                break
+            # One a VM holds stays (the write refuses it): the next one goes
+            # instead, so the GPU keeps N and no more whenever it can.
+            if _remove_from_layout(m, record, report):
+                extra -= 1
+            else:
+                kept.append(record.uuid)
+        report.draining = [u for u in report.draining if u not in kept]
+        if extra:
+            report.draining += kept[:extra]
+            instances = [r.uuid for r in held if r.owner_kind is not OwnerKind.STANDING]
+            report.draining += instances[: max(0, extra - len(kept))]
         return
     if have == standing:
         return

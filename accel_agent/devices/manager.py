@@ -269,7 +269,16 @@ class DeviceManager:
         return takeover.takeover(self, adopt_unused, dry_run)
 
     def recover(self, full_check: bool = False) -> RecoveryReport:
-        return recovery.recover(self, full_check)
+        """Recovery, then the standing layouts where there are any (what a
+        reboot reset: recovery re-creates the recorded devices, the layout
+        fills the rest)."""
+        report = recovery.recover(self, full_check)
+        if layout.has_layouts(self):
+            placed = layout.converge(self)
+            report.layout_made = placed.created + placed.adopted
+            report.layout_removed = placed.removed
+            report.layout_draining = placed.draining
+        return report
 
     def converge_layout(self) -> layout.LayoutReport:
         return layout.converge(self)

@@ -42,6 +42,11 @@ class RecoveryReport:
     # Foreign mdevs that look like the agent's while its ledger was lost:
     # see DeviceManager.unrecorded.
     unrecorded: list[str] = field(default_factory=list)
+    # The standing layouts, converged after recovery (devices/layout.py):
+    # devices made or taken back, removed, still draining.
+    layout_made: list[str] = field(default_factory=list)
+    layout_removed: list[str] = field(default_factory=list)
+    layout_draining: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[str]]:
         return {k: sorted(v) for k, v in self.__dict__.items()}

@@ -24,7 +24,7 @@ harness on stdout, one line each:
 Operations and their arguments: ``allocate {instance, count}``, ``attach
 {instance, requests}``, ``release
 {instance, remove}``, ``claim {owner, sources: {src uuid: type}}``, ``commit
-{owner}``, ``abort {owner}``, ``adopt {uuid}``, ``recover {}``.
+{owner}``, ``abort {owner}``, ``adopt {uuid}``, ``recover {}``, ``layout {}``.
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
         return manager.adopt(args["uuid"]).uuid
     if operation == "recover":
         return manager.recover().to_dict()
+    if operation == "layout":
+        return manager.converge_layout().summary()
     raise SystemExit(f"unknown operation {operation!r}")
 
 

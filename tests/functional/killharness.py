@@ -213,10 +213,18 @@ class DeviceModel:
     operations: tuple[str, ...] = OPERATIONS
     schedule: tuple[str, ...] = SCHEDULE
     pool_vfs: int = 0  # the attach model: VFs of its pool
+    # The standing model (issue 23): [mdev_<type>] standing, changed at random
+    # before each "layout" operation (1..3 per GPU).
+    standing: int = 0
 
     @property
     def conf(self) -> str:
+        return self.conf_with(self.standing)
+
+    def conf_with(self, standing: int) -> str:
         text = f"[devices]\nenabled_mdev_types = {self.mdev_type}\n"
+        if self.standing:
+            text += f"[mdev_{self.mdev_type}]\nstanding = {standing}\n"
         if self.pool_vfs:
             text += (
                 f"enabled_vf_pools = {POOL}\n[vf_pool_{POOL}]\ndevice_addresses = {POOL_PF}\n"
@@ -269,7 +277,17 @@ ATTACH = DeviceModel(
 )
 # Two L40S GPUs of 8 VFs (L40S-4Q: 12 per GPU, so the VFs are the limit).
 VFIO = DeviceModel("nvidia_vfio", ("nvidia-vfio",), {"gpus": 2, "vfs": 8}, "nvidia-1150")
-MODELS = {m.name: m for m in (MDEV, VFIO, ATTACH)}
+# Standing layouts on the same two L40S GPUs: kills while a layout is placed,
+# drained (a lower N) and restored (a reboot, then recover), beside
+# allocations that take the layout's devices and releases that give them back.
+STANDING = DeviceModel(
+    "standing", ("nvidia-vfio",), {"gpus": 2, "vfs": 8}, "nvidia-1150",
+    ("allocate", "release", "release --remove", "layout", "recover"),
+    ("layout", "allocate", "release --remove", "layout", "recover", "allocate", "release",
+     "layout"),
+    standing=2,
+)
+MODELS = {m.name: m for m in (MDEV, VFIO, ATTACH, STANDING)}
 
 
 # --- what the clients were told -----------------------------------------------------------
@@ -292,7 +310,7 @@ class Model:
 def holdings_of(rows: list[Row]) -> dict[str, Holding]:
     owners: dict[str, list[Row]] = collections.defaultdict(list)
     for row in rows:
-        if row.owner is not None:
+        if row.owner is not None and row.owner_kind != "standing":
             owners[row.owner].append(row)
     result = {}
     for owner, held in owners.items():
@@ -473,6 +491,9 @@ class KillHarness:
         self.log = log
         self.device_model = model
         self.config = host.config(model.conf, name="killharness.conf")
+        self.standing = model.standing
+        # A layout VF a "VM" holds during an iteration (it must keep its type).
+        self.vm_held: str | None = None
         self.model = Model()
         self.stats = Stats()
         self.durations: dict[str, list[float]] = collections.defaultdict(list)
@@ -507,7 +528,7 @@ class KillHarness:
             pools = VfPools(self.host.root, build_pools(conf), writer, StateFileNet(self._vfnet))
             kwargs = {"writer": writer,
                       "backends": {**builtin(), "sriov_vf": sriov_vf.SriovVfBackend(pools)}}
-        manager = self.host.manager(self.device_model.conf, **kwargs)
+        manager = self.host.manager(self.device_model.conf_with(self.standing), **kwargs)
         try:
             yield manager
         finally:
@@ -603,6 +624,22 @@ class KillHarness:
                 manager.allocate("drain", count, parent=parent)
                 manager.release("drain", remove=True)
 
+    def _hold_a_layout_vf(self) -> None:
+        """Half of the time a VM holds one of the layout's typed VFs (its
+        VFIO group open) while the layout changes: it must keep its type."""
+        if self.rng.random() >= 0.5:
+            return
+        rows, _ = read_ledger(self.host.state_dir)
+        layouts = sorted(r.parent for r in rows if r.owner_kind == "standing")
+        if layouts:
+            self.vm_held = self.rng.choice(layouts)
+            self.host.sim.hold(self.vm_held)
+
+    def _let_go(self) -> None:
+        if self.vm_held is not None:
+            self.host.sim.release(self.vm_held)
+            self.vm_held = None
+
     def _create_foreign(self) -> str:
         uuid = self.device_model.create_foreign(self.host, self.rng)
         self.model.foreign.add(uuid)
@@ -652,6 +689,13 @@ class KillHarness:
         if operation == "adopt":
             foreign = sorted(self.model.foreign) or [self._create_foreign()]
             return {"uuid": self.rng.choice(foreign)}
+        if operation == "layout":
+            # Another N (a reload): the converge then places, drains or removes.
+            self.standing = self.rng.choice([n for n in (1, 2, 3) if n != self.standing])
+            self.config = self.host.config(self.device_model.conf_with(self.standing),
+                                           name="killharness.conf")
+            self._hold_a_layout_vf()
+            return {}
         if operation == "recover":
             if not any(h.uuids for h in self.model.holdings.values()):
                 self._setup_allocate() or self._release_some()
@@ -679,7 +723,9 @@ class KillHarness:
                 self._create_foreign()  # another tool's mdev, never to be touched
         args = self.prepare(operation)
         timing = operation
-        if operation in ("allocate", "claim", "attach") and self.rng.random() < DRAIN:
+        if operation in ("allocate", "claim", "attach") and self.rng.random() < DRAIN and (
+            not self.device_model.standing
+        ):
             self._drain_free()
             timing += " (creates)"  # timed apart: creates take longer than reuse
         before = dict(self.model.holdings)
@@ -697,9 +743,13 @@ class KillHarness:
             self.stats.helper_kills += outcome.helper_killed
         if outcome.result != "killed":
             self._check_settled(outcome)
+        held_type = typed_vfs(self.host.root).get(self.vm_held) if self.vm_held else None
         self._recover(outcome)
         self._check(outcome, before)
+        if self.device_model.standing:
+            self._check_layout(outcome, held_type)
         self._check_idempotent(outcome)
+        self._let_go()
         self.log(
             f"{self.stats.iterations:5d} {operation:18s} {outcome.result:8s} "
             f"delay={'-' if delay is None else f'{delay * 1000:.1f}ms'} "
@@ -793,6 +843,27 @@ class KillHarness:
                     self._violation(f"mdev {uuid} was given to {told[uuid]} and {owner}", outcome)
                 told[uuid] = owner
 
+    def _check_layout(self, outcome: Outcome, held_type: int | None) -> None:
+        """After recover (which converges the layouts): each GPU carries
+        exactly N of the agent's typed VFs, more only while instances (or a
+        VM) hold them; the VF a VM held kept its type; every typed VF is the
+        ledger's or foreign (checked in _check), so none is left that no
+        record or layout explains."""
+        if self.vm_held is not None and typed_vfs(self.host.root).get(self.vm_held) != held_type:
+            self._violation(f"VF {self.vm_held}, held by a VM, was retyped or untyped",
+                            outcome)
+        rows, _ = read_ledger(self.host.state_dir)
+        per_gpu: dict[str, list[Row]] = collections.defaultdict(list)
+        for row in rows:
+            per_gpu[row.parent[:8] + "00.0"].append(row)
+        for gpu in sorted({vf[:8] + "00.0" for vf in typed_vfs(self.host.root)}):
+            mine = [r for r in per_gpu.get(gpu, []) if r.mdev_type == self.device_model.mdev_type]
+            pinned = sum(1 for r in mine if r.owner_kind != "standing" or r.parent == self.vm_held)
+            if len(mine) != max(self.standing, pinned) or pinned > len(mine):
+                self._violation(
+                    f"GPU {gpu} carries {len(mine)} of the agent's {self.device_model.mdev_type} "
+                    f"(standing {self.standing}, {pinned} held by instances or a VM)", outcome)
+
     def _check_vf_settings(self, outcome: Outcome, recorded: dict[str, Row]) -> None:
         """What the PF's "driver" holds for each VF: the recorded settings for
         a VF handed over, the reset values for any other (nothing a tenant
@@ -877,7 +948,8 @@ class KillHarness:
         state = (read_ledger(self.host.state_dir), read_sysfs(self.host.root))
         with self._manager() as manager:
             report = manager.recover().to_dict()
-        changed = {k: v for k, v in report.items() if v and k != "foreign"}
+        # foreign and layout_draining say what is, not what it did.
+        changed = {k: v for k, v in report.items() if v and k not in ("foreign", "layout_draining")}
         if changed or (read_ledger(self.host.state_dir), read_sysfs(self.host.root)) != state:
             self._violation(f"a second recover changed something: {changed}", outcome)
 

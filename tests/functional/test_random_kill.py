@@ -10,7 +10,14 @@ import os
 
 import pytest
 
-from tests.functional.killharness import ATTACH, MDEV, VFIO, DeviceModel, KillHarness
+from tests.functional.killharness import (
+    ATTACH,
+    MDEV,
+    STANDING,
+    VFIO,
+    DeviceModel,
+    KillHarness,
+)
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -23,6 +30,9 @@ KILLS_VFIO = int(os.environ.get("ACCEL_KILLS_VFIO", "25"))
 # The attach model (issue 15): one call attaching mdevs and an SR-IOV VF
 # with its network settings, killed at random instants like allocate.
 KILLS_ATTACH = int(os.environ.get("ACCEL_KILLS_ATTACH", "20"))
+# The standing model (issue 23): kills while layouts are placed, drained and
+# restored after a reboot.
+KILLS_STANDING = int(os.environ.get("ACCEL_KILLS_STANDING", "20"))
 # A fixed seed makes the sequence of operations and delays repeatable; the
 # instants still vary with the machine's load, which is the point.
 SEED = int(os.environ.get("ACCEL_KILL_SEED", "20261124"))
@@ -32,8 +42,8 @@ STOP_ON_VIOLATION = os.environ.get("ACCEL_KILL_STOP_ON_VIOLATION") == "1"
 
 @pytest.mark.parametrize(
     ("model", "kills"),
-    [(MDEV, KILLS), (VFIO, KILLS_VFIO), (ATTACH, KILLS_ATTACH)],
-    ids=["mdev", "nvidia_vfio", "attach"],
+    [(MDEV, KILLS), (VFIO, KILLS_VFIO), (ATTACH, KILLS_ATTACH), (STANDING, KILLS_STANDING)],
+    ids=["mdev", "nvidia_vfio", "attach", "standing"],
 )
 def test_random_sigkills_then_recover_keep_every_promise(tmp_path, model: DeviceModel, kills):
     skip_unless_root()
