@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 CACHE = os.environ.get("ACCEL_BENCH_CACHE", "/var/tmp/accel-agent-bench")
 # Bump when the generator writes something different for the same Shape.
-VERSION = 1
+VERSION = 2
 GPUS_PER_DOMAIN = 32
 NVIDIA = "0x10de"
 MDEV_GPU = "0x2236"  # A10: an mdev-era (pre-vGPU 17) card
@@ -189,6 +189,7 @@ class _Writer:
         self.root = root
         self.bus = shape.bus
         self.next_group = 0
+        self.next_vfio = 0
         self.next_bus: dict[int, int] = {}
         self.mdevs: list[dict[str, object]] = []
 
@@ -226,6 +227,7 @@ class _Writer:
             ("numa_node", str(numa)),
         ):
             _write(os.path.join(device, name), value + "\n")
+        self.pci_attributes(device, addr, device_id, cls, driver, numa)
         if self.bus != "none":
             _link(self.path("bus", "pci"), os.path.join(device, "subsystem"))
             _link(device, self.path("bus", "pci", "devices", addr))
@@ -234,6 +236,40 @@ class _Writer:
                 _link(drv, os.path.join(device, "driver"))
                 _link(device, os.path.join(drv, addr))
         return device
+
+    def pci_attributes(
+        self, device: str, addr: str, device_id: str, cls: str, driver: str | None, numa: int
+    ) -> None:
+        """The rest of what the PCI core puts in every function's directory
+        (a listing of it costs what it costs on a host: ~30 entries)."""
+        vendor = NVIDIA if cls != "0x060400" else "0x1000"
+        cpus = f"{numa * 16}-{numa * 16 + 15}"
+        modalias = (f"pci:v0000{vendor[2:].upper()}d0000{device_id[2:].upper()}"
+                    f"sv0000{vendor[2:].upper()}sd00001111bc{cls[2:4].upper()}"
+                    f"sc{cls[4:6].upper()}i00")
+        uevent = f"PCI_CLASS={cls[2:].upper()}\nPCI_SLOT_NAME={addr}\nMODALIAS={modalias}\n"
+        if driver is not None:
+            uevent = f"DRIVER={driver}\n" + uevent
+        for name, value in (
+            ("ari_enabled", "0"), ("broken_parity_status", "0"),
+            ("consistent_dma_mask_bits", "64"), ("d3cold_allowed", "1"),
+            ("dma_mask_bits", "64"), ("driver_override", "(null)"), ("enable", "1"),
+            ("irq", "0"), ("local_cpulist", cpus), ("local_cpus", "ffff"),
+            ("modalias", modalias), ("msi_bus", "1"), ("power_state", "D0"),
+            ("resource", "0x00000000fa000000 0x00000000faffffff 0x0000000000040200"),
+            ("revision", "0xa1"), ("subsystem_vendor", vendor), ("subsystem_device", "0x1111"),
+            ("current_link_speed", "16.0 GT/s PCIe"), ("current_link_width", "16"),
+            ("max_link_speed", "16.0 GT/s PCIe"), ("max_link_width", "16"),
+        ):
+            _write(os.path.join(device, name), value + "\n")
+        _write(os.path.join(device, "uevent"), uevent)
+        for name in ("remove", "rescan", "reset"):
+            _write(os.path.join(device, name), "")
+        with open(os.path.join(device, "config"), "wb") as handle:
+            handle.write(bytes(256))
+        for sub in ("power", "msi_irqs", "link"):
+            os.makedirs(os.path.join(device, sub))
+        _write(os.path.join(device, "power", "runtime_status"), "active\n")
 
     def slot_of(self, index: int) -> tuple[int, str]:
         """Where GPU ``index`` sits: its domain and the directory it goes in,
@@ -332,6 +368,8 @@ class _Writer:
             self.iommu_group(vf)
             _link(pf, os.path.join(vf, "physfn"))
             _link(vf, os.path.join(pf, f"virtfn{n}"))
+            os.makedirs(os.path.join(vf, "vfio-dev", f"vfio{self.next_vfio}"))
+            self.next_vfio += 1
             os.makedirs(os.path.join(vf, "nvidia"))
             _write(os.path.join(vf, "nvidia", "creatable_vgpu_types"), creatable)
             _write(os.path.join(vf, "nvidia", "current_vgpu_type"), "0\n")
