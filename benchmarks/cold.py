@@ -61,10 +61,12 @@ def mdevctl_chroot(tree: str) -> Iterator[list[str] | None]:
 
 @contextlib.contextmanager
 def daemon_on(
-    tree: str, enabled: str = "nvidia-1003", state_dir: str | None = None
+    tree: str,
+    devices: str = "[devices]\nenabled_mdev_types = nvidia-1003\n",
+    state_dir: str | None = None,
 ) -> Iterator[str | None]:
     """The real daemon (with its privsep helper) serving ``tree`` with the
-    ``enabled`` types (and ``state_dir``, else a new one): the path of its
+    ``devices`` config (and ``state_dir``, else a new one): the path of its
     config file, or None where it cannot run (not root)."""
     if os.geteuid() != 0:
         yield None
@@ -78,7 +80,7 @@ def daemon_on(
             tree,
             state_dir or str(Path(tmp) / "state"),
             socket_path,
-            f"[devices]\nenabled_mdev_types = {enabled}\n",
+            devices,
             extra="[DEFAULT]\ndebug = false\n",
         )
         with AgentDaemon(config, socket_path, Path(tmp)) as daemon:

@@ -41,11 +41,11 @@ def seed_state(state_dir: str, mdevs: list[dict[str, object]]) -> int:
     return len(owned)
 
 
-def offline_config(path: str, root: str, state_dir: str, enabled: str) -> str:
+def offline_config(path: str, root: str, state_dir: str, devices: str) -> str:
     with open(path, "w") as handle:
         handle.write(
             f"[DEFAULT]\nsysfs_root = {root}\nstate_dir = {state_dir}\nhost = bench\n"
-            f"[devices]\nenabled_mdev_types = {enabled}\n[libvirt]\nuri =\n"
+            f"[libvirt]\nuri =\n{devices}"
         )
     return path
 
@@ -54,15 +54,16 @@ def measure(shape: hosttrees.Shape, runs: int) -> dict[str, object]:
     """The tree of ``shape`` measured: ``results`` (name -> summary or why
     skipped), ``commands`` (name -> argv), ``tree`` and ``owned``."""
     root = hosttrees.tree(shape)
-    enabled = ", ".join(shape.enabled_types())
+    written = hosttrees.manifest(root)
+    devices = shape.devices_config(written)
     accelctl = os.path.join(VENV_BIN, "accelctl")
     cold.byte_compile()
     with tempfile.TemporaryDirectory(prefix="accel-bench-n-") as tmp:
         # One state dir for the daemon and the offline CLI, as on a host; new
         # each time: the daemon may write to it, the tree stays as built.
         state = os.path.join(tmp, "state")
-        owned = seed_state(state, hosttrees.manifest(root)["mdevs"])  # type: ignore[arg-type]
-        conf = offline_config(os.path.join(tmp, "offline.conf"), root, state, enabled)
+        owned = seed_state(state, written["mdevs"])  # type: ignore[arg-type]
+        conf = offline_config(os.path.join(tmp, "offline.conf"), root, state, devices)
         commands = {
             cold.OFFLINE: [accelctl, "--offline", "--config-file", conf, "types", "--json"],
             cold.ONE_CORE: ["taskset", "-c", "0", accelctl, "--offline", "--config-file", conf,
@@ -70,7 +71,7 @@ def measure(shape: hosttrees.Shape, runs: int) -> dict[str, object]:
         }
         results: dict[str, object] = {}
         with cold.mdevctl_chroot(root) as mdevctl, \
-                cold.daemon_on(root, enabled=enabled, state_dir=state) as daemon_conf:
+                cold.daemon_on(root, devices=devices, state_dir=state) as daemon_conf:
             if mdevctl:
                 commands[cold.MDEVCTL] = mdevctl
             else:
@@ -81,7 +82,8 @@ def measure(shape: hosttrees.Shape, runs: int) -> dict[str, object]:
             else:
                 results[cold.VIA_DAEMON] = "skipped: the daemon needs root"
             results.update(cold.interleaved(commands, runs))
-    return {"results": results, "commands": commands, "tree": root, "owned": owned}
+    return {"results": results, "commands": commands, "tree": root, "owned": owned,
+            "enabled": devices.splitlines()[1]}
 
 
 def ratio(results: dict[str, object], name: str, stat: str) -> float | None:
@@ -117,7 +119,8 @@ def console(shape: hosttrees.Shape, measured: dict[str, object]) -> str:
     """What a run prints per tree: the commands, the medians, the ratios."""
     results: dict[str, object] = measured["results"]  # type: ignore[assignment]
     commands: dict[str, list[str]] = measured["commands"]  # type: ignore[assignment]
-    lines = [f"tree {shape.name}: {shape.label()}", f"  at {measured['tree']}"]
+    lines = [f"tree {shape.name}: {shape.label()}", f"  at {measured['tree']}",
+             f"  {measured['enabled']}"]
     for name, argv in commands.items():
         lines.append(f"  {name}: {shlex.join(argv)}")
     for name, value in results.items():
@@ -167,7 +170,9 @@ def report(runs: int, shapes: list[hosttrees.Shape],
         rows.append(row(shape, measured))
         failed += any(met is False for *_, met in verdicts(measured["results"]))  # type: ignore[arg-type]
         commands: dict[str, list[str]] = measured["commands"]  # type: ignore[assignment]
-        details += [f"- `{shape.name}` ({measured['owned']} owned mdevs in the ledger):"]
+        details += [f"- `{shape.name}` ({measured['owned']} owned mdevs in the ledger; "
+                    f"`{measured['enabled']}`, the GPUs shared out among them by "
+                    "`[mdev_<type>] device_addresses`):"]
         details += [f"  - {name}: `{shlex.join(argv)}`" for name, argv in commands.items()]
     return [
         "### (n) listing across host shapes",

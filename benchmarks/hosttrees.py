@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 CACHE = os.environ.get("ACCEL_BENCH_CACHE", "/var/tmp/accel-agent-bench")
 # Bump when the generator writes something different for the same Shape.
-VERSION = 2
+VERSION = 3
 GPUS_PER_DOMAIN = 32
 NVIDIA = "0x10de"
 MDEV_GPU = "0x2236"  # A10: an mdev-era (pre-vGPU 17) card
@@ -60,8 +60,9 @@ _NAMESPACE = uuid_mod.UUID("0b1d3c55-2f64-4a8e-9d8c-61c0ffee2626")
 @dataclass(frozen=True)
 class Shape:
     """One host: what the tree varies.  ``mdevs_per_gpu`` existing mdevs of
-    the GPU's first type, the first ``owned_per_gpu`` of them owned (in the
-    agent's ledger), the rest foreign; ``enabled`` types in the config."""
+    the GPU's configured type, the first ``owned_per_gpu`` of them owned (in
+    the agent's ledger), the rest foreign; ``enabled`` mdev types in the
+    config, the GPUs shared out among them (:meth:`devices_config`)."""
 
     name: str
     gpus: int = 256
@@ -107,8 +108,28 @@ class Shape:
     def mdev_type(self, index: int) -> str:
         return f"nvidia-{FIRST_MDEV_TYPE + index}"
 
-    def enabled_types(self) -> list[str]:
-        return [self.mdev_type(t) for t in range(self.enabled)]
+    def type_of(self, ordinal: int) -> int:
+        """The type the config gives the ``ordinal``-th mdev GPU: the enabled
+        types take turns (and its mdevs, if any, are of that type)."""
+        return ordinal % self.enabled
+
+    def devices_config(self, manifest: dict[str, object]) -> str:
+        """The ``[devices]`` and ``[mdev_<type>]`` sections of the agent's
+        config for this tree, as an operator writes them (Nova's rule): the
+        first enabled type is the default, every other one names its GPUs;
+        with vendor-VFIO PFs, their first type on them."""
+        gpus: dict[str, list[str]] = manifest["gpus"]  # type: ignore[assignment]
+        types = [self.mdev_type(t) for t in range(self.enabled)]
+        sections = [f"[mdev_{types[0]}]"]
+        sections += [f"[mdev_{t}]\ndevice_addresses = {', '.join(gpus[t])}"
+                     for t in types[1:] if gpus.get(t)]
+        pfs: list[str] = manifest["vfio_pfs"]  # type: ignore[assignment]
+        if pfs:
+            vf_type = f"nvidia-{FIRST_VFIO_TYPE}"
+            types.append(vf_type)
+            sections.append(f"[mdev_{vf_type}]\ndevice_addresses = {', '.join(pfs)}")
+        return (f"[devices]\nenabled_mdev_types = {', '.join(types)}\n"
+                + "\n".join(sections) + "\n")
 
     def label(self) -> str:
         """What the tree varies, for a report's table."""
@@ -140,9 +161,10 @@ def tree(shape: Shape) -> str:
     tmp = path + ".partial"
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
-    mdevs = build(shape, tmp)
+    writer = build(shape, tmp)
     os.rename(tmp, path)
-    manifest = {"params": shape.params(), "mdevs": mdevs}
+    manifest = {"params": shape.params(), "mdevs": writer.mdevs, "gpus": writer.gpus,
+                "vfio_pfs": writer.pfs}
     with open(path + ".json.tmp", "w") as handle:
         json.dump(manifest, handle, indent=1, sort_keys=True)
     os.rename(path + ".json.tmp", path + ".json")  # last: marks the tree complete
@@ -192,6 +214,8 @@ class _Writer:
         self.next_vfio = 0
         self.next_bus: dict[int, int] = {}
         self.mdevs: list[dict[str, object]] = []
+        self.gpus: dict[str, list[str]] = {}  # mdev type -> the GPUs configured for it
+        self.pfs: list[str] = []
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
@@ -293,12 +317,15 @@ class _Writer:
 
     def mdev_gpu(self, index: int) -> None:
         shape = self.shape
+        ordinal = sum(len(v) for v in self.gpus.values())
+        configured = shape.type_of(ordinal)
         _, where = self.slot_of(index)
         parent_dir, addr = os.path.split(where)
         device = self.pci_function(parent_dir, addr, MDEV_GPU, "0x030200", "nvidia",
                                    self.numa(index))
         self.iommu_group(device)
         _link(device, self.path("class", "mdev_bus", addr))
+        self.gpus.setdefault(shape.mdev_type(configured), []).append(addr)
         types_dir = os.path.join(device, "mdev_supported_types")
         existing = shape.mdevs_per_gpu
         for t in range(shape.types):
@@ -307,10 +334,10 @@ class _Writer:
             most = SIZES[-1] // size
             if existing == 0:
                 available = most
-            elif t == 0:
+            elif t == configured:
                 available = max(0, most - existing)
             else:
-                available = 0  # homogeneous: the GPU already holds type 0
+                available = 0  # homogeneous: the GPU already holds its configured type
             type_dir = os.path.join(types_dir, shape.mdev_type(t))
             os.makedirs(os.path.join(type_dir, "devices"))
             if shape.long_descriptions:
@@ -327,7 +354,8 @@ class _Writer:
                 _write(os.path.join(type_dir, name), value + "\n")
             _write(os.path.join(type_dir, "create"), "")
         for k in range(existing):
-            self.mdev(device, addr, shape.mdev_type(0), k, owned=k < shape.owned_per_gpu)
+            self.mdev(device, addr, shape.mdev_type(configured), k,
+                      owned=k < shape.owned_per_gpu)
 
     def mdev(self, device: str, addr: str, mdev_type: str, k: int, owned: bool) -> None:
         uuid = str(uuid_mod.uuid5(_NAMESPACE, f"{addr}/{k}"))
@@ -351,6 +379,7 @@ class _Writer:
         parent_dir, addr = os.path.split(where)
         numa = self.numa(index)
         pf = self.pci_function(parent_dir, addr, VFIO_GPU, "0x030200", "nvidia", numa)
+        self.pfs.append(addr)
         self.iommu_group(pf)
         _write(os.path.join(pf, "sriov_totalvfs"), f"{shape.vfs_per_pf}\n")
         _write(os.path.join(pf, "sriov_numvfs"), f"{shape.vfs_per_pf}\n")
@@ -375,9 +404,9 @@ class _Writer:
             _write(os.path.join(vf, "nvidia", "current_vgpu_type"), "0\n")
 
 
-def build(shape: Shape, root: str) -> list[dict[str, object]]:
+def build(shape: Shape, root: str) -> _Writer:
     """Write the tree of ``shape`` at ``root`` (which must not exist); the
-    mdevs it holds, as the manifest lists them."""
+    writer says what it wrote (mdevs, GPUs per configured type, PFs)."""
     writer = _Writer(shape, root)
     writer.skeleton()
     for index in range(shape.gpus):
@@ -387,7 +416,7 @@ def build(shape: Shape, root: str) -> list[dict[str, object]]:
             writer.vfio_pf(index)
         else:
             writer.mdev_gpu(index)
-    return writer.mdevs
+    return writer
 
 
 # --- the variants ------------------------------------------------------------

@@ -5,7 +5,11 @@ cold scan sees, so the benchmark's host shapes measure real work."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +117,34 @@ def test_unknown_tree_names_are_refused():
     with pytest.raises(ValueError, match="unknown tree"):
         list(hosttrees.variants("flat,nope"))
     assert [s.name for s in hosttrees.variants("flat, vfio")] == ["flat", "vfio"]
+
+
+def test_the_config_shares_the_gpus_out_among_the_enabled_types(cache, tmp_path):
+    """What accelctl makes of the config the benchmark writes: each GPU
+    configured for the type the generator gave it (its mdevs' type), the VFs
+    for the vendor-VFIO type."""
+    shape = hosttrees.Shape("cfg", gpus=4, types=3, depth=1, enabled=2, mdevs_per_gpu=1,
+                            vfio_pfs=1, vfs_per_pf=2)
+    root = hosttrees.tree(shape)
+    written = hosttrees.manifest(root)
+    conf = hostlisting.offline_config(str(tmp_path / "agent.conf"), root,
+                                      str(tmp_path / "state"), shape.devices_config(written))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run(
+        [sys.executable, "-m", "accel_agent.cmd.ctl", "--offline", "--config-file", conf,
+         "types", "--json"],
+        capture_output=True, text=True, check=True, env=env,
+    )
+    parents = json.loads(out.stdout)["parents"]
+    configured = {p["name"]: p["configured_type"] for p in parents}
+    # Homogeneous counters follow the GPU's own type: 12 of 2 GB less its mdev.
+    counters = {t["type_id"]: t["available_instances"]
+                for p in parents if p["name"] == "0000:03:00.0" for t in p["types"]}
+    assert counters == {"nvidia-256": 0, "nvidia-257": 11, "nvidia-258": 0}
+    mdev_of = {str(m["parent"]): m["mdev_type"] for m in written["mdevs"]}
+    assert configured == {
+        "0000:02:00.0": "nvidia-256", "0000:03:00.0": "nvidia-257", "0000:04:00.0": "nvidia-256",
+        "0000:01:00.4": "nvidia-1150", "0000:01:00.5": "nvidia-1150",
+    }
+    assert all(configured[gpu] == mdev_type for gpu, mdev_type in mdev_of.items())
+    assert "will not be used" not in out.stderr
