@@ -146,7 +146,8 @@ class Shape:
                          f"{foreign} foreign)")
         else:
             parts.append("no mdevs")
-        parts.append(f"{self.enabled} type(s) enabled")
+        parts.append(f"{self.enabled} type(s) enabled"
+                     + (f" (+ nvidia-{FIRST_VFIO_TYPE} on the PFs)" if self.vfio_pfs else ""))
         parts.append({"all": "bus/mdev", "no-mdev": "no bus/mdev", "none": "no bus/"}[self.bus])
         return ", ".join(parts)
 
@@ -158,9 +159,10 @@ def tree(shape: Shape) -> str:
         return path
     os.makedirs(CACHE, exist_ok=True)
     _drop_stale(shape)
+    for leftover in (path + ".partial", path):  # a build cut short, before its manifest
+        if os.path.isdir(leftover) and not os.path.islink(leftover):
+            shutil.rmtree(leftover)
     tmp = path + ".partial"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
     writer = build(shape, tmp)
     os.rename(tmp, path)
     manifest = {"params": shape.params(), "mdevs": writer.mdevs, "gpus": writer.gpus,

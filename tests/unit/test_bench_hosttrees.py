@@ -148,3 +148,10 @@ def test_the_config_shares_the_gpus_out_among_the_enabled_types(cache, tmp_path)
     }
     assert all(configured[gpu] == mdev_type for gpu, mdev_type in mdev_of.items())
     assert "will not be used" not in out.stderr
+
+
+def test_a_build_cut_short_is_built_again(cache):
+    first = hosttrees.tree(TINY)
+    os.unlink(first + ".json")  # killed between the tree and its manifest
+    assert hosttrees.tree(TINY) == first
+    assert os.path.isfile(first + ".json")
