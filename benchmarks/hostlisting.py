@@ -9,6 +9,7 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 
 from benchmarks import cold, hosttrees, timing
@@ -53,7 +54,9 @@ def offline_config(path: str, root: str, state_dir: str, devices: str) -> str:
 def measure(shape: hosttrees.Shape, runs: int) -> dict[str, object]:
     """The tree of ``shape`` measured: ``results`` (name -> summary or why
     skipped), ``commands`` (name -> argv), ``tree`` and ``owned``."""
+    started = time.monotonic()
     root = hosttrees.tree(shape)
+    built = time.monotonic()
     written = hosttrees.manifest(root)
     devices = shape.devices_config(written)
     accelctl = os.path.join(VENV_BIN, "accelctl")
@@ -81,9 +84,14 @@ def measure(shape: hosttrees.Shape, runs: int) -> dict[str, object]:
                                              "--json"]
             else:
                 results[cold.VIA_DAEMON] = "skipped: the daemon needs root"
+            ready = time.monotonic()
             results.update(cold.interleaved(commands, runs))
+            measured = time.monotonic()
+    # Where a run's minutes go (the whole of (n) should stay <= 10 minutes).
+    spent = (f"tree {built - started:.1f} s (0 when cached), mounts and daemon start "
+             f"{ready - built:.1f} s, measuring {measured - ready:.1f} s")
     return {"results": results, "commands": commands, "tree": root, "owned": owned,
-            "enabled": devices.splitlines()[1]}
+            "enabled": devices.splitlines()[1], "spent": spent}
 
 
 def ratio(results: dict[str, object], name: str, stat: str) -> float | None:
@@ -120,7 +128,7 @@ def console(shape: hosttrees.Shape, measured: dict[str, object]) -> str:
     results: dict[str, object] = measured["results"]  # type: ignore[assignment]
     commands: dict[str, list[str]] = measured["commands"]  # type: ignore[assignment]
     lines = [f"tree {shape.name}: {shape.label()}", f"  at {measured['tree']}",
-             f"  {measured['enabled']}"]
+             f"  {measured['enabled']}", f"  time spent: {measured['spent']}"]
     for name, argv in commands.items():
         lines.append(f"  {name}: {shlex.join(argv)}")
     for name, value in results.items():
