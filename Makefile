@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
 .PHONY: all deps venv demo test test-unit test-functional test-realkernel test-nova test-package lint \
-	sample-config bench soak prove-faults test-stress dist deb docs clean
+	sample-config bench bench-hosts soak prove-faults test-stress dist deb docs clean
 
 all: test
 
@@ -118,6 +118,11 @@ sample-config: venv
 
 bench: venv .stamps/bench-apt
 	$(PY) -m benchmarks --output BENCHMARKS.md
+
+# (n) alone, printed and not written to BENCHMARKS.md: the listing on each host
+# shape of benchmarks/hosttrees.py (TREES=flat,worst picks some; QUICK=1: 5 rounds).
+bench-hosts: venv .stamps/bench-apt
+	$(PY) -m benchmarks --only n $(if $(TREES),--trees $(TREES)) $(if $(QUICK),--quick)
 
 # The random-kill harnesses at length (about an hour for 1,000 kills of one
 # operation at a time, two to three hours for 1,000 SIGKILLs of the running

@@ -7,7 +7,9 @@ RSS, (f) time from an mdev removed behind the agent to inventory updated,
 (k) (c) on a real kernel in the lab guest, (l) a real live migration through
 the agent (lab trixie: timings of claim, migrate, commit, release; downtime),
 (m) a large host (2,000 parents x 4 types, static tree and FUSE simulator):
-time to READY, listings, an allocate during rescans, SIGTERM mid-scan.
+time to READY, listings, an allocate during rescans, SIGTERM mid-scan,
+(n) (a) on each host shape of benchmarks/hosttrees.py (bridges, descriptions,
+NUMA nodes, existing mdevs, enabled types, no bus/mdev, vendor-VFIO VFs).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from benchmarks import breakdown, cold, rescan, timing, trees, vfio, xml
+from benchmarks import breakdown, cold, hostlisting, hosttrees, rescan, timing, trees, vfio, xml
 
 TARGETS = {
     "a": "accelctl types --json through the daemon <= 0.3x mdevctl types' wall time; offline "
@@ -33,6 +35,7 @@ TARGETS = {
     "m": "2,000 parents x 4 types (static tree and FUSE simulator): READY <= 30 s, listings "
     "through the daemon <= 2 s, an allocate answered while a rescan runs, SIGTERM mid-scan "
     "ends the daemon cleanly within [api] shutdown_timeout",
+    "n": "(a)'s targets on every host shape of benchmarks/hosttrees.py, not on the best one",
 }
 
 
@@ -75,15 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument(
         "--only",
-        default="abcdefgklmp",
+        default="abcdefgklmnp",
         help="letters of the benchmarks to run (g: types/inventory on 8 NVIDIA vGPU 17+ "
         "GPUs x 48 VFs; k: (c) on a real kernel in the lab guest; "
         "l: a real live migration through the agent in the lab trixie guest; "
-        "m: a large host, 2,000 parents x 4 types; p: where a listing's time goes)",
+        "m: a large host, 2,000 parents x 4 types; "
+        "n: (a) on each host shape of benchmarks/hosttrees.py; "
+        "p: where a listing's time goes)",
+    )
+    parser.add_argument(
+        "--trees",
+        help="(n) only: the host shapes to measure, comma-separated (default: all of "
+        "benchmarks/hosttrees.py's VARIANTS)",
     )
     parser.add_argument("--quick", action="store_true", help="fewer runs, 256-parent tree only")
     parser.add_argument("--output", help="write the Markdown report here")
     args = parser.parse_args(argv)
+    try:
+        shapes = list(hosttrees.variants(args.trees))
+    except ValueError as exc:
+        parser.error(str(exc))
     runs = 5 if args.quick else 15
     sizes = [(256, 24)] if args.quick else [(256, 24), (1024, 24)]
     out: list[str] = []
@@ -144,6 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                 "per VF); the inventory is one provider per GPU. Machine load average at the "
                 f"end: {os.getloadavg()[0]:.2f}."
             ],
+        ),
+    )
+    run(
+        "n",
+        "listing across host shapes",
+        # 9 rounds, not 15: 12 trees of 256 x 24 in <= 10 minutes on 2 cores.
+        lambda: hostlisting.report(
+            5 if args.quick else 9,
+            shapes,
+            progress=lambda text: print(text, file=sys.stderr, flush=True),
         ),
     )
     if any(letter in args.only for letter in "cef"):

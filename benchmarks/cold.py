@@ -1,6 +1,10 @@
 """(a) ``accelctl types --json`` as a whole process, through the running
 daemon and offline, vs ``mdevctl types --dumpjson`` in a chroot of the same
-tree vs a bare Python openat loop: wall and CPU time, in one run."""
+tree vs a bare Python openat loop: wall and CPU time, in one run.
+
+(n) the same interleaved measurement on each host shape of
+:mod:`benchmarks.hosttrees` (trees not made by our simulator), with the
+targets' ratios judged per tree."""
 
 from __future__ import annotations
 
@@ -56,9 +60,14 @@ def mdevctl_chroot(tree: str) -> Iterator[list[str] | None]:
 
 
 @contextlib.contextmanager
-def daemon_on(tree: str) -> Iterator[str | None]:
-    """The real daemon (with its privsep helper) serving ``tree``: the path
-    of its config file, or None where it cannot run (not root)."""
+def daemon_on(
+    tree: str,
+    devices: str = "[devices]\nenabled_mdev_types = nvidia-1003\n",
+    state_dir: str | None = None,
+) -> Iterator[str | None]:
+    """The real daemon (with its privsep helper) serving ``tree`` with the
+    ``devices`` config (and ``state_dir``, else a new one): the path of its
+    config file, or None where it cannot run (not root)."""
     if os.geteuid() != 0:
         yield None
         return
@@ -69,9 +78,9 @@ def daemon_on(tree: str) -> Iterator[str | None]:
         config = agent_config(
             Path(tmp) / "agent.conf",
             tree,
-            str(Path(tmp) / "state"),
+            state_dir or str(Path(tmp) / "state"),
             socket_path,
-            "[devices]\nenabled_mdev_types = nvidia-1003\n",
+            devices,
             extra="[DEFAULT]\ndebug = false\n",
         )
         with AgentDaemon(config, socket_path, Path(tmp)) as daemon:
@@ -126,17 +135,22 @@ def measure(parents: int, types: int, runs: int) -> dict[str, object]:
             commands[VIA_DAEMON] = [accelctl, "--config-file", daemon_conf, "types", "--json"]
         else:
             results[VIA_DAEMON] = "skipped: the daemon needs root"
-        for argv in commands.values():  # page cache, bytecode, config cache, daemon's first read
-            timing.run_process(argv)
-            timing.run_process(argv)
-        # Interleave the commands run by run so drift hits all of them alike.
-        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
-        for _ in range(runs):
-            for name, argv in commands.items():
-                samples[name].append(timing.run_process(argv))
-        for name in commands:
-            results[name] = summary(samples[name])
+        results.update(interleaved(commands, runs))
     return results
+
+
+def interleaved(commands: dict[str, list[str]], runs: int) -> dict[str, object]:
+    """Each command's summary: two warm-up runs each (page cache, bytecode,
+    config cache, the daemon's first read), then ``runs`` rounds, the
+    commands interleaved run by run so drift hits all of them alike."""
+    for argv in commands.values():
+        timing.run_process(argv)
+        timing.run_process(argv)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, argv in commands.items():
+            samples[name].append(timing.run_process(argv))
+    return {name: summary(samples[name]) for name in commands}
 
 
 def ratios(results: dict[str, object]) -> list[str]:
