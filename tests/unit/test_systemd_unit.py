@@ -344,3 +344,16 @@ def test_systemd_analyze_verifies_the_drop_ins(tmp_path):
     for complaint in ("Unknown key", "Unknown section", "ignoring", "Failed"):
         assert complaint not in output, output
 
+
+
+def test_the_agent_starts_after_nvidias_vf_enabling_unit_without_needing_it():
+    """After a reboot NVIDIA's nvidia-sriov.service enables the vGPU 17+ VFs
+    (issue 23): ordered after it, the agent's standing layouts are placed on
+    them before READY.  After= only: a host without NVIDIA's package starts
+    the agent all the same (a Wants= or Requires= would pull in or fail on it)."""
+    unit = [line for line in UNIT.read_text().splitlines() if not line.startswith("#")]
+    after = " ".join(line.split("=", 1)[1] for line in unit if line.startswith("After="))
+    assert "nvidia-sriov.service" in after.split()
+    pulled = " ".join(line for line in unit if line.startswith(("Wants=", "Requires=",
+                                                                 "BindsTo=", "Requisite=")))
+    assert "nvidia-sriov" not in pulled
