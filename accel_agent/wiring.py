@@ -402,7 +402,9 @@ def check(
     warnings += list(state.policy.warnings)
     warnings += policy_mod.host_warnings(state.policy, state.snapshot)
     warnings += list(state.notes)
-    warnings += list(state.inventory().warnings)
+    inventory = state.inventory()
+    warnings += list(inventory.warnings)
+    warnings += standing_warnings(state.policy, inventory)
     warnings += [f"sysfs: {w}" for w in state.snapshot.warnings]
     if conf.libvirt.define_mdevs and not conf.libvirt.uri:
         warnings.append(
@@ -414,6 +416,21 @@ def check(
         errors += warnings
         warnings = []
     return errors, warnings, state
+
+
+def standing_warnings(policy: MdevPolicy, inventory: inventory_mod.Inventory) -> list[str]:
+    """Standing layouts a GPU cannot hold (its capacity for the type is less
+    than N): the layout keeps what fits, health says it is short."""
+    found = []
+    for provider in inventory.providers:
+        config = policy.config_of(provider.mdev_type)
+        if config is not None and config.standing > provider.total:
+            found.append(
+                f"[mdev_{provider.mdev_type}] standing = {config.standing} cannot fit GPU "
+                f"{provider.physical_gpu}: it holds at most {provider.total} "
+                f"{provider.mdev_type}; its layout keeps {provider.total}"
+            )
+    return found
 
 
 def _policy_option(error: exception.AccelAgentException) -> tuple[str, str] | None:
