@@ -36,9 +36,14 @@ def _mdevs(state: wiring.HostState) -> dict[str, Any]:
 
         # Quiet: a listing without libvirt says null, not a warning.
         libvirt = nodedevs.listing_view(nodedevs.for_uri(state.libvirt_uri), quiet=True)
+    held = None
+    if state.ledger.layout_members:
+        from accel_agent.sysfs import vfio_holders
+
+        held = vfio_holders.held_groups(vfio_holders.vfio_dev_dir(state.snapshot.root))
     return views.mdevs_document(
         state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned,
-        libvirt, state.ledger.layout_members,
+        libvirt, state.ledger.layout_members, held,
     )
 
 

@@ -61,11 +61,21 @@ class Listings:
         policy = devices.policy
         owners = ledger.owners
         libvirt = self._definitions(snapshot)
+        held = None
+        if ledger.layout_members:
+            from accel_agent.sysfs import vfio_holders
+
+            held = vfio_holders.held_groups(
+                vfio_holders.vfio_dev_dir(
+                    devices.sysfs_root, getattr(devices.writer, "vfio_dev_dir", None) or ""
+                )
+            )
         return self._body(
             "mdevs",
-            (snapshot, policy, owners, libvirt, ledger.layout_members),
+            (snapshot, policy, owners, libvirt, ledger.layout_members, held),
             lambda: views.mdevs_document(
-                snapshot, policy, devices.host, owners, owners, libvirt, ledger.layout_members
+                snapshot, policy, devices.host, owners, owners, libvirt, ledger.layout_members,
+                held,
             ),
         )
 

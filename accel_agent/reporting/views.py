@@ -58,13 +58,15 @@ def mdevs_document(
     owned: Iterable[str] = (),
     libvirt: Mapping[str, tuple[bool, bool]] | None = None,
     layout_members: Iterable[str] = (),
+    held_groups: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """Every mdev on the host.  ``owned``: UUIDs the agent created or adopted;
     ``owners``: uuid -> instance.  Foreign mdevs are listed too: they use
     capacity even though the agent never touches them.  ``libvirt``: uuid ->
     (defined, autostart) of every mdev libvirt defines; None when that is
     not known (no [libvirt] uri, libvirt unreachable): each mdev's
-    ``libvirt`` is then null."""
+    ``libvirt`` is then null.  ``held_groups``: the VFIO groups processes
+    hold open (sysfs/vfio_holders.py), None when not looked at."""
     owned_set = set(owned)
     owners = owners or {}
     standing, draining = _layout_marks(snapshot, policy, owned_set, set(layout_members), owners)
@@ -87,6 +89,10 @@ def mdevs_document(
                 "libvirt": _libvirt(libvirt, mdev.uuid),
                 "standing": mdev.uuid in standing,
                 "draining": mdev.uuid in draining,
+                # A process holds its VFIO group (a VM uses it); null: not known
+                # (no standing layout to watch, or /proc not readable).
+                "in_use": None if held_groups is None or mdev.iommu_group is None
+                else str(mdev.iommu_group) in held_groups,
             }
         )
     return {"host": host, "mdevs": mdevs}

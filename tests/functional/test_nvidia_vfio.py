@@ -99,6 +99,7 @@ def test_mdevs_lists_typed_vfs_with_address_type_name_and_owner(host):
             "libvirt": None,  # [libvirt] uri is empty: not known
             "standing": False,  # no standing layout configured
             "draining": False,
+            "in_use": None,  # no standing layout: not looked at
         }
     ]
     assert isinstance(listing[0]["iommu_group"], int)

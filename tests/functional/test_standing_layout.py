@@ -8,6 +8,7 @@ Every outcome is read from two independent sources: the simulated sysfs
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -129,17 +130,27 @@ def test_a_lower_standing_drains_and_never_retypes_a_device_in_use(sim, tmp_path
 def test_a_layout_device_a_vm_holds_drains_until_the_vm_lets_go(sim, tmp_path):
     with sim_agent(sim, tmp_path, body(1, "nova")) as agent:
         agent.daemon.start()
-        vf = next(vf for vf, value in typed_vfs(sim.root).items() if value and vf.startswith(
-            GPU1[:8]))
-        sim.sim.hold(vf)  # Nova's guest has it: its VFIO group is open
-        reload(agent, 0)
-        settle(agent, sim, {GPU1: 1, GPU2: 0})
-        assert typed_per_gpu(sim) == {GPU1: 1, GPU2: 0}
         api = agent.daemon.client()
-        (left,) = api.mdevs()["mdevs"]
-        assert left["address"] == vf and left["draining"] and not left["standing"]
-        assert agent.daemon.health()["layout"]["draining"] == [left["uuid"]]
-        sim.sim.release(vf)
+        listed = {m["address"]: m for m in api.mdevs()["mdevs"]}
+        vf = min(a for a in listed if a.startswith(GPU1[:8]))
+        assert {m["in_use"] for m in listed.values()} == {False}
+        # Nova's guest has it: a process (this one, as QEMU would) holds its
+        # VFIO group open; the agent sees it in /proc, never by opening it.
+        group = os.open(os.path.join(sim.root, "vfio", str(listed[vf]["iommu_group"])),
+                        os.O_RDONLY)
+        try:
+            listed = {m["address"]: m for m in api.mdevs()["mdevs"]}
+            assert listed[vf]["in_use"] is True
+            assert [a for a, m in listed.items() if m["in_use"]] == [vf]
+            reload(agent, 0)
+            settle(agent, sim, {GPU1: 1, GPU2: 0})
+            assert typed_per_gpu(sim) == {GPU1: 1, GPU2: 0}
+            (left,) = api.mdevs()["mdevs"]
+            assert left["address"] == vf and left["draining"] and not left["standing"]
+            assert left["in_use"] is True
+            assert agent.daemon.health()["layout"]["draining"] == [left["uuid"]]
+        finally:
+            os.close(group)
         reload(agent, 0)  # a rescan converges again (so does the periodic one)
         settle(agent, sim, {GPU1: 0, GPU2: 0})
         assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
