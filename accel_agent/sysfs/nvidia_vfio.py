@@ -106,6 +106,21 @@ def parse_creatable(text: str) -> dict[int, str]:
     return found
 
 
+_CREATABLE_SEEN: dict[str, dict[int, str]] = {}
+
+
+def _parse_creatable_memo(text: str) -> dict[int, str]:
+    """:func:`parse_creatable`, once per distinct text: the VFs of a card
+    list the same lines (a scan reads hundreds of them); kept small, the
+    texts a host shows are few.  Callers never change the result."""
+    found = _CREATABLE_SEEN.get(text)
+    if found is None:
+        if len(_CREATABLE_SEEN) >= 256:
+            _CREATABLE_SEEN.clear()
+        found = _CREATABLE_SEEN[text] = parse_creatable(text)
+    return found
+
+
 def framebuffer_gb(name: str) -> int | None:
     """The framebuffer of a type from its name: ``NVIDIA L40S-4Q`` -> 4,
     ``NVIDIA H200X-1-18C`` -> 18; None when the name does not say."""
@@ -127,6 +142,17 @@ def per_gpu_limits(types: Mapping[int, str], vfs: int) -> dict[int, int | None]:
     }
 
 
+@dataclass(frozen=True)
+class _VfStatic:
+    """What a VF's bus link, unchanged, vouches for."""
+
+    pf: str
+    device_path: str
+    numa_node: int | None
+    vendor_id: str | None
+    device_id: str | None
+
+
 @dataclass
 class _Vf:
     address: str
@@ -138,6 +164,11 @@ class _Vf:
     numa_node: int | None
     vendor_id: str | None
     device_id: str | None
+
+    @property
+    def static(self) -> _VfStatic:
+        return _VfStatic(self.pf, self.device_path, self.numa_node, self.vendor_id,
+                         self.device_id)
 
 
 @dataclass(frozen=True)
@@ -166,6 +197,11 @@ class VfioScanner:
         # PCI functions that are neither a VF nor an SR-IOV PF -> their bus
         # link when the last scan saw them (skipped while it is the same).
         self._unrelated: dict[str, str] = {}
+        # VF -> (its bus link, what the last scan read of it that never
+        # changes while the link is the same: PF, device path, NUMA node,
+        # vendor and device ids).  A rescan reads only the rest: its driver,
+        # IOMMU group (a VF enabled again may get another) and vGPU files.
+        self._static: dict[str, tuple[str, _VfStatic]] = {}
 
     def _load(self) -> dict[str, dict[int, str]]:
         if self._path is None:
@@ -221,6 +257,7 @@ class VfioScanner:
         # their link (the kernel resolves it: no realpath, an lstat per path
         # component) and asked their driver.
         unrelated: dict[str, str] = {}
+        static: dict[str, tuple[str, _VfStatic]] = {}
         try:
             for name in names:
                 if not address.is_canonical_parent_name(name) or not address.is_pci_address(name):
@@ -235,6 +272,17 @@ class VfioScanner:
                 try:
                     device_fd = os.open(name, _DIR_FLAGS, dir_fd=bus_fd)
                 except OSError:
+                    continue
+                known = self._static.get(name)
+                if known is not None and known[0] == link:
+                    try:
+                        if _link_name_at(device_fd, "driver") == "nvidia":
+                            vf = _read_vgpu(name, known[1], device_fd, warnings.append)
+                            if vf is not None:
+                                vfs.append(vf)
+                                static[name] = known
+                    finally:
+                        os.close(device_fd)
                     continue
                 try:
                     physfn = _link_name_at(device_fd, "physfn")
@@ -252,6 +300,7 @@ class VfioScanner:
                         vf = self._read_vf(root, name, device, device_fd, physfn, warnings.append)
                         if vf is not None:
                             vfs.append(vf)
+                            static[name] = (link, vf.static)
                     elif _no_vfs_enabled(device_fd):
                         notes.append(
                             f"GPU {name} (nvidia) has SR-IOV but no VFs enabled: its vGPUs "
@@ -263,10 +312,11 @@ class VfioScanner:
         finally:
             os.close(bus_fd)
         self._unrelated = unrelated
+        self._static = static
         return self._build(vfs, warnings, notes)
 
+    @staticmethod
     def _read_vf(
-        self,
         root: str,
         name: str,
         device: str,
@@ -274,42 +324,17 @@ class VfioScanner:
         physfn: str,
         warn: Callable[[str], None],
     ) -> _Vf | None:
-        try:
-            # Not followed: a link named nvidia is no vendor directory.
-            dir_fd = os.open(NVIDIA_DIR, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=device_fd)
-        except OSError:
-            return None
-        try:
-            raw_current = _attribute(dir_fd, CURRENT, f"VF {name}", warn)
-            raw_creatable = _attribute(dir_fd, CREATABLE, f"VF {name}", warn)
-        finally:
-            os.close(dir_fd)
-        if raw_current is None or raw_creatable is None:
-            warn(f"VF {name}: nvidia/{CURRENT} or {CREATABLE} is unreadable; skipped")
-            return None
-        current = attributes.parse_int_or_none(raw_current, MAX_TYPE_ID)
-        if current is None:
-            warn(f"VF {name}: {CURRENT} {raw_current!r} is not a type id; skipped")
-            return None
         numa = attributes.parse_int_or_none(
             _attribute(device_fd, "numa_node", f"VF {name}", warn), attributes.MAX_NUMA_NODE
         )
-        vendor = _attribute(device_fd, "vendor", f"VF {name}", warn)
-        device_id = _attribute(device_fd, "device", f"VF {name}", warn)
-        group = attributes.parse_int_or_none(
-            _link_name_at(device_fd, "iommu_group"), attributes.MAX_IOMMU_GROUP
-        )
-        return _Vf(
-            address=name,
+        static = _VfStatic(
             pf=address.parse_pci_address(physfn),
             device_path=os.path.relpath(device, root),
-            current=current,
-            creatable=parse_creatable(raw_creatable),
-            iommu_group=group,
             numa_node=numa,
-            vendor_id=vendor,
-            device_id=device_id,
+            vendor_id=_attribute(device_fd, "vendor", f"VF {name}", warn),
+            device_id=_attribute(device_fd, "device", f"VF {name}", warn),
         )
+        return _read_vgpu(name, static, device_fd, warn)
 
     def _build(self, vfs: list[_Vf], warnings: list[str], notes: list[str]) -> Discovery:
         by_card: dict[str, list[_Vf]] = {}
@@ -346,18 +371,25 @@ class VfioScanner:
                        else 0)
                     for type_id in known
                 }
+            # The VFs of a card differ only in whether they are free and what
+            # they list: one type table per such pair (not one per VF: a card
+            # has up to 64 VFs, each listing the card's ~20 types).
+            tables: dict[tuple[bool, frozenset[int]], Mapping[str, MdevType]] = {}
             for vf in members:
-                types = {
-                    type_name(type_id): MdevType(
-                        type_name(type_id),
-                        "vfio-pci",
-                        1 if vf.current == 0 and type_id in vf.creatable else 0,
-                        name,
-                        None,
-                        limits[type_id],
-                    )
-                    for type_id, name in sorted(known.items())
-                }
+                key = (vf.current == 0, frozenset(vf.creatable))
+                types = tables.get(key)
+                if types is None:
+                    types = tables[key] = MappingProxyType({
+                        type_name(type_id): MdevType(
+                            type_name(type_id),
+                            "vfio-pci",
+                            1 if key[0] and type_id in key[1] else 0,
+                            name,
+                            None,
+                            limits[type_id],
+                        )
+                        for type_id, name in sorted(known.items())
+                    })
                 parents[vf.address] = Parent(
                     name=vf.address,
                     device_path=vf.device_path,
@@ -368,7 +400,7 @@ class VfioScanner:
                     driver="nvidia",
                     vendor_id=vf.vendor_id,
                     device_id=vf.device_id,
-                    types=MappingProxyType(types),
+                    types=types,
                     backend=BACKEND,
                 )
                 if vf.current:
@@ -389,6 +421,43 @@ class VfioScanner:
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _read_vgpu(
+    name: str, static: _VfStatic, device_fd: int, warn: Callable[[str], None]
+) -> _Vf | None:
+    """What changes of a VF: its vGPU files and its IOMMU group."""
+    try:
+        # Not followed: a link named nvidia is no vendor directory.
+        dir_fd = os.open(NVIDIA_DIR, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=device_fd)
+    except OSError:
+        return None
+    try:
+        raw_current = _attribute(dir_fd, CURRENT, f"VF {name}", warn)
+        raw_creatable = _attribute(dir_fd, CREATABLE, f"VF {name}", warn)
+    finally:
+        os.close(dir_fd)
+    if raw_current is None or raw_creatable is None:
+        warn(f"VF {name}: nvidia/{CURRENT} or {CREATABLE} is unreadable; skipped")
+        return None
+    current = attributes.parse_int_or_none(raw_current, MAX_TYPE_ID)
+    if current is None:
+        warn(f"VF {name}: {CURRENT} {raw_current!r} is not a type id; skipped")
+        return None
+    group = attributes.parse_int_or_none(
+        _link_name_at(device_fd, "iommu_group"), attributes.MAX_IOMMU_GROUP
+    )
+    return _Vf(
+        address=name,
+        pf=static.pf,
+        device_path=static.device_path,
+        current=current,
+        creatable=_parse_creatable_memo(raw_creatable),
+        iommu_group=group,
+        numa_node=static.numa_node,
+        vendor_id=static.vendor_id,
+        device_id=static.device_id,
+    )
 
 
 def _resolve(root: str, path: str) -> str | None:
