@@ -238,6 +238,15 @@ def test_enable_with_mdevs_in_the_ledger_for_the_reboot():
     held = {"inst-a": sorted(m["uuid"] for m in inst_a)}
     held["inst-b"] = sorted(m["uuid"] for m in _allocate("inst-b", 2))
     assert len(lab.mdevs()) == 3
+    # A standing layout of 5 mtty-2 mdevs (issue 23): the 3 the instances hold
+    # count, the layout makes 2 more of its own, after the reload.
+    lab.write_config("mtty-2", standing=lab.STANDING)
+    lab.run("systemctl", "reload", lab.UNIT)
+    lab.wait_for(lambda: len(lab.mdevs()) == lab.STANDING, "the standing layout's 2 mdevs")
+    layout = sorted(set(lab.mdevs()) - {u for uuids in held.values() for u in uuids})
+    listed = {m["uuid"]: m for m in lab.ok("GET", "/v1/mdevs")["mdevs"]}
+    assert all(listed[u]["standing"] and listed[u]["instance"] is None for u in layout)
+    held["layout"] = layout
     lab.STATE.mkdir(parents=True, exist_ok=True)
     lab.EXPECTED.write_text(json.dumps(held, indent=1))
     assert lab.run("systemctl", "is-enabled", lab.UNIT).stdout.strip() == "enabled"

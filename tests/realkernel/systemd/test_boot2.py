@@ -50,8 +50,22 @@ def test_the_ledger_mdevs_are_re_created_in_the_new_kernel():
     # mtty's mdevs do not survive a reboot: each one here was made by this boot's agent
     assert lab.mdevs() == {uuid: "mtty-2" for uuids in expected.values() for uuid in uuids}
     for instance, uuids in expected.items():
+        if instance == "layout":
+            continue
         held = lab.ok("GET", f"/v1/instances/{instance}/allocation")["mdevs"]
         assert sorted(m["uuid"] for m in held) == uuids
+
+
+def test_the_standing_layout_stands_again_with_the_same_mdevs():
+    """Issue 23: the layout's own 2 mdevs (standing = 5 with 3 held by instances)
+    came back with their UUIDs, still the layout's, before READY (the next test
+    checks the order)."""
+    layout = _expected()["layout"]
+    assert len(layout) == lab.STANDING - 3
+    listed = {m["uuid"]: m for m in lab.ok("GET", "/v1/mdevs")["mdevs"]}
+    assert all(listed[u]["standing"] and listed[u]["instance"] is None for u in layout)
+    assert sum(m["standing"] for m in listed.values()) == lab.STANDING
+    assert lab.health()["layout"]["draining"] == []
 
 
 def test_mdevs_were_re_created_before_ready():
@@ -91,7 +105,13 @@ def test_systemd_analyze_security_is_recorded():
 
 
 def test_cleanup_release_and_stop():
+    # standing = 0: the layout's own mdevs go (none is in use); then the instances'.
+    lab.write_config("mtty-2")
+    lab.run("systemctl", "reload", lab.UNIT)
+    lab.wait_for(lambda: len(lab.mdevs()) == 3, "the standing layout's mdevs removed")
     for instance in _expected():
+        if instance == "layout":
+            continue
         assert lab.ok("DELETE", f"/v1/instances/{instance}/allocation?remove=true")["removed"]
     assert lab.mdevs() == {}
     # One transaction, as at shutdown: the ordered units stop first (the reverse of After=),

@@ -24,6 +24,8 @@ SOCKET = "/run/accel-agent/api.sock"
 SOCKET_GROUP = "accelops"
 STATE = Path("/var/lib/accel-lab")  # on the lab disk: survives the guest's reboot
 EXPECTED = STATE / "expected-after-reboot.json"
+# The mtty-2 mdevs the standing layout holds at the reboot (issue 23).
+STANDING = 5
 MDEV_DIR = "/sys/bus/mdev/devices"
 TYPES_DIR = "/sys/class/mdev_bus/mtty/mdev_supported_types"
 # The VF pool on QEMU's igb (labs/systemd.sh): one VF is enough to hand one over.
@@ -126,8 +128,9 @@ def ip_vf(netdev: str, index: int) -> str:
     raise AssertionError(f"no vf {index} in:\n{out}")
 
 
-def write_config(mdev_type: str) -> None:
-    """mtty's type ``mdev_type`` and the VF pool on the igb PF."""
+def write_config(mdev_type: str, standing: int = 0) -> None:
+    """mtty's type ``mdev_type`` (with a standing layout of ``standing``
+    mdevs) and the VF pool on the igb PF."""
     CONFIG.write_text(
         f"""[DEFAULT]
 host = lab-systemd
@@ -138,6 +141,7 @@ enabled_vf_pools = {POOL}
 
 [mdev_{mdev_type}]
 device_addresses = mtty
+standing = {standing}
 
 [vf_pool_{POOL}]
 device_addresses = {igb_pf()}
