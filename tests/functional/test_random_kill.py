@@ -32,7 +32,7 @@ KILLS_VFIO = int(os.environ.get("ACCEL_KILLS_VFIO", "25"))
 KILLS_ATTACH = int(os.environ.get("ACCEL_KILLS_ATTACH", "20"))
 # The standing model (issue 23): kills while layouts are placed, drained and
 # restored after a reboot.
-KILLS_STANDING = int(os.environ.get("ACCEL_KILLS_STANDING", "20"))
+KILLS_STANDING = int(os.environ.get("ACCEL_KILLS_STANDING", "12"))
 # A fixed seed makes the sequence of operations and delays repeatable; the
 # instants still vary with the machine's load, which is the point.
 SEED = int(os.environ.get("ACCEL_KILL_SEED", "20261124"))
