@@ -36,7 +36,7 @@ TARGETS = {
     "through the daemon <= 2 s, an allocate answered while a rescan runs, SIGTERM mid-scan "
     "ends the daemon cleanly within [api] shutdown_timeout",
     "n": "(a)'s targets on every host shape of benchmarks/hosttrees.py, not on the best one",
-    "s": "start to READY with a standing layout of 4 GPUs x 16 VFs, and after a reboot "
+    "r": "start to READY with a standing layout of 4 GPUs x 16 VFs, and after a reboot "
     "(measured, no target)",
 }
 
@@ -80,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument(
         "--only",
-        default="abcdefgklmnps",
+        default="abcdefgklmnpr",
         help="letters of the benchmarks to run (g: types/inventory on 8 NVIDIA vGPU 17+ "
         "GPUs x 48 VFs; k: (c) on a real kernel in the lab guest; "
         "l: a real live migration through the agent in the lab trixie guest; "
         "m: a large host, 2,000 parents x 4 types; "
         "n: (a) on each host shape of benchmarks/hosttrees.py; "
-        "p: where a listing's time goes; s: start to READY with a 4 x 16 standing layout)",
+        "p: where a listing's time goes; r: start to READY with a 4 x 16 standing layout)",
     )
     parser.add_argument(
         "--trees",
@@ -190,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         print("running (l) live migration through the agent (lab trixie) ...", file=sys.stderr,
               flush=True)
         out.extend(migration.report(args.quick))
-    if "s" in args.only:
+    if "r" in args.only:
         from benchmarks import standing
 
-        print("running (s) start to READY with a standing layout ...", file=sys.stderr,
+        print("running (r) start to READY with a standing layout ...", file=sys.stderr,
               flush=True)
         out.extend(standing.report(args.quick))
     if "m" in args.only:

@@ -1,4 +1,4 @@
-"""(s) Start to READY with a standing layout (issue 23): 4 NVIDIA L40S GPUs x
+"""(r) Start to READY with a standing layout (issue 23): 4 NVIDIA L40S GPUs x
 16 VFs, ``[mdev_nvidia-1149] standing = 16`` (L40S-3Q: 16 per GPU, every VF
 typed), the real daemon and privsep helper on the FUSE simulator.
 
@@ -89,7 +89,7 @@ def measure(rounds: int) -> dict[str, object]:
 def report(quick: bool) -> list[str]:
     results = measure(1 if quick else 3)
     lines = [
-        f"### (s) start to READY, standing layout {GPUS} GPUs x {VFS} VFs (FUSE simulator)",
+        f"### (r) start to READY, standing layout {GPUS} GPUs x {VFS} VFs (FUSE simulator)",
         "",
         "| what | result |",
         "| --- | --- |",
@@ -100,6 +100,6 @@ def report(quick: bool) -> list[str]:
             f"| {name} | median {timing.ms(value['median'])}, min {timing.ms(value['min'])} "
             f"({value['runs']} runs) |"
         )
-    lines += ["", "Command: `python -m benchmarks --only s` (each start a whole daemon "
+    lines += ["", "Command: `python -m benchmarks --only r` (each start a whole daemon "
               "process; the times include the FUSE simulator's).", ""]
     return lines
