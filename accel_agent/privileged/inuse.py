@@ -18,7 +18,17 @@ from collections.abc import Callable, Sequence
 from accel_agent import exception
 from accel_agent.privileged.validate import real_root, reject
 from accel_agent.privileged.writes import errno_text
-from accel_agent.sysfs.vfio_holders import vfio_dev_dir
+
+
+def vfio_dev_dir(sysfs_root: str, configured: str = "") -> str:
+    """Where the VFIO group nodes of ``sysfs_root``'s devices live:
+    ``configured`` when set, ``/dev/vfio`` for the real /sys, else
+    ``<sysfs_root>/vfio`` (the simulator serves its group nodes there)."""
+    if configured:
+        return configured
+    if os.path.realpath(sysfs_root) == "/sys":
+        return "/dev/vfio"
+    return os.path.join(sysfs_root, "vfio")
 
 
 def _iommu_group(root: str, device: Sequence[str], what: str) -> str | None:

@@ -21,7 +21,12 @@ import os
 def vfio_dev_dir(sysfs_root: str, configured: str = "") -> str:
     """Where the VFIO group nodes of ``sysfs_root``'s devices live:
     ``configured`` when set, ``/dev/vfio`` for the real /sys, else
-    ``<sysfs_root>/vfio`` (the simulator serves its group nodes there)."""
+    ``<sysfs_root>/vfio`` (the simulator serves its group nodes there).
+
+    The same rule as the privileged probe's (privileged/inuse.py), written
+    twice on purpose: the privileged side imports almost nothing of the
+    agent (tests/unit/test_house.py), and a listing must not load the
+    privileged package.  tests/unit/test_vfio_holders.py holds them equal."""
     if configured:
         return configured
     if os.path.realpath(sysfs_root) == "/sys":
