@@ -157,6 +157,9 @@ class Rescans:
                 still = tuple(g for g in self.layout.missing_gpus if g in dict(view.short))
                 view = dataclasses.replace(view, missing_gpus=still)
             self.layout = view
+        self.metrics.set_layout(
+            len(view.draining), len({gpu for gpu, _ in view.short} | set(view.missing_gpus))
+        )
         return view
 
     # --- rescan --------------------------------------------------------------------------

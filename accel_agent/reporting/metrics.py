@@ -272,6 +272,18 @@ class AgentMetrics:
             ["state"],
             registry=r,
         )
+        self.layout_draining = Gauge(
+            f"{PREFIX}_layout_draining",
+            "Devices a standing layout ([mdev_<type>] standing) no longer wants that are "
+            "still in use or held by an instance: removed once free.",
+            registry=r,
+        )
+        self.layout_gpus_short = Gauge(
+            f"{PREFIX}_layout_gpus_short",
+            "Physical GPUs with fewer devices than their standing layout (no room, or their "
+            "VFs missing).",
+            registry=r,
+        )
         self.providers = Gauge(
             f"{PREFIX}_providers",
             "Resource providers (physical GPUs with a configured type and capacity).",
@@ -399,6 +411,10 @@ class AgentMetrics:
             self.capacity.labels(*labels).set(provider.total)
             self.used.labels(*labels).set(provider.used)
         self._providers_seen = current
+
+    def set_layout(self, draining: int, gpus_short: int) -> None:
+        self.layout_draining.set(draining)
+        self.layout_gpus_short.set(gpus_short)
 
     def set_mdevs(self, rows: Iterable[MdevInfo]) -> None:
         self.mdev_info.set(rows)

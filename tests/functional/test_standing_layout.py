@@ -16,7 +16,7 @@ import pytest
 
 from accel_agent import exception
 from tests import ledger_sql
-from tests.functional.daemon_fixture import ctl, sim_agent
+from tests.functional.daemon_fixture import ctl, sim_agent, wait_for
 from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
@@ -149,12 +149,15 @@ def test_a_layout_device_a_vm_holds_drains_until_the_vm_lets_go(sim, tmp_path):
             assert left["address"] == vf and left["draining"] and not left["standing"]
             assert left["in_use"] is True
             assert agent.daemon.health()["layout"]["draining"] == [left["uuid"]]
+            assert agent.daemon.metric("accel_agent_layout_draining") == 1
         finally:
             os.close(group)
         reload(agent, 0)  # a rescan converges again (so does the periodic one)
         settle(agent, sim, {GPU1: 0, GPU2: 0})
         assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
         assert owners(sim) == {}
+        wait_for(lambda: agent.daemon.metric("accel_agent_layout_draining") == 0,
+                 what="the draining gauge back to 0")
 
 
 def test_reported_by_nova_is_made_but_never_handed_out_nor_reported(sim, tmp_path):
