@@ -110,7 +110,16 @@ def run(args: argparse.Namespace) -> int:
         for p in state.snapshot.parents.values()
         if p.backend == nova_pci.BACKEND
     ]
-    problems = nova_pci.drift(specs, nova_pci.parse_nova_conf(text, args.check), vfs)
+    agent_reported = {
+        p.pci_address or p.name: p.physical_gpu
+        for p in state.snapshot.parents.values()
+        if p.backend == nova_pci.BACKEND
+        and (config := state.policy.config_of(state.policy.type_for(p) or "")) is not None
+        and not config.nova_reports
+    }
+    problems = nova_pci.drift(
+        specs, nova_pci.parse_nova_conf(text, args.check), vfs, agent_reported
+    )
     for problem in problems:
         output.error(problem)
     if args.json:

@@ -263,12 +263,31 @@ def parse_nova_conf(text: str, name: str = "nova.conf") -> NovaPciFile:
     return NovaPciFile(specs=specs, aliases=aliases, problems=tuple(problems))
 
 
-def drift(expected: list[VfSpec], found: NovaPciFile, vf_addresses: Iterable[str]) -> list[str]:
+def drift(
+    expected: list[VfSpec],
+    found: NovaPciFile,
+    vf_addresses: Iterable[str],
+    agent_reported: Mapping[str, str] | None = None,
+) -> list[str]:
     """Where the file and the host disagree, one line each (empty: none).
 
     ``vf_addresses``: every vendor-VFIO VF of the host, so that a spec for
-    a VF the agent did not type is told apart from one for no VF at all."""
+    a VF the agent did not type is told apart from one for no VF at all.
+    ``agent_reported``: VF -> its GPU, for the VFs whose GPU the agent reports
+    to Placement itself (``[mdev_<type>] reported_by = agent``): Nova would
+    count such a GPU a second time."""
     problems = list(found.problems)
+    twice: dict[str, list[str]] = {}
+    for address in found.specs:
+        gpu = (agent_reported or {}).get(address)
+        if gpu is not None:
+            twice.setdefault(gpu, []).append(address)
+    for gpu, vfs in sorted(twice.items()):
+        problems.append(
+            f"GPU {gpu} would be counted twice: [pci] device_spec gives Nova its VF(s) "
+            f"{', '.join(sorted(vfs))}, and the agent reports the GPU to Placement too; set "
+            "[mdev_<type>] reported_by = nova (with a standing layout) for its type"
+        )
     known_vfs = set(vf_addresses)
     wanted = {spec.address: spec for spec in expected}
     for address, spec in sorted(wanted.items()):

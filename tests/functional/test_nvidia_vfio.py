@@ -243,11 +243,17 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     assert typed(host) == {**{vf: 1150 for vf in mine}, foreign: 1150}  # nothing typed
 
     # --check: the printed lines match; every kind of drift is named, exit 1.
+    # The lines match, but this host's agent reports the GPU to Placement too
+    # (reported_by = agent): Nova would count it twice (issue 23).  A host that
+    # gives Nova its VFs says reported_by = nova (test_standing_layout.py).
     good = tmp_path / "nova.conf"
     good.write_text("[DEFAULT]\ndebug = true\n" + text)
-    assert "matches the 2 vGPU VF(s)" in ctl(config, "nova-pci-config", "--check", str(good)).stdout
-    assert json.loads(ctl(config, "nova-pci-config", "--check", str(good), "--json").stdout) == {
-        "file": str(good), "matches": True, "problems": [], "vfs": 2}
+    twice = ctl(config, "nova-pci-config", "--check", str(good), rc=1).stderr
+    assert twice.strip() == (
+        f"error: GPU {GPU1} would be counted twice: [pci] device_spec gives Nova its VF(s) "
+        f"{', '.join(sorted(mine))}, and the agent reports the GPU to Placement too; set "
+        "[mdev_<type>] reported_by = nova (with a standing layout) for its type"
+    )
     lines = text.splitlines()
     drifted = [line for line in lines if mine[0] not in line]  # one VF missing
     drifted = [line.replace('"managed": "no"', '"managed": "yes"') if mine[1] in line else line
@@ -263,7 +269,7 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     assert f"{foreign} is in [pci] device_spec but is not a vGPU the agent typed" in errors
     assert "0000:99:00.1 is in [pci] device_spec but is no vGPU VF of this host" in errors
     assert "alias is not JSON" in errors
-    assert len(errors.strip().splitlines()) == 5, errors
+    assert len(errors.strip().splitlines()) == 7, errors  # and both GPUs counted twice
     drift_json = ctl(config, "nova-pci-config", "--check", str(bad), "--json", rc=1)
     assert drift_json.stderr == errors  # the same lines on stderr, exit 1 as without --json
     checked = json.loads(drift_json.stdout)

@@ -177,6 +177,12 @@ def test_reported_by_nova_is_made_but_never_handed_out_nor_reported(sim, tmp_pat
         typed = sorted(vf for vf, value in typed_vfs(sim.root).items() if value)
         assert [s["address"] for s in document["device_spec"]] == typed
         assert all(v["typed"] for v in document["vfs"])
+        # Nova counts these GPUs alone: the printed lines check clean.
+        conf = agent.config.parent / "nova.conf"
+        conf.write_text(ctl(agent.config, "nova-pci-config").stdout)
+        checked = ctl(agent.config, "nova-pci-config", "--check", str(conf))
+        assert checked.returncode == 0, checked.stderr
+        assert "matches the 2 vGPU VF(s)" in checked.stdout
 
 
 def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready(
