@@ -150,6 +150,8 @@ class Rescans:
                     draining=tuple(report.draining),
                     short=tuple(sorted(report.short.items())),
                     missing_gpus=missing_gpus,
+                    error="; ".join(f"GPU {gpu}: {why}" for gpu, why in sorted(
+                        report.failed.items())) or None,
                 )
         with self._lock:
             if not missing_gpus and self.layout.missing_gpus and view.error is None:

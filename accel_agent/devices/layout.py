@@ -69,10 +69,13 @@ class LayoutReport:
     draining: list[str] = field(default_factory=list)
     # GPU -> (type, wanted, have) where the layout is not complete.
     short: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    # GPU -> why its converge failed (the others went on: one wedged GPU
+    # must not keep every GPU after it without its layout).
+    failed: dict[str, str] = field(default_factory=dict)
 
     @property
     def converged(self) -> bool:
-        return not self.draining and not self.short
+        return not self.draining and not self.short and not self.failed
 
     def summary(self) -> str:
         parts = [
@@ -87,6 +90,7 @@ class LayoutReport:
             f"{gpu} has {have} of {wanted} {mdev_type}"
             for gpu, (mdev_type, wanted, have) in sorted(self.short.items())
         ]
+        parts += [f"{gpu} failed: {why}" for gpu, why in sorted(self.failed.items())]
         return ", ".join(parts) or "in place"
 
 
@@ -114,8 +118,19 @@ def converge(m: DeviceManager) -> LayoutReport:
         _drop_unwanted(m, snapshot, wanted_on, report)
         for provider in providers:
             config = m.policy.config_of(provider.mdev_type)
-            if config is not None and config.standing > 0:
+            if config is None or config.standing <= 0:
+                continue
+            failure: exception.AccelAgentException | None = None
+            try:
                 _converge_gpu(m, provider, config.standing, report)
+            except exception.PrivilegedHelperUnavailable:
+                raise  # every GPU would fail alike: recovery settles what is left
+            except exception.AccelAgentException as exc:
+                failure = exc
+            if failure is not None:  # outside the except clause: said once
+                LOG.warning("standing layout: GPU %s: %s", provider.physical_gpu,
+                            failure.message)
+                report.failed[provider.physical_gpu] = failure.message
     if report.created or report.removed or report.adopted:
         LOG.info("standing layout: %s", report.summary())
     elif not report.converged:

@@ -213,3 +213,20 @@ def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready
         assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
         # The same devices: recovery re-created the recorded ones.
         assert owners(sim) == before
+
+
+def test_a_gpu_whose_layout_fails_keeps_no_other_gpu_without_its_layout(sim):
+    """One GPU's converge failing (a VF the driver refuses to type: EIO) is
+    that GPU's problem: the GPUs after it get their layouts in the same
+    converge, and the failed one gets its own at the next."""
+    sim.reset()
+    manager = sim.manager(body(2))
+    try:
+        sim.sim.fail_next_vgpu_write("EIO", vf="0000:c1:00.4", type_id=1150)
+        report = manager.converge_layout()
+        assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 2}
+        assert list(report.failed) == [GPU1] and "EIO" in report.failed[GPU1].upper()
+        again = manager.converge_layout()
+        assert again.converged and typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+    finally:
+        manager.ledger.close()
