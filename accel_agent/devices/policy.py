@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -173,47 +173,34 @@ class PolicyInputs:
 def _read_type_options(
     conf: cfg.ConfigOpts, mdev_type: str, errors: list[exception.AccelAgentException]
 ) -> TypeOptions:
-    from oslo_config import cfg
+    group_name = f"mdev_{mdev_type}"
+    group = conf[group_name]
 
-    group = conf[f"mdev_{mdev_type}"]
-    addresses = tuple(group.device_addresses or [])
-    try:
-        mdev_class = group.mdev_class
-    except (ValueError, cfg.ConfigFileValueError):
-        raw = _raw_value(conf, f"mdev_{mdev_type}", "mdev_class")
-        errors.append(exception.InvalidMdevClass(mdev_class=raw, mdev_type=mdev_type))
-        mdev_class = "VGPU"
-    try:
-        max_instances = group.max_instances
-    except (ValueError, cfg.ConfigFileValueError):
-        raw = _raw_value(conf, f"mdev_{mdev_type}", "max_instances")
-        errors.append(
-            exception.InvalidMdevConfig(
-                reason=f"max_instances {raw} of type {mdev_type} must be an integer >= 1"
-            )
+    def read(option: str, default: Any, refused: Callable[[str], Any]) -> Any:
+        """The option's value; a value oslo.config refuses is one error
+        (``refused(raw)``, naming what was written) and the default."""
+        from oslo_config import cfg
+
+        try:
+            return getattr(group, option)
+        except (ValueError, cfg.ConfigFileValueError):
+            errors.append(refused(_raw_value(conf, group_name, option)))
+            return default
+
+    def invalid(option: str, rule: str) -> Callable[[str], Any]:
+        return lambda raw: exception.InvalidMdevConfig(
+            reason=f"{option} {raw} of type {mdev_type} must be {rule}"
         )
-        max_instances = None
-    try:
-        standing = group.standing
-    except (ValueError, cfg.ConfigFileValueError):
-        raw = _raw_value(conf, f"mdev_{mdev_type}", "standing")
-        errors.append(
-            exception.InvalidMdevConfig(
-                reason=f"standing {raw} of type {mdev_type} must be an integer from 0 to 65535"
-            )
-        )
-        standing = 0
-    try:
-        reported_by = group.reported_by
-    except (ValueError, cfg.ConfigFileValueError):
-        raw = _raw_value(conf, f"mdev_{mdev_type}", "reported_by")
-        errors.append(
-            exception.InvalidMdevConfig(
-                reason=f"reported_by {raw} of type {mdev_type} must be agent or nova"
-            )
-        )
-        reported_by = "agent"
-    return TypeOptions(mdev_type, addresses, mdev_class, max_instances, standing, reported_by)
+
+    return TypeOptions(
+        mdev_type,
+        tuple(group.device_addresses or []),
+        read("mdev_class", "VGPU",
+             lambda raw: exception.InvalidMdevClass(mdev_class=raw, mdev_type=mdev_type)),
+        read("max_instances", None, invalid("max_instances", "an integer >= 1")),
+        read("standing", 0, invalid("standing", "an integer from 0 to 65535")),
+        read("reported_by", "agent", invalid("reported_by", "agent or nova")),
+    )
 
 
 def _raw_value(conf: cfg.ConfigOpts, group: str, option: str) -> str:
