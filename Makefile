@@ -55,8 +55,8 @@ test: venv $(PROMTOOL)
 	@# for it (novavenv locks the build) or, if it failed, builds it again and says why.
 	@mkdir -p .stamps; [ "$${ACCEL_NOVA:-}" = 0 ] || \
 		{ nohup $(PY) -m tests.nova.novavenv >.stamps/nova-venv.log 2>&1 & }
-	@# The real-kernel labs run in the background beside the unit, functional and
-	@# Nova tiers; then the package tier (tools/test-tiers.sh says why and how).
+	@# The real-kernel labs run in the background beside the unit, functional, Nova
+	@# and package tiers (tools/test-tiers.sh says why and how).
 	@PROMTOOL=$(CURDIR)/$(PROMTOOL) PY=$(PY) MAKE="$(MAKE)" TEST_WORKERS=$(TEST_WORKERS) \
 		PYTEST_ARGS="$(PYTEST_ARGS)" bash tools/test-tiers.sh
 
@@ -101,7 +101,7 @@ test-package: .stamps/deb-apt venv
 	@MAKE="$(MAKE)" bash tools/deb-fresh.sh
 	@missing=$$(for p in $(TEST_PACKAGE_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 $$missing >/dev/null; \
 	fi
 	$(PY) -m pytest tests/package $(PYTEST_ARGS)
 
@@ -168,7 +168,7 @@ deb: dist .stamps/deb-apt
 .stamps/deb-apt:
 	@missing=$$(for p in $(DEB_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 $$missing >/dev/null; \
 	fi
 	@mkdir -p .stamps && touch $@
 

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # `make deb`, unless dist/ already holds both packages and no file they are built
-# from changed since (in `make test` the real-kernel systemd lab has just built
-# them: the package tier then checks those same packages instead of spending
-# minutes building identical ones).  The rule is the lab's own (lab.sh
-# ensure_deb), over every input of the sdist.
+# from changed since (in `make test` the real-kernel systemd lab, the first lab,
+# builds them: the package tier then checks those same packages instead of
+# spending minutes building identical ones).  Both call this script, the lab
+# (lab.sh ensure_deb) and the package tier (make test-package), and in `make
+# test` they run at the same time: the lock makes the second one wait for the
+# first one's packages instead of building over them (`make dist` starts with
+# rm -rf dist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p .stamps
+exec 8>.stamps/deb.lock
+flock -w 1800 8 || { echo "deb: timed out waiting for another make deb (.stamps/deb.lock)" >&2; exit 1; }
 shopt -s nullglob
 agent=(dist/accel-agent_*.deb)
 simulator=(dist/accel-agent-simulator_*.deb)

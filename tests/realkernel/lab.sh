@@ -523,28 +523,19 @@ install_agent() {
 # --- the Debian package (LAB_DEB=1) -----------------------------------------------------
 
 # ensure_deb: DEB = dist/accel-agent_*.deb of this checkout, built by `make deb` when it is
-# missing or older than anything it is built from.  Its Depends and Recommends join the
-# rootfs's packages: the guest installs it with apt, offline.
+# missing or older than anything it is built from (tools/deb-fresh.sh, the package tier's
+# rule and lock too: in `make test` both run at once).  Its Depends and Recommends join
+# the rootfs's packages: the guest installs it with apt, offline.
 ensure_deb() {
-	local found=() newer
+	local found=()
+	stamp "the Debian package: make deb unless dist/'s is newer than its sources (tools/deb-fresh.sh)"
+	MAKE=make bash "$REPO/tools/deb-fresh.sh" >"$RESULTS/make-deb.log" 2>&1 ||
+		{ tail -n 30 "$RESULTS/make-deb.log" >&2; die "make deb failed ($RESULTS/make-deb.log)"; }
 	shopt -s nullglob
 	found=("$REPO"/dist/accel-agent_*.deb)
 	shopt -u nullglob
-	newer=
-	if [ ${#found[@]} -eq 1 ]; then
-		newer=$(find "$REPO/accel_agent" "$REPO/systemd" "$REPO/packaging" "$REPO/etc" \
-			"$REPO/pyproject.toml" "$REPO/constraints.txt" "$REPO/tools/build-deb.sh" \
-			-newer "${found[0]}" -type f ! -name '*.pyc' -print -quit 2>/dev/null)
-	fi
-	if [ ${#found[@]} -ne 1 ] || [ -n "$newer" ]; then
-		stamp "building the Debian package (make deb${newer:+: $newer changed})"
-		make -C "$REPO" -s deb >"$RESULTS/make-deb.log" 2>&1 ||
-			{ tail -n 30 "$RESULTS/make-deb.log" >&2; die "make deb failed ($RESULTS/make-deb.log)"; }
-		shopt -s nullglob
-		found=("$REPO"/dist/accel-agent_*.deb)
-		shopt -u nullglob
-		[ ${#found[@]} -eq 1 ] || die "make deb left ${#found[@]} packages in dist/"
-	fi
+	[ ${#found[@]} -eq 1 ] || die "make deb left ${#found[@]} packages in dist/"
+	grep -q '^deb: dist/ holds' "$RESULTS/make-deb.log" || stamp "make deb: built ($RESULTS/make-deb.log)"
 	DEB=${found[0]}
 	local relation name
 	while read -r relation; do
