@@ -108,21 +108,23 @@ def converge(m: DeviceManager) -> LayoutReport:
         return report
     with protocol.operation(m):
         snapshot = m.scan()
-        providers = m.inventory(snapshot).providers
-        wanted_on: dict[str, tuple[str, int]] = {}
-        for provider in providers:
-            config = m.policy.config_of(provider.mdev_type)
-            if config is not None and config.standing > 0:
-                for parent in provider.parent_devices:
-                    wanted_on[parent] = (provider.mdev_type, config.standing)
-        _drop_unwanted(m, snapshot, wanted_on, report)
+        providers, wanted_on = _wanted(m, snapshot)
+        dropped = _drop_unwanted(m, snapshot, wanted_on, report)
+        if _clear_the_way(m, snapshot, providers, report) or dropped:
+            # What went makes room: a GPU that offered nothing of its type
+            # while they stood may offer it now.
+            snapshot = m.scan()
+            providers, _ = _wanted(m, snapshot)
+        # One snapshot for every GPU: a GPU's converge writes only its own
+        # VFs and mdevs, so the others' part of it stays true (a scan reads
+        # every VF's type, the most of a start's time with 64 VFs).
         for provider in providers:
             config = m.policy.config_of(provider.mdev_type)
             if config is None or config.standing <= 0:
                 continue
             failure: exception.AccelAgentException | None = None
             try:
-                _converge_gpu(m, provider, config.standing, report)
+                _converge_gpu(m, snapshot, provider, config.standing, report)
             except exception.PrivilegedHelperUnavailable:
                 raise  # every GPU would fail alike: recovery settles what is left
             except exception.AccelAgentException as exc:
@@ -138,6 +140,49 @@ def converge(m: DeviceManager) -> LayoutReport:
     return report
 
 
+def _wanted(
+    m: DeviceManager, snapshot: HostSnapshot
+) -> tuple[tuple[inventory_mod.Provider, ...], dict[str, tuple[str, int]]]:
+    """The providers, and parent -> (type, N) of those a layout wants."""
+    providers = m.inventory(snapshot).providers
+    wanted_on: dict[str, tuple[str, int]] = {}
+    for provider in providers:
+        config = m.policy.config_of(provider.mdev_type)
+        if config is not None and config.standing > 0:
+            for parent in provider.parent_devices:
+                wanted_on[parent] = (provider.mdev_type, config.standing)
+    return providers, wanted_on
+
+
+def _clear_the_way(
+    m: DeviceManager,
+    snapshot: HostSnapshot,
+    providers: tuple[inventory_mod.Provider, ...],
+    report: LayoutReport,
+) -> bool:
+    """Free devices of another type on a GPU whose standing type it offers
+    nothing of while they stand: removed, so its layout can be made.
+
+    A vGPU 17+ GPU takes one vGPU size at a time (once a VF is typed, its
+    siblings offer only that size), so a GPU moved to another type has no
+    provider for the new one until the last device of the old one is gone:
+    :func:`_converge_gpu`, which clears a GPU's way as far as it needs room,
+    never sees it.  True when one was removed."""
+    served = {p.physical_gpu for p in providers}
+    removed = False
+    for record in _present(m, snapshot):
+        parent = snapshot.parents.get(record.parent)
+        if not record.free or parent is None or parent.physical_gpu in served:
+            continue
+        wanted = m.policy.standing_for(parent)
+        if wanted is None or wanted[0] == record.mdev_type:
+            continue
+        if protocol.remove_owned(m, record.uuid):
+            report.removed.append(record.uuid)
+            removed = True
+    return removed
+
+
 def _present(m: DeviceManager, snapshot: HostSnapshot) -> list[DeviceRecord]:
     return [
         r for r in m.ledger.all()
@@ -150,16 +195,19 @@ def _drop_unwanted(
     snapshot: HostSnapshot,
     wanted_on: dict[str, tuple[str, int]],
     report: LayoutReport,
-) -> None:
+) -> bool:
     """The layout's devices whose GPU no longer wants their type: removed
-    unless in use (then draining, still the layout's)."""
+    unless in use (then draining, still the layout's).  True when one was
+    removed (the snapshot is stale)."""
+    removed = False
     for record in m.ledger.by_owner(LAYOUT_OWNER, OwnerKind.STANDING):
         wanted = wanted_on.get(record.parent)
         if wanted is not None and wanted[0] == record.mdev_type:
             continue
         if record.state is not DeviceState.PRESENT or record.intent_id is not None:
             continue  # an operation is on it: recovery settles it first
-        _remove_from_layout(m, record, report)
+        removed |= _remove_from_layout(m, record, report)
+    return removed
 
 
 def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutReport) -> bool:
@@ -185,11 +233,15 @@ def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutRe
 
 
 def _converge_gpu(
-    m: DeviceManager, provider: inventory_mod.Provider, standing: int, report: LayoutReport
+    m: DeviceManager,
+    snapshot: HostSnapshot,
+    provider: inventory_mod.Provider,
+    standing: int,
+    report: LayoutReport,
 ) -> None:
     mdev_type = provider.mdev_type
     parents = set(provider.parent_devices)
-    snapshot = m.scan()
+    removed_before = len(report.removed)
     records = [r for r in _present(m, snapshot) if r.parent in parents]
     of_type = [r for r in records if r.mdev_type == mdev_type]
     held = [r for r in of_type if r.assigned]
@@ -231,16 +283,19 @@ def _converge_gpu(
     # 2. short: make room (free devices of other types here), then make.
     in_the_way = [r for r in records if r.free and r.mdev_type != mdev_type]
     report.removed += [r.uuid for r in in_the_way if protocol.remove_owned(m, r.uuid)]
-    made = _make(m, provider, standing - have)
+    if len(report.removed) > removed_before:
+        snapshot = m.scan()  # what went makes room: the slots come from a new scan
+    made = _make(m, snapshot, provider, standing - have)
     report.created += made
     if have + len(made) < standing:
         report.short[provider.physical_gpu] = (mdev_type, standing, have + len(made))
 
 
-def _make(m: DeviceManager, provider: inventory_mod.Provider, count: int) -> list[str]:
+def _make(
+    m: DeviceManager, snapshot: HostSnapshot, provider: inventory_mod.Provider, count: int
+) -> list[str]:
     """Up to ``count`` new devices of the provider's type on its GPU, owned
     by the layout: as many as it has room for, all made or none per try."""
-    snapshot = m.scan()
     fresh = next(
         (p for p in m.inventory(snapshot).providers if p.name == provider.name), None
     )

@@ -230,3 +230,63 @@ def test_a_gpu_whose_layout_fails_keeps_no_other_gpu_without_its_layout(sim):
         assert again.converged and typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
     finally:
         manager.ledger.close()
+
+
+def types_per_gpu(host) -> dict[str, list[int]]:
+    """GPU -> the vGPU type of each of its typed VFs, from sysfs."""
+    found: dict[str, list[int]] = {GPU1: [], GPU2: []}
+    for vf, value in sorted(typed_vfs(host.root).items()):
+        if value:
+            found[vf[:8] + "00.0"].append(value)
+    return found
+
+
+def moved(gpu1: tuple[str, int], gpu2: tuple[str, int]) -> str:
+    """A configuration giving each GPU its own (type, standing)."""
+    types = sorted({gpu1[0], gpu2[0]})
+    sections = "".join(
+        f"[mdev_{t}]\ndevice_addresses = "
+        + ", ".join(g for g, (gt, _) in ((GPU1, gpu1), (GPU2, gpu2)) if gt == t)
+        + f"\nstanding = {max(n for gt, n in (gpu1, gpu2) if gt == t)}\n"
+        for t in types
+    )
+    return f"[devices]\nenabled_mdev_types = {', '.join(types)}\n{sections}"
+
+
+def test_a_gpu_moved_to_another_type_is_cleared_then_given_the_new_layout(sim):
+    """Moving a GPU to another type (issue 23: "one device at a time", never
+    a device in use): its free devices and its layout's devices of the old
+    type go, and the new type's layout is made in the same converge.  An L40S
+    takes one vGPU size at a time (the homogeneous rule), so nothing of the
+    new type fits until the last device of the old one is gone: the converge
+    must plan on what the host has after those removals, not before."""
+    sim.reset()
+    three_q = "nvidia-1149"  # L40S-3Q beside TYPE, L40S-4Q
+    manager = sim.manager(body(0))
+    try:
+        # Two free 4Q devices on GPU1: an instance's, released without --remove.
+        manager.allocate("vm-a", 2, parent=GPU1, mdev_type=TYPE)
+        manager.release("vm-a")
+        assert types_per_gpu(sim) == {GPU1: [1150, 1150], GPU2: []}
+    finally:
+        manager.ledger.close()
+    # GPU1 moves to 3Q with a layout of 2; GPU2 gets a 4Q layout of 2.
+    manager = sim.manager(moved((three_q, 2), (TYPE, 2)))
+    try:
+        report = manager.converge_layout()
+        assert types_per_gpu(sim) == {GPU1: [1149, 1149], GPU2: [1150, 1150]}
+        assert report.converged and len(report.removed) == 2
+        assert set(owners(sim).values()) == {("layout", "standing")}
+    finally:
+        manager.ledger.close()
+    # And back: each GPU's layout devices of the type it no longer has go first.
+    manager = sim.manager(moved((TYPE, 1), (three_q, 3)))
+    try:
+        report = manager.converge_layout()
+        assert types_per_gpu(sim) == {GPU1: [1150], GPU2: [1149, 1149, 1149]}
+        assert report.converged and len(report.removed) == 4
+        rows = ledger_sql.rows(sim.state_dir)
+        assert sorted(r.mdev_type for r in rows) == [three_q] * 3 + [TYPE]
+        assert {(r.owner, r.owner_kind) for r in rows} == {("layout", "standing")}
+    finally:
+        manager.ledger.close()
