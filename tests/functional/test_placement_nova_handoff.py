@@ -14,6 +14,7 @@ Placement's own API, never from the agent's view of it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -150,6 +151,12 @@ def test_a_provider_handed_to_nova_drains_until_free_and_a_nova_type_never_gets_
         assert children(admin) == drained
         held = admin.call("GET", f"/allocations/{consumer}")["allocations"]
         assert {u: a["resources"] for u, a in held.items()} == {rp1: {"VGPU": 1}}
+        # Drained means the scheduler can place nothing more on it.
+        admin.call("PUT", f"/allocations/{uuid.uuid4()}", {
+            "allocations": {rp1: {"resources": {"VGPU": 1}}}, "consumer_generation": None,
+            "project_id": str(uuid.uuid4()), "user_id": str(uuid.uuid4()),
+            "consumer_type": "INSTANCE",
+        }, ok=(409,))
         assert absent(admin, RP2)
         health = agent.daemon.health()
         assert health["reporting"]["state"] == "ok" and health["reporting"]["providers"] == 1
