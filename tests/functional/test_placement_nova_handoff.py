@@ -126,6 +126,8 @@ def test_a_provider_handed_to_nova_drains_until_free_and_a_nova_type_never_gets_
                 n: {k: v for k, v in p.items() if k != "uuid"} for n, p in found.items()
             }
 
+        # After a whole sync (not while the first one is still writing).
+        wait_for(lambda: synced_after(agent.daemon, None), what="the first sync")
         settle(without_uuids, full, "GPU1's provider in Placement")
         assert absent(admin, RP2)
         rp1 = children(admin)[RP1]["uuid"]
