@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from accel_agent.simulator import testing as sim_testing
+from tests.functional.simhost import SimHost, simulated_host
 from tests.nova import novavenv
 
 
@@ -37,6 +40,22 @@ def nova_python() -> Path:
         return novavenv.ensure()
     except novavenv.NovaVenvError as e:
         pytest.fail(f"cannot build Nova's venv: {e}")
+
+
+@pytest.fixture(scope="module")
+def sim(request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHost]:
+    """The FUSE-simulated host a module's real daemon runs on: the module's
+    ``SIM_PROFILES``, one GPU each, ``SIM_VFS`` VFs per vGPU PF.  Missing root
+    (the daemon's privsep helper) or FUSE follows the tier's must-run rule."""
+    if os.geteuid() != 0:
+        cannot_run("the agent's privsep daemon needs root")
+    if not sim_testing.fuse_available():
+        cannot_run(f"FUSE unavailable: {sim_testing.fuse_unavailable_reason()}")
+    module = request.module
+    base = tmp_path_factory.mktemp(module.__name__.rpartition(".")[2])
+    with simulated_host(base, list(module.SIM_PROFILES), gpus=1, vfs=module.SIM_VFS) as host:
+        yield host
 
 
 def run_in_nova(python: Path, script: Path, payload: Any, timeout: float = 300) -> Any:

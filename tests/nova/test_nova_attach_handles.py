@@ -17,8 +17,6 @@ fail or create a device.
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +26,14 @@ from lxml import etree
 
 from accel_agent.api.app import load_openapi
 from accel_agent.devices.attach import nova_handle
-from accel_agent.simulator import testing as sim_testing
 from tests.functional.daemon_fixture import sim_agent
-from tests.functional.simhost import SimHost, simulated_host
-from tests.nova.conftest import cannot_run, run_in_nova
+from tests.functional.simhost import SimHost
+from tests.nova.conftest import run_in_nova
 
 HERE = Path(__file__).resolve().parent
 GPU, PF = "0000:84:00.0", "0000:c1:00.0"
+# The simulated host (tests/nova/conftest.py sim): one GPU per profile, 2 VFs.
+SIM_PROFILES, SIM_VFS = ("nvidia-pf", "nvidia-vfio", "mtty"), 2
 BODY = f"""
 [devices]
 enabled_mdev_types = nvidia-35, nvidia-1150, mtty-2
@@ -52,17 +51,6 @@ REQUESTS = [
 ]
 NOVA_KEYS = ("attach_handle_type", "attach_handle_uuid", "attach_handle_info")
 FOREIGN_UUID = "0d3c9b7e-5a41-4f8e-9c2d-7b6a5e4f3d21"
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHost]:
-    if os.geteuid() != 0:
-        cannot_run("the agent's privsep daemon needs root")
-    if not sim_testing.fuse_available():
-        cannot_run(f"FUSE unavailable: {sim_testing.fuse_unavailable_reason()}")
-    base = tmp_path_factory.mktemp("nova")
-    with simulated_host(base, ["nvidia-pf", "nvidia-vfio", "mtty"], gpus=1, vfs=2) as host:
-        yield host
 
 
 @pytest.fixture(scope="module")

@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lxml import etree
 
-from accel_agent.simulator import testing as sim_testing
 from tests.functional.daemon_fixture import ctl, sim_agent
-from tests.functional.simhost import SimHost, simulated_host
-from tests.nova.conftest import cannot_run, run_in_nova
+from tests.functional.simhost import SimHost
+from tests.nova.conftest import run_in_nova
 
 HERE = Path(__file__).resolve().parent
 GPU, PF = "0000:84:00.0", "0000:c1:00.0"
+# The simulated host (tests/nova/conftest.py sim): one GPU per profile, 4 VFs.
+SIM_PROFILES, SIM_VFS = ("nvidia-pf", "nvidia-vfio"), 4
 NODE = "testhost"  # the agent's [DEFAULT] host; Nova's node name on the same host
 BODY = f"""
 [devices]
@@ -136,17 +136,6 @@ def typed_vfs(root: str) -> dict[str, str]:
 
 
 # --- the agent's side ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHost]:
-    if os.geteuid() != 0:
-        cannot_run("the agent's privsep daemon needs root")
-    if not sim_testing.fuse_available():
-        cannot_run(f"FUSE unavailable: {sim_testing.fuse_unavailable_reason()}")
-    base = tmp_path_factory.mktemp("novapci")
-    with simulated_host(base, ["nvidia-pf", "nvidia-vfio"], gpus=1, vfs=4) as host:
-        yield host
 
 
 @pytest.fixture(scope="module")
