@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from accel_agent import events, exception
+from accel_agent.daemon import layout_in_use
 from accel_agent.daemon.counts import (
     RecoveryView,
     RescanView,
@@ -53,6 +54,9 @@ class LayoutView:
     # Configured GPUs whose VFs the start-up waited for in vain.
     missing_gpus: tuple[str, ...] = ()
     error: str | None = None
+    # (type, GPU, devices held open) of the layout devices, read at the
+    # converge (daemon/layout_in_use.py); None: not known (/proc unreadable).
+    in_use: layout_in_use.InUse | None = ()
 
 
 def helper_guards() -> list:
@@ -134,7 +138,8 @@ class Rescans:
         """Converge the standing layouts; what is left is kept for health.
         ``missing_gpus``: configured GPUs whose VFs never appeared."""
         if not layout.has_layouts(self.devices) and not missing_gpus:
-            view = LayoutView()
+            # A device a former layout still has (an instance holds it) is counted.
+            view = LayoutView(in_use=layout_in_use.read(self.devices))
         else:
             try:
                 report = self.devices.converge_layout()
@@ -153,6 +158,9 @@ class Rescans:
                     error="; ".join(f"GPU {gpu}: {why}" for gpu, why in sorted(
                         report.failed.items())) or None,
                 )
+            # After the converge (what it removed is not counted), whatever it
+            # left: one /proc walk for every device.
+            view = dataclasses.replace(view, in_use=layout_in_use.read(self.devices))
         with self._lock:
             if not missing_gpus and self.layout.missing_gpus and view.error is None:
                 # A GPU missing at start stays named until a converge places its layout.
@@ -161,6 +169,9 @@ class Rescans:
             self.layout = view
         self.metrics.set_layout(
             len(view.draining), len({gpu for gpu, _ in view.short} | set(view.missing_gpus))
+        )
+        self.metrics.set_layout_in_use(
+            None if view.in_use is None else layout_in_use.by_type(view.in_use)
         )
         return view
 
