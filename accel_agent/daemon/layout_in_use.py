@@ -9,27 +9,25 @@ give a VM starting on the device EBUSY.  It is independent of what decides
 "draining" (the privileged write's own EBUSY probe), so one cannot hide a
 fault of the other.
 
-One /proc walk per converge, whatever the number of devices (it costs
-about 15 ms with 300 processes), and none while the ledger holds no layout
-device.
+Counted by the rescan that converges, from the ledger and the scan it reads
+after the converge anyway (a scan of its own would cost a whole sysfs read
+more): one /proc walk per converge, whatever the number of devices (it
+costs about 15 ms with 300 processes), and none while the ledger holds no
+layout device.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from accel_agent import exception
 from accel_agent.devices.ledger import DeviceRecord, OwnerKind
 from accel_agent.sysfs import vfio_holders
 
 if TYPE_CHECKING:
     from accel_agent.devices.manager import DeviceManager
     from accel_agent.sysfs.model import HostSnapshot
-
-LOG = logging.getLogger(__name__)
 
 # (type, physical GPU, devices held open), one row per (type, GPU) that has
 # layout devices, 0 included; sorted.
@@ -65,20 +63,18 @@ def group_dir(devices: DeviceManager) -> str:
     )
 
 
-def read(devices: DeviceManager, proc: str = "/proc") -> InUse | None:
-    """The layout devices in use now: () when the ledger holds none (no
-    walk), None when not known (/proc not readable, sysfs not readable)."""
-    members = layout_members(devices.ledger.all())
+def read(
+    devices: DeviceManager,
+    records: Iterable[DeviceRecord],
+    snapshot: HostSnapshot,
+    proc: str = "/proc",
+) -> InUse | None:
+    """The layout devices in use now, of ``records`` (the ledger, read before
+    ``snapshot``): () when they hold none (no walk), None when not known
+    (/proc not readable)."""
+    members = layout_members(records)
     if not members:
         return ()
-    failure: exception.AccelAgentException | None = None
-    try:
-        snapshot = devices.scan()
-    except exception.AccelAgentException as exc:
-        failure = exc
-    if failure is not None:  # the rescan that follows reports it
-        LOG.debug("standing layout: in use not counted: %s", failure.message)
-        return None
     held = vfio_holders.held_groups(group_dir(devices), proc)
     if held is None:
         return None

@@ -54,8 +54,9 @@ class LayoutView:
     # Configured GPUs whose VFs the start-up waited for in vain.
     missing_gpus: tuple[str, ...] = ()
     error: str | None = None
-    # (type, GPU, devices held open) of the layout devices, read at the
-    # converge (daemon/layout_in_use.py); None: not known (/proc unreadable).
+    # (type, GPU, devices held open) of the layout devices, counted by the
+    # rescan after each converge (daemon/layout_in_use.py); None: not known
+    # (/proc unreadable).
     in_use: layout_in_use.InUse | None = ()
 
 
@@ -138,8 +139,7 @@ class Rescans:
         """Converge the standing layouts; what is left is kept for health.
         ``missing_gpus``: configured GPUs whose VFs never appeared."""
         if not layout.has_layouts(self.devices) and not missing_gpus:
-            # A device a former layout still has (an instance holds it) is counted.
-            view = LayoutView(in_use=layout_in_use.read(self.devices))
+            view = LayoutView()
         else:
             try:
                 report = self.devices.converge_layout()
@@ -158,10 +158,10 @@ class Rescans:
                     error="; ".join(f"GPU {gpu}: {why}" for gpu, why in sorted(
                         report.failed.items())) or None,
                 )
-            # After the converge (what it removed is not counted), whatever it
-            # left: one /proc walk for every device.
-            view = dataclasses.replace(view, in_use=layout_in_use.read(self.devices))
         with self._lock:
+            # The last count, until the rescan that follows counts again
+            # (count_in_use, after its scan).
+            view = dataclasses.replace(view, in_use=self.layout.in_use)
             if not missing_gpus and self.layout.missing_gpus and view.error is None:
                 # A GPU missing at start stays named until a converge places its layout.
                 still = tuple(g for g in self.layout.missing_gpus if g in dict(view.short))
@@ -170,10 +170,18 @@ class Rescans:
         self.metrics.set_layout(
             len(view.draining), len({gpu for gpu, _ in view.short} | set(view.missing_gpus))
         )
-        self.metrics.set_layout_in_use(
-            None if view.in_use is None else layout_in_use.by_type(view.in_use)
-        )
         return view
+
+    def count_in_use(self, records: list[DeviceRecord], snapshot: HostSnapshot) -> None:
+        """The layout's devices a consumer holds open, in health and the
+        metrics: counted after each converge from the rescan's own ledger
+        read and scan (daemon/layout_in_use.py)."""
+        in_use = layout_in_use.read(self.devices, records, snapshot)
+        with self._lock:
+            self.layout = dataclasses.replace(self.layout, in_use=in_use)
+        self.metrics.set_layout_in_use(
+            None if in_use is None else layout_in_use.by_type(in_use)
+        )
 
     # --- rescan --------------------------------------------------------------------------
 
@@ -283,6 +291,7 @@ class Rescans:
             self.run_layout()
             records = self._records()
             snapshot = devices.scan()
+            self.count_in_use(records, snapshot)
         return self._publish(records, snapshot, recoverable, waiting)
 
     def _publish(

@@ -115,8 +115,8 @@ HELD_GROUPS = vfio_holders.held_groups
 
 @pytest.fixture
 def agent(tmp_path, monkeypatch):
-    """Rescans over a manager whose ledger, scan and converge are fixed here,
-    /proc the FakeProc's."""
+    """Rescans over a manager whose ledger and converge are fixed here, /proc
+    the FakeProc's."""
     groups = tmp_path / "sim" / "vfio"
     groups.mkdir(parents=True)
     proc = FakeProc(tmp_path, groups)
@@ -132,11 +132,17 @@ def agent(tmp_path, monkeypatch):
         policy=SimpleNamespace(types=(SimpleNamespace(mdev_type=TYPE, standing=2),)),
         sysfs_root=str(tmp_path / "sim"),
         writer=SimpleNamespace(vfio_dev_dir=""),
-        scan=lambda: snapshot(records),
         converge_layout=LayoutReport,
     )
     rescans = Rescans(devices, AgentMetrics())  # type: ignore[arg-type]
     return SimpleNamespace(rescans=rescans, proc=proc, records=records)
+
+
+def converge(agent):
+    """What a rescan does: converge, read the ledger, scan, count."""
+    agent.rescans.run_layout()
+    agent.rescans.count_in_use(list(agent.records), snapshot(agent.records))
+    return agent.rescans.layout
 
 
 def gauge(rescans: Rescans, mdev_type: str) -> float | None:
@@ -145,16 +151,18 @@ def gauge(rescans: Rescans, mdev_type: str) -> float | None:
 
 def test_a_converge_counts_what_processes_hold_in_one_walk(agent):
     agent.proc.hold(11, 12, 14)  # two layout devices of GPU1 and a free non-layout one
-    view = agent.rescans.run_layout()
+    view = converge(agent)
     assert agent.proc.walks == 1  # one walk for all four layout devices
     assert view.in_use == ((TYPE, GPU1, 2), (TYPE, GPU2, 0), (OTHER, GPU1, 0))
     section = health_mod.in_use_section(agent.rescans.layout.in_use)
     assert section == {"in_use": 2, "in_use_by_type": {TYPE: 2, OTHER: 0},
                        "in_use_by_gpu": {GPU1: 2, GPU2: 0}}
     assert gauge(agent.rescans, TYPE) == 2 and gauge(agent.rescans, OTHER) == 0
+    # A converge alone (start-up's, before its rescan) keeps the last count.
+    assert agent.rescans.run_layout().in_use == view.in_use
     # Let go of one: the next converge says so, again in one walk.
     agent.proc.hold(12)
-    agent.rescans.run_layout()
+    converge(agent)
     assert agent.proc.walks == 2
     assert health_mod.in_use_section(agent.rescans.layout.in_use)["in_use"] == 1
     assert gauge(agent.rescans, TYPE) == 1
@@ -162,17 +170,17 @@ def test_a_converge_counts_what_processes_hold_in_one_walk(agent):
 
 def test_no_layout_device_no_walk_and_a_type_gone_loses_its_series(agent):
     agent.proc.hold(16)
-    agent.rescans.run_layout()
+    converge(agent)
     assert gauge(agent.rescans, OTHER) == 1
     # The other type's device left: its series goes with it.
     agent.records[:] = [r for r in agent.records if r.mdev_type != OTHER]
-    agent.rescans.run_layout()
+    converge(agent)
     assert gauge(agent.rescans, OTHER) is None and gauge(agent.rescans, TYPE) == 0
     walks = agent.proc.walks
     # No layout device in the ledger: nothing to walk /proc for.
     agent.records[:] = [dataclasses.replace(r, layout=False, owner=None, owner_kind=None)
                         for r in agent.records]
-    view = agent.rescans.run_layout()
+    view = converge(agent)
     assert agent.proc.walks == walks
     assert view.in_use == () and health_mod.in_use_section(view.in_use)["in_use"] == 0
     assert gauge(agent.rescans, TYPE) is None
@@ -180,10 +188,10 @@ def test_no_layout_device_no_walk_and_a_type_gone_loses_its_series(agent):
 
 def test_not_knowing_is_null_and_no_sample_not_zero(agent, monkeypatch):
     agent.proc.hold(11)
-    agent.rescans.run_layout()
+    converge(agent)
     assert gauge(agent.rescans, TYPE) == 1
     monkeypatch.setattr(os, "geteuid", lambda: 1000)  # others' descriptors unreadable
-    view = agent.rescans.run_layout()
+    view = converge(agent)
     assert view.in_use is None
     assert health_mod.in_use_section(view.in_use) == {
         "in_use": None, "in_use_by_type": None, "in_use_by_gpu": None}
