@@ -51,7 +51,7 @@ def count(
             continue  # not on the host: nothing can hold it
         parent = snapshot.parents.get(mdev.parent)
         key = (mdev.mdev_type or record.mdev_type, parent.physical_gpu if parent else mdev.parent)
-        rows[key] += mdev.iommu_group is not None and str(mdev.iommu_group) in held
+        rows[key] += int(mdev.iommu_group is not None and str(mdev.iommu_group) in held)
     return tuple(sorted((t, gpu, n) for (t, gpu), n in rows.items()))
 
 
