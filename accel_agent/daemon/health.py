@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import accel_agent
+from accel_agent.daemon import layout_in_use
 from accel_agent.daemon.counts import RescanView, iso
 from accel_agent.daemon.rescans import LayoutView, helper_guards
 from accel_agent.reporting import health_kinds as kind
@@ -91,6 +92,17 @@ def layout_problems(layout: LayoutView) -> list[Problem]:
     return problems
 
 
+def in_use_section(rows: layout_in_use.InUse | None) -> dict[str, Any]:
+    """The layout's devices in use: in all, per type, per physical GPU."""
+    if rows is None:
+        return {"in_use": None, "in_use_by_type": None, "in_use_by_gpu": None}
+    return {
+        "in_use": sum(n for _, _, n in rows),
+        "in_use_by_type": layout_in_use.by_type(rows),
+        "in_use_by_gpu": layout_in_use.by_gpu(rows),
+    }
+
+
 def health(core: AgentCore) -> dict[str, Any]:
     rescan, recovery = core.rescans.views()
     reload = core.reloads.current()
@@ -163,6 +175,8 @@ def health(core: AgentCore) -> dict[str, Any]:
             },
             "missing_gpus": list(layout.missing_gpus),
             "error": layout.error,
+            # Held open by a consumer (a VM) at the last converge; null: not known.
+            **in_use_section(layout.in_use),
         },
         "privileged_helpers": {h.name: h.to_dict() for h in helpers},
         "problems": [message for _, message in problems],

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from accel_agent.daemon.shared_walk import SharedWalk
 from accel_agent.reporting import views
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class Listings:
         # for: asked again only when a rescan gives a new snapshot or an
         # operation ran, never on every request.
         self._libvirt: tuple[Any, int, str, Any] | None = None
+        # The VFIO groups held open: one /proc walk for the listings asking
+        # at once, never an answer older than the request (shared_walk.py).
+        self._held = SharedWalk()
 
     def types_json(self) -> bytes:
         devices = self.devices
@@ -63,13 +67,9 @@ class Listings:
         libvirt = self._definitions(snapshot)
         held = None
         if ledger.layout_members:
-            from accel_agent.sysfs import vfio_holders
+            from accel_agent.daemon import layout_in_use
 
-            held = vfio_holders.held_groups(
-                vfio_holders.vfio_dev_dir(
-                    devices.sysfs_root, getattr(devices.writer, "vfio_dev_dir", None) or ""
-                )
-            )
+            held = self._held.held(layout_in_use.group_dir(devices))
         return self._body(
             "mdevs",
             (snapshot, policy, owners, libvirt, ledger.layout_members, held),

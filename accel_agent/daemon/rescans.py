@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from accel_agent import events, exception
+from accel_agent.daemon import layout_in_use
 from accel_agent.daemon.counts import (
     RecoveryView,
     RescanView,
@@ -53,6 +54,10 @@ class LayoutView:
     # Configured GPUs whose VFs the start-up waited for in vain.
     missing_gpus: tuple[str, ...] = ()
     error: str | None = None
+    # (type, GPU, devices held open) of the layout devices, counted by the
+    # rescan after each converge (daemon/layout_in_use.py); None: not known
+    # (/proc unreadable).
+    in_use: layout_in_use.InUse | None = ()
 
 
 def helper_guards() -> list:
@@ -154,6 +159,9 @@ class Rescans:
                         report.failed.items())) or None,
                 )
         with self._lock:
+            # The last count, until the rescan that follows counts again
+            # (count_in_use, after its scan).
+            view = dataclasses.replace(view, in_use=self.layout.in_use)
             if not missing_gpus and self.layout.missing_gpus and view.error is None:
                 # A GPU missing at start stays named until a converge places its layout.
                 still = tuple(g for g in self.layout.missing_gpus if g in dict(view.short))
@@ -163,6 +171,17 @@ class Rescans:
             len(view.draining), len({gpu for gpu, _ in view.short} | set(view.missing_gpus))
         )
         return view
+
+    def count_in_use(self, records: list[DeviceRecord], snapshot: HostSnapshot) -> None:
+        """The layout's devices a consumer holds open, in health and the
+        metrics: counted after each converge from the rescan's own ledger
+        read and scan (daemon/layout_in_use.py)."""
+        in_use = layout_in_use.read(self.devices, records, snapshot)
+        with self._lock:
+            self.layout = dataclasses.replace(self.layout, in_use=in_use)
+        self.metrics.set_layout_in_use(
+            None if in_use is None else layout_in_use.by_type(in_use)
+        )
 
     # --- rescan --------------------------------------------------------------------------
 
@@ -272,6 +291,7 @@ class Rescans:
             self.run_layout()
             records = self._records()
             snapshot = devices.scan()
+            self.count_in_use(records, snapshot)
         return self._publish(records, snapshot, recoverable, waiting)
 
     def _publish(

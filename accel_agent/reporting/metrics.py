@@ -284,6 +284,14 @@ class AgentMetrics:
             "VFs missing).",
             registry=r,
         )
+        self.layout_in_use = Gauge(
+            f"{PREFIX}_layout_in_use",
+            "Devices of a standing layout whose VFIO group a process (a VM's QEMU) holds "
+            "open, by type, read from /proc at each converge; no sample while not known "
+            "(/proc not readable) or the type has no layout device.",
+            ["mdev_type"],  # the label of the provider metrics, to join on
+            registry=r,
+        )
         self.providers = Gauge(
             f"{PREFIX}_providers",
             "Resource providers (physical GPUs with a configured type and capacity).",
@@ -370,6 +378,7 @@ class AgentMetrics:
         for state in MDEV_STATES:
             self.mdevs.labels(state=state).set(0)
         self._providers_seen: set[tuple[str, ...]] = set()
+        self._in_use_types: set[str] = set()
 
     def _initialise_counters(self) -> None:
         """Every label set of every counter at 0 (see the module's docstring)."""
@@ -415,6 +424,17 @@ class AgentMetrics:
     def set_layout(self, draining: int, gpus_short: int) -> None:
         self.layout_draining.set(draining)
         self.layout_gpus_short.set(gpus_short)
+
+    def set_layout_in_use(self, by_type: Mapping[str, int] | None) -> None:
+        """The layout devices in use per type (None: not known, no sample);
+        a type that left is dropped."""
+        current = set(by_type or ())
+        for mdev_type in self._in_use_types - current:
+            with contextlib.suppress(KeyError):
+                self.layout_in_use.remove(mdev_type)
+        for mdev_type, n in (by_type or {}).items():
+            self.layout_in_use.labels(mdev_type=mdev_type).set(n)
+        self._in_use_types = current
 
     def set_mdevs(self, rows: Iterable[MdevInfo]) -> None:
         self.mdev_info.set(rows)
