@@ -96,8 +96,10 @@ test-nova: venv
 # bookworm chroot (debootstrap, cached in /var/tmp/accel-agent-test).
 TEST_PACKAGE_APT_PACKAGES := debootstrap lintian
 # The packages are built again only when a source changed since dist/'s
-# (tools/deb-fresh.sh): `make test` has the systemd lab build them first.
-test-package: .stamps/deb-apt venv
+# (tools/deb-fresh.sh, by `make deb`, which installs its own build packages): in
+# `make test` whichever of this tier and the systemd lab asks first builds them,
+# the other waits for them (the script's lock).
+test-package: venv
 	@MAKE="$(MAKE)" bash tools/deb-fresh.sh
 	@missing=$$(for p in $(TEST_PACKAGE_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

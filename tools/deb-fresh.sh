@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make deb`, unless dist/ already holds both packages and no file they are built
-# from changed since (in `make test` the real-kernel systemd lab, the first lab,
-# builds them: the package tier then checks those same packages instead of
-# spending minutes building identical ones).  Both call this script, the lab
+# from changed since (in `make test` the real-kernel systemd lab and the package
+# tier need the same packages: the second one to ask checks those the first one
+# built instead of spending minutes building identical ones).  Both call this script, the lab
 # (lab.sh ensure_deb) and the package tier (make test-package), and in `make
 # test` they run at the same time: the lock makes the second one wait for the
 # first one's packages instead of building over them (`make dist` starts with

@@ -8,11 +8,13 @@
 # that must expire), which the guests' vCPUs use.  Every test is already required
 # to be deterministic on a busy machine (make test-stress keeps both cores busy),
 # so running them together changes what is measured by nobody.  The package tier
-# runs in the foreground too, after the Nova tier: it reuses the .deb the systemd
-# lab, the first lab, built (tools/deb-fresh.sh, whose lock makes one wait for the
-# other), so it no longer adds its minutes after the labs, which are the longest
-# of the two paths.  The labs' output goes to a log and is shown, from its start,
-# once the foreground tiers end.
+# runs in the foreground too, after the Nova tier, beside the last labs: the labs
+# are the longer of the two paths, and once the unit and functional tiers end
+# they leave a core idle.  The package tier and the systemd lab, the last lab,
+# need the same .deb: whichever asks first builds it, the other waits for it
+# (tools/deb-fresh.sh and its lock).  Building it at the start instead would put
+# its minutes where both cores are busy.  The labs' output goes to a log and is
+# shown, from its start, once the foreground tiers end.
 #
 # Every tier runs even when an earlier one failed, so one CI run reports all of
 # them; the exit status is non-zero when any failed.  Called by `make test` with

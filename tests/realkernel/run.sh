@@ -21,8 +21,7 @@
 #   ACCEL_REALKERNEL=0        skip the tier
 #   ACCEL_REALKERNEL=1        the tier must run: being unable to run is an error
 #   (unset)                   run when possible, else skip with the reason
-#   ACCEL_REALKERNEL_LABS     the labs to run, in order (default "systemd host trixie igb": systemd
-#                             first, so the .deb it builds is ready for the package tier)
+#   ACCEL_REALKERNEL_LABS     the labs to run, in order (default "host trixie igb systemd")
 #   ACCEL_REALKERNEL_CACHE, _ABI, _TRIXIE_ABI, _RESULTS, _TIMEOUT, _PYTEST_ARGS: see lab.sh
 set -uo pipefail
 
@@ -32,7 +31,7 @@ CACHE=${ACCEL_REALKERNEL_CACHE:-/var/cache/accel-agent-realkernel}
 RESULTS=${ACCEL_REALKERNEL_RESULTS:-$HERE/results}
 export ACCEL_REALKERNEL_CACHE=$CACHE ACCEL_REALKERNEL_RESULTS=$RESULTS
 MODE=${ACCEL_REALKERNEL:-}
-LABS=${ACCEL_REALKERNEL_LABS:-systemd host trixie igb}
+LABS=${ACCEL_REALKERNEL_LABS:-host trixie igb systemd}
 
 case "$MODE" in
 0)
