@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from accel_agent import exception, wiring
+from accel_agent import wiring
 from accel_agent.cmd import output
 
 DESCRIPTION = (
@@ -100,25 +100,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(nova_pci.render(specs, state.host, tag, why_not), end="")
         return output.EXIT_OK
-    try:
-        with open(args.check, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise exception.InvalidConfig(reason=f"cannot read {args.check}: {exc}") from exc
+    found = nova_pci.read_nova_conf(args.check)
     vfs = [
         p.pci_address or p.name
         for p in state.snapshot.parents.values()
         if p.backend == nova_pci.BACKEND
     ]
-    agent_reported = {
-        p.pci_address or p.name: p.physical_gpu
-        for p in state.snapshot.parents.values()
-        if p.backend == nova_pci.BACKEND
-        and (config := state.policy.config_of(state.policy.type_for(p) or "")) is not None
-        and not config.nova_reports
-    }
     problems = nova_pci.drift(
-        specs, nova_pci.parse_nova_conf(text, args.check), vfs, agent_reported
+        specs, found, vfs, nova_pci.agent_reported(state.snapshot, state.policy)
     )
     for problem in problems:
         output.error(problem)
