@@ -126,7 +126,7 @@ def _check_nova_conf(args: argparse.Namespace, state: Any) -> _NovaCheck:
     if not paths:
         if not reported:
             return _NovaCheck()
-        gpus = len({gpu for gpu, _type in reported.values()})
+        gpus = len({vf.gpu for vf in reported.values()})
         return _NovaCheck(note=(
             f"Nova's [pci] device_spec was not checked for GPUs counted twice ({gpus} "
             "vendor-VFIO GPU(s) the agent reports itself, reported_by = agent): pass "
@@ -152,12 +152,11 @@ def _check_nova_conf(args: argparse.Namespace, state: Any) -> _NovaCheck:
             # devname names a network interface; another vendor is no GPU.
             if "devname" in entry.value or str(
                 entry.value.get("vendor_id", nova_pci.NVIDIA_VENDOR)
-            ).lower() != nova_pci.NVIDIA_VENDOR:
+            ).strip().lower().removeprefix("0x") != nova_pci.NVIDIA_VENDOR:
                 continue
             warnings.append(
-                f"{entry.file}:{entry.line}: [pci] device_spec names devices without an "
-                "address string (by vendor and product, or a regex): not checked for GPUs "
-                "counted twice"
+                f"{entry.file}:{entry.line}: [pci] device_spec names devices by a regex "
+                "address: not checked for GPUs counted twice"
             )
     return _NovaCheck(errors=errors, warnings=warnings, counted_twice=[
         {

@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from accel_agent import exception
 from accel_agent.devices.policy import MdevPolicy
@@ -330,8 +331,18 @@ def _covers(pattern: tuple[str, ...], device: tuple[str, ...]) -> bool:
     return all(p in (_ANY, d) for p, d in zip(pattern, device, strict=True))
 
 
-def agent_reported(snapshot: HostSnapshot, policy: MdevPolicy) -> dict[str, tuple[str, str]]:
-    """VF address -> (its GPU, its type) for every vendor-VFIO VF whose
+class ReportedVf(NamedTuple):
+    """A VF whose GPU the agent reports to Placement itself."""
+
+    gpu: str
+    mdev_type: str
+    # The VF's PCI ids as Nova compares them ("10de"), None when unknown.
+    vendor_id: str | None = None
+    product_id: str | None = None
+
+
+def agent_reported(snapshot: HostSnapshot, policy: MdevPolicy) -> dict[str, ReportedVf]:
+    """VF address -> its GPU, type and ids, for every vendor-VFIO VF whose
     configured type the agent reports to Placement itself
     (``[mdev_<type>] reported_by = agent``, the default)."""
     found = {}
@@ -341,8 +352,21 @@ def agent_reported(snapshot: HostSnapshot, policy: MdevPolicy) -> dict[str, tupl
         mdev_type = policy.type_for(parent)
         config = policy.config_of(mdev_type) if mdev_type else None
         if mdev_type is not None and config is not None and not config.nova_reports:
-            found[parent.pci_address or parent.name] = (parent.physical_gpu, mdev_type)
+            found[parent.pci_address or parent.name] = ReportedVf(
+                parent.physical_gpu, mdev_type, _pci_id(parent.vendor_id),
+                _pci_id(parent.device_id),
+            )
     return found
+
+
+def _pci_id(value: object) -> str | None:
+    """A vendor or product id as Nova's device_spec compares it: four hex
+    digits, lower case ("0x10DE" and "10de" are one); None when it is none."""
+    try:
+        number = int(str(value).strip(), 16)
+    except ValueError:
+        return None
+    return f"{number:04x}" if 0 <= number <= 0xFFFF else None
 
 
 @dataclass(frozen=True)
@@ -365,43 +389,71 @@ class CountedTwice:
         )
 
 
+class _Spec(NamedTuple):
+    index: int
+    address: tuple[str, str, str, str]
+    vendor_id: str  # or _ANY
+    product_id: str  # or _ANY
+
+
+def _spec_of(index: int, value: Mapping[str, object]) -> _Spec | None:
+    """A device_spec value as counted_twice compares it; None for one it
+    cannot tell about (see :func:`not_by_address`) or that Nova refuses."""
+    if "devname" in value:
+        return None
+    # Nova: no address (or an empty one) is any address.
+    given = value.get("address") or ""
+    address = address_pattern(given) if isinstance(given, str) else None
+    ids = []
+    for key in ("vendor_id", "product_id"):
+        raw = value.get(key, _ANY)
+        ids.append(_ANY if str(raw).strip() in (_ANY, "") else _pci_id(raw))
+    if address is None or None in ids:
+        return None
+    return _Spec(index, address, ids[0], ids[1])
+
+
 def counted_twice(
-    entries: Iterable[SpecLine], reported: Mapping[str, tuple[str, str]]
+    entries: Iterable[SpecLine], reported: Mapping[str, ReportedVf]
 ) -> list[CountedTwice]:
     """Every GPU counted twice: a VF of ``reported`` (see
-    :func:`agent_reported`) that a device_spec value names, by its own
-    address or its GPU's (PF's) full address, by GPU and type."""
+    :func:`agent_reported`) that a device_spec value names as Nova matches
+    it (nova/pci/devspec.py, PciDeviceSpec.match): its address (the VF's
+    own, a glob of it, or its GPU's full PF address; none: any) and its
+    vendor and product ids where the value gives them; by GPU and type."""
     entries = list(entries)
     # A full address is looked up, only a glob is tried on every VF: a
     # thousand-GPU host's nova.conf lists thousands of VFs one by one.
-    exact: dict[tuple[str, ...], list[int]] = {}
-    globs: list[tuple[int, tuple[str, ...]]] = []
+    exact: dict[tuple[str, ...], list[_Spec]] = {}
+    globs: list[_Spec] = []
     for index, entry in enumerate(entries):
-        given = entry.value.get("address")
-        pattern = address_pattern(given) if isinstance(given, str) else None
-        if pattern is None:
+        spec = _spec_of(index, entry.value)
+        if spec is None:
             continue
-        if _ANY in pattern:
-            globs.append((index, pattern))
+        if _ANY in spec.address:
+            globs.append(spec)
         else:
-            exact.setdefault(pattern, []).append(index)
+            exact.setdefault(spec.address, []).append(spec)
     vfs: dict[tuple[str, str], list[str]] = {}
     lines: dict[tuple[str, str], set[int]] = {}
-    for vf, key in sorted(reported.items()):
+    for vf, found in sorted(reported.items()):
         device = address_pattern(vf)
         if device is None:
             continue
-        matching = set(exact.get(device, ()))
+        candidates = list(exact.get(device, ()))
         # The full address of a PF names every VF of it too (Nova's
-        # WhitelistPciAddress.match, nova/pci/devspec.py): the GPU's own line.
-        parent = address_pattern(key[0])
+        # WhitelistPciAddress.match): the GPU's own line.
+        parent = address_pattern(found.gpu)
         if parent is not None and parent != device:
-            matching.update(exact.get(parent, ()))
-        matching.update(
-            index for index, pattern in globs
-            if _covers(pattern, device)
-        )
+            candidates += exact.get(parent, ())
+        candidates += [spec for spec in globs if _covers(spec.address, device)]
+        matching = {
+            spec.index for spec in candidates
+            if spec.vendor_id in (_ANY, found.vendor_id)
+            and spec.product_id in (_ANY, found.product_id)
+        }
         if matching:
+            key = (found.gpu, found.mdev_type)
             vfs.setdefault(key, []).append(vf)
             lines.setdefault(key, set()).update(matching)
     return [
@@ -412,16 +464,18 @@ def counted_twice(
 
 
 def not_by_address(entries: Iterable[SpecLine]) -> list[SpecLine]:
-    """The device_spec values :func:`counted_twice` cannot tell about: they
-    name devices otherwise than by an address string."""
-    return [e for e in entries if not isinstance(e.value.get("address"), str)]
+    """The device_spec values :func:`counted_twice` cannot tell about: a
+    regex ``address`` object (Nova's other form), a ``devname`` (a network
+    interface's name, resolved on the host by Nova)."""
+    return [e for e in entries
+            if "devname" in e.value or isinstance(e.value.get("address"), dict)]
 
 
 def drift(
     expected: list[VfSpec],
     found: NovaPciFile,
     vf_addresses: Iterable[str],
-    agent_reported: Mapping[str, tuple[str, str]] | None = None,
+    agent_reported: Mapping[str, ReportedVf] | None = None,
 ) -> list[str]:
     """Where the file and the host disagree, one line each (empty: none).
 

@@ -129,10 +129,10 @@ def test_a_gpu_the_agent_reports_whose_vfs_nova_conf_lists_is_named_exit_1(tmp_p
 
 def test_every_address_form_nova_matches_is_compared(tmp_path, root):
     """Nova matches a device_spec address by glob (upper or lower case, the
-    domain left out, ``*``) and a PF's full address names its VFs
-    (nova/pci/devspec.py): each form names its GPU, and a line naming
-    nothing of the agent's names no GPU.  Two files, as nova-compute reads
-    several --config-file."""
+    domain left out, ``*``), a PF's full address names its VFs, and no
+    address with the VFs' ids names them all (nova/pci/devspec.py): each
+    form names its GPU, and a line naming nothing of the agent's names no
+    GPU.  Two files, as nova-compute reads several --config-file."""
     config = agent_conf(tmp_path, root)
     first = tmp_path / "nova.conf"
     first.write_text(
@@ -147,11 +147,12 @@ def test_every_address_form_nova_matches_is_compared(tmp_path, root):
     second.write_text(
         "[pci]\n"
         'device_spec = [{"address": "0000:c3:00.*"}, {"address": "0000:C4:00.0"}]\n'
-        '# nothing of the agent: a function no VF has, a NIC by vendor\n'
+        '# nothing of the agent: a function no VF has, a NIC by vendor, another card\n'
         'device_spec = {"address": "*:c1:01.*"}\n'
         'device_spec = {"vendor_id": "8086", "product_id": "1520"}\n'
-        '# NVIDIA by product only: not told by address\n'
-        'device_spec = {"vendor_id": "10de", "product_id": "26b9"}\n'
+        'device_spec = {"vendor_id": "10de", "product_id": "2236"}\n'
+        '# a regex address: not told\n'
+        'device_spec = {"address": {"bus": "c[1-4]"}, "vendor_id": "10de"}\n'
     )
     document = check_json(config, "--nova-conf", str(first), "--nova-conf", str(second), rc=1)
     found = {item["gpu"]: (item["vfs"], [(d["file"], d["line"]) for d in item["device_spec"]])
@@ -163,13 +164,18 @@ def test_every_address_form_nova_matches_is_compared(tmp_path, root):
         GPUS[3]: (VFS[GPUS[3]], [(str(second), 2)]),
     }
     assert [w["message"] for w in document["warnings"]] == [
-        f"{second}:7: [pci] device_spec names devices without an address string (by vendor "
-        "and product, or a regex): not checked for GPUs counted twice"
+        f"{second}:8: [pci] device_spec names devices by a regex address: not checked for "
+        "GPUs counted twice"
     ]
     strict = check_json(config, "--nova-conf", str(second), "--strict", rc=1)
     assert strict["warnings"] == [] and any(
-        e["line"] == 7 and "not checked" in e["message"] for e in strict["errors"]
+        e["line"] == 8 and "not checked" in e["message"] for e in strict["errors"]
     )
+    # NVIDIA's VFs by their ids alone, no address: Nova takes every one.
+    ids = tmp_path / "ids.conf"
+    ids.write_text('[pci]\ndevice_spec = {"vendor_id": "10de", "product_id": "26B9"}\n')
+    by_ids = check_json(config, "--nova-conf", str(ids), rc=1)["counted_twice"]
+    assert [(item["gpu"], item["vfs"]) for item in by_ids] == [(g, VFS[g]) for g in GPUS]
 
 
 def test_a_gpu_nova_reports_alone_checks_clean(tmp_path, root):

@@ -35,9 +35,9 @@ def lines(*values: dict) -> list[nova_pci.SpecLine]:
 
 
 REPORTED = {
-    "0000:c1:00.4": ("0000:c1:00.0", "nvidia-1150"),
-    "0000:c1:00.5": ("0000:c1:00.0", "nvidia-1150"),
-    "0000:c2:00.4": ("0000:c2:00.0", "nvidia-1150"),
+    "0000:c1:00.4": nova_pci.ReportedVf("0000:c1:00.0", "nvidia-1150", "10de", "26b9"),
+    "0000:c1:00.5": nova_pci.ReportedVf("0000:c1:00.0", "nvidia-1150", "10de", "26b9"),
+    "0000:c2:00.4": nova_pci.ReportedVf("0000:c2:00.0", "nvidia-1150", "10de", "26b9"),
 }
 
 
@@ -61,11 +61,30 @@ def test_only_a_full_pf_address_names_its_vfs_not_a_glob_of_it():
     assert nova_pci.counted_twice(lines({"address": "*:c2:00.0"}), REPORTED) == []
 
 
+def test_vendor_and_product_ids_narrow_the_match_as_in_nova():
+    def gpus(*values: dict) -> list[tuple[str, tuple[str, ...]]]:
+        return [(t.gpu, t.vfs) for t in nova_pci.counted_twice(lines(*values), REPORTED)]
+
+    every = [("0000:c1:00.0", ("0000:c1:00.4", "0000:c1:00.5")),
+             ("0000:c2:00.0", ("0000:c2:00.4",))]
+    # No address is any address (Nova: "*:*:*.*"); ids as Nova formats them.
+    assert gpus({"vendor_id": "10DE", "product_id": "26b9"}) == every
+    assert gpus({"vendor_id": "0x10de"}) == every
+    assert gpus({"address": "", "product_id": "*"}) == every
+    assert gpus({"vendor_id": "10de", "product_id": "2236"}) == []  # another card
+    assert gpus({"vendor_id": "8086"}, {"address": "0000:c1:00.4", "vendor_id": "8086"}) == []
+    # Unknown ids (a VF whose ids sysfs did not give): a spec that asks for
+    # ids does not match it.
+    unknown = {"0000:c1:00.4": nova_pci.ReportedVf("0000:c1:00.0", "nvidia-1150")}
+    assert nova_pci.counted_twice(lines({"vendor_id": "10de"}), unknown) == []
+
+
 def test_nothing_the_agent_reports_nothing_counted_twice():
     assert nova_pci.counted_twice(lines({"address": "0000:c1:00.4"}), {}) == []
     assert nova_pci.counted_twice(
-        lines({"vendor_id": "10de"}, {"address": {"bus": "c1"}}, {"devname": "eth0"}), REPORTED
+        lines({"address": {"bus": "c1"}}, {"devname": "eth0"}), REPORTED
     ) == []
     assert [e.line for e in nova_pci.not_by_address(
-        lines({"vendor_id": "10de"}, {"address": "0000:c1:00.4"}, {"address": {"bus": "c1"}})
-    )] == [1, 3]
+        lines({"vendor_id": "10de"}, {"address": "0000:c1:00.4"}, {"address": {"bus": "c1"}},
+              {"devname": "eth0"})
+    )] == [3, 4]
