@@ -47,7 +47,8 @@ def add_check_config(subparsers: argparse._SubParsersAction) -> None:
         "would count twice: Nova reports the VFs device_spec lists while the agent "
         "reports their GPU itself ([mdev_<type>] reported_by = agent). The same check as "
         "nova-pci-config --check. A FILE that cannot be read, or a device_spec that is "
-        "not JSON, is an error too. Never read unless given",
+        "not JSON, is an error too. Nova's files are read only when named here (never "
+        "/etc/nova/nova.conf by default)",
     )
     check.set_defaults(func=check_config)
 

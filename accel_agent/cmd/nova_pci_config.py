@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--check",
         metavar="FILE",
-        help="report where FILE (a nova.conf) differs from this host; exit 1 on drift",
+        help="report where FILE (a nova.conf) differs from this host, and each GPU it "
+        "would count twice (as check-config --nova-conf does); exit 1 on drift",
     )
     parser.add_argument(
         "--json",
