@@ -11,6 +11,8 @@ checkpointed).  (``accelctl ledger upgrade`` is accel_agent.cmd.ledger_upgrade.)
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 from accel_agent import exception, wiring
@@ -29,12 +31,24 @@ def add_check_config(subparsers: argparse._SubParsersAction) -> None:
         "exit 1; warnings (an address that is no mdev parent, a type a parent does not "
         "offer) are printed and become errors with --strict. With --json: one JSON "
         "document on stdout (ok, errors, warnings, each problem with its message, file, "
-        "line, section and option where known), nothing on stderr, the same exit status.",
+        "line, section and option where known), nothing on stderr, the same exit status. "
+        "With --nova-conf FILE: also each GPU that Nova's [pci] device_spec in FILE and the "
+        "agent would both report to Placement (counted twice), an error.",
     )
     check.add_argument("--strict", action="store_true", help="treat warnings as errors")
     check.add_argument(
         "--json", action="store_true",
         help="the result as one JSON document on stdout (exit status unchanged)",
+    )
+    check.add_argument(
+        "--nova-conf", action="append", metavar="FILE", default=[],
+        help="also read Nova's [pci] device_spec from FILE (a nova.conf; repeatable, as "
+        "nova-compute takes several --config-file) and report, as an error, each GPU it "
+        "would count twice: Nova reports the VFs device_spec lists while the agent "
+        "reports their GPU itself ([mdev_<type>] reported_by = agent). The same check as "
+        "nova-pci-config --check. A FILE that cannot be read, or a device_spec that is "
+        "not JSON, is an error too. Nova's files are read only when named here (never "
+        "/etc/nova/nova.conf by default)",
     )
     check.set_defaults(func=check_config)
 
@@ -59,8 +73,13 @@ def check_config(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         return _check_config_json(args)
     errors, warnings, state = _check(args)
+    nova = _check_nova_conf(args, state)
+    errors += nova.errors + (nova.warnings if args.strict else [])
+    warnings += [] if args.strict else nova.warnings
     for warning in warnings:
         output.warning(warning)
+    if nova.note:
+        sys.stderr.write(f"note: {nova.note}\n")
     if errors or state is None:
         for error in errors:
             output.error(error)
@@ -80,6 +99,80 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[str], Any]:
     return wiring.check(conf, strict=args.strict, ledger=ledger)
 
 
+@dataclass(frozen=True)
+class _NovaCheck:
+    """What ``--nova-conf`` found (issue 23)."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # ``counted_twice`` of check-config --json.
+    counted_twice: list[dict[str, Any]] = field(default_factory=list)
+    # Without --nova-conf on a host where it matters: how to check it.
+    note: str = ""
+
+
+def _check_nova_conf(args: argparse.Namespace, state: Any) -> _NovaCheck:
+    """Each GPU that Nova's ``[pci] device_spec`` (in the --nova-conf files)
+    and the agent would both report: one error naming it, its type and the
+    first device_spec line that lists it.  The files are read as
+    ``nova-pci-config --check`` reads them (reporting/nova_pci.py); oslo.config
+    joins a multi-valued option's values across nova-compute's files, so do
+    we.  Nova's config is never read unless named: it is another service's
+    file (readable by root and nova only, on most hosts), and a check must
+    not depend on what happens to be installed where it runs."""
+    from accel_agent.reporting import nova_pci
+
+    reported = nova_pci.agent_reported(state.snapshot, state.policy) if state else {}
+    paths = list(getattr(args, "nova_conf", None) or [])
+    if not paths:
+        if not reported:
+            return _NovaCheck()
+        gpus = len({vf.gpu for vf in reported.values()})
+        return _NovaCheck(note=(
+            f"Nova's [pci] device_spec was not checked for GPUs counted twice ({gpus} "
+            "vendor-VFIO GPU(s) the agent reports itself, reported_by = agent): pass "
+            "--nova-conf /etc/nova/nova.conf to check it"
+        ))
+    errors: list[str] = []
+    warnings: list[str] = []
+    entries: list[nova_pci.SpecLine] = []
+    for path in paths:
+        try:
+            found = nova_pci.read_nova_conf(path)
+        except exception.InvalidConfig as exc:
+            errors.append(exc.message)
+            continue
+        errors += found.problems
+        entries += found.entries
+    twice = nova_pci.counted_twice(entries, reported)
+    for item in twice:
+        first = item.lines[0]
+        errors.append(f"{first.file}:{first.line}: {item.message()}")
+    if reported:
+        for entry in nova_pci.not_by_address(entries):
+            # devname names a network interface; another vendor is no GPU.
+            if "devname" in entry.value or str(
+                entry.value.get("vendor_id", nova_pci.NVIDIA_VENDOR)
+            ).strip().lower().removeprefix("0x") != nova_pci.NVIDIA_VENDOR:
+                continue
+            warnings.append(
+                f"{entry.file}:{entry.line}: [pci] device_spec names devices by a regex "
+                "address: not checked for GPUs counted twice"
+            )
+    return _NovaCheck(errors=errors, warnings=warnings, counted_twice=[
+        {
+            "gpu": item.gpu,
+            "type": item.mdev_type,
+            "vfs": list(item.vfs),
+            "device_spec": [
+                {"file": line.file, "line": line.line, "value": dict(line.value)}
+                for line in item.lines
+            ],
+        }
+        for item in twice
+    ])
+
+
 def _providers(state: Any) -> int:
     return len(state.inventory().providers)
 
@@ -95,6 +188,9 @@ def _check_config_json(args: argparse.Namespace) -> int:
         errors, warnings, state = [e.message for e in exc.errors], [], None
     except exception.AccelAgentException as exc:
         errors, warnings, state = [exc.message], [], None
+    nova = _check_nova_conf(args, state)
+    errors += nova.errors + (nova.warnings if args.strict else [])
+    warnings += [] if args.strict else nova.warnings
     ok = not errors and state is not None
     summary = None
     if ok:
@@ -110,6 +206,10 @@ def _check_config_json(args: argparse.Namespace) -> int:
             "errors": [_problem(m) for m in errors],
             "warnings": [_problem(m) for m in warnings],
             "summary": summary,
+            # --nova-conf (issue 23): the files read, and each GPU Nova's
+            # device_spec and the agent would both report (also an error).
+            "nova_conf": list(getattr(args, "nova_conf", None) or []),
+            "counted_twice": nova.counted_twice,
         }
     )
     return output.EXIT_OK if ok else output.EXIT_ERROR

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from accel_agent import exception, wiring
+from accel_agent import wiring
 from accel_agent.cmd import output
 
 DESCRIPTION = (
@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--check",
         metavar="FILE",
-        help="report where FILE (a nova.conf) differs from this host; exit 1 on drift",
+        help="report where FILE (a nova.conf) differs from this host, and each GPU it "
+        "would count twice (as check-config --nova-conf does); exit 1 on drift",
     )
     parser.add_argument(
         "--json",
@@ -100,25 +101,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(nova_pci.render(specs, state.host, tag, why_not), end="")
         return output.EXIT_OK
-    try:
-        with open(args.check, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise exception.InvalidConfig(reason=f"cannot read {args.check}: {exc}") from exc
+    found = nova_pci.read_nova_conf(args.check)
     vfs = [
         p.pci_address or p.name
         for p in state.snapshot.parents.values()
         if p.backend == nova_pci.BACKEND
     ]
-    agent_reported = {
-        p.pci_address or p.name: p.physical_gpu
-        for p in state.snapshot.parents.values()
-        if p.backend == nova_pci.BACKEND
-        and (config := state.policy.config_of(state.policy.type_for(p) or "")) is not None
-        and not config.nova_reports
-    }
     problems = nova_pci.drift(
-        specs, nova_pci.parse_nova_conf(text, args.check), vfs, agent_reported
+        specs, found, vfs, nova_pci.agent_reported(state.snapshot, state.policy)
     )
     for problem in problems:
         output.error(problem)

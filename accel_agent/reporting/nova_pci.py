@@ -18,12 +18,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
+from accel_agent import exception
 from accel_agent.devices.policy import MdevPolicy
 from accel_agent.sysfs.model import HostSnapshot
 
 BACKEND = "nvidia_vfio"
+# The PCI vendor id of the vendor-VFIO GPUs (NVIDIA), as Nova's device_spec writes it.
+NVIDIA_VENDOR = "10de"
 
 
 @dataclass(frozen=True)
@@ -212,13 +216,24 @@ def render(specs: list[VfSpec], host: str, live_migratable: bool = True,
 
 
 @dataclass(frozen=True)
+class SpecLine:
+    """One ``[pci] device_spec`` value and where it is written."""
+
+    value: Mapping[str, object]
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
 class NovaPciFile:
     """What a nova.conf's ``[pci]`` section says: device specs by address
-    (the ones that name one) and aliases by name."""
+    (the ones that name one) and aliases by name; ``entries``: every
+    device_spec value with its file and line, in the file's order."""
 
     specs: Mapping[str, Mapping[str, object]]
     aliases: Mapping[str, Mapping[str, object]]
     problems: tuple[str, ...]
+    entries: tuple[SpecLine, ...] = field(default=())
 
 
 _SECTION = re.compile(r"\[\s*([^\]]+?)\s*\]")
@@ -234,6 +249,7 @@ def parse_nova_conf(text: str, name: str = "nova.conf") -> NovaPciFile:
     specs: dict[str, Mapping[str, object]] = {}
     aliases: dict[str, Mapping[str, object]] = {}
     problems: list[str] = []
+    entries: list[SpecLine] = []
     section = None
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -258,36 +274,218 @@ def parse_nova_conf(text: str, name: str = "nova.conf") -> NovaPciFile:
                 problems.append(f"{name}:{number}: {key} entry is not a JSON object")
             elif key == "alias":
                 aliases[str(entry.get("name"))] = entry
-            elif isinstance(entry.get("address"), str):
-                specs[entry["address"].lower()] = entry
-    return NovaPciFile(specs=specs, aliases=aliases, problems=tuple(problems))
+            else:
+                entries.append(SpecLine(entry, name, number))
+                if isinstance(entry.get("address"), str):
+                    specs[entry["address"].lower()] = entry
+    return NovaPciFile(specs=specs, aliases=aliases, problems=tuple(problems),
+                       entries=tuple(entries))
+
+
+def read_nova_conf(path: str) -> NovaPciFile:
+    """:func:`parse_nova_conf` of the file ``path``; a file that cannot be
+    read (missing, a directory, not UTF-8 text) raises InvalidConfig naming
+    it, so that every caller says the same."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise exception.InvalidConfig(reason=f"cannot read {path}: {exc}") from exc
+    return parse_nova_conf(text, path)
+
+
+# --- one GPU counted twice (issue 23) ----------------------------------------------------
+
+_ANY = "*"
+# Each part of a PCI address: (its width in hex digits, its largest value).
+_PARTS = ((4, 0xFFFF), (2, 0xFF), (2, 0x1F), (1, 0x7))
+
+
+def address_pattern(text: str) -> tuple[str, str, str, str] | None:
+    """A device_spec's string ``address`` as Nova matches it (its glob form,
+    nova/pci/devspec.py): ``[[[[domain]:]bus]:][slot][.[function]]``, each
+    part hex or ``*``, a part left out or empty matching any; the parts
+    normalised to the kernel's form (``C1`` and ``c1``, ``0`` and ``0000``
+    are one).  None when it is not such an address (Nova refuses it)."""
+    head, _, function = text.strip().partition(".")
+    fields = head.split(":") if head else []
+    if len(fields) > 3:
+        return None
+    raw = [_ANY] * (3 - len(fields)) + fields + [function]
+    parts = []
+    for value, (width, largest) in zip(raw, _PARTS, strict=True):
+        value = value.strip() or _ANY
+        if value != _ANY:
+            try:
+                number = int(value, 16)
+            except ValueError:
+                return None
+            if not 0 <= number <= largest:
+                return None
+            value = f"{number:0{width}x}"
+        parts.append(value)
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+def _covers(pattern: tuple[str, ...], device: tuple[str, ...]) -> bool:
+    return all(p in (_ANY, d) for p, d in zip(pattern, device, strict=True))
+
+
+class ReportedVf(NamedTuple):
+    """A VF whose GPU the agent reports to Placement itself."""
+
+    gpu: str
+    mdev_type: str
+    # The VF's PCI ids as Nova compares them ("10de"), None when unknown.
+    vendor_id: str | None = None
+    product_id: str | None = None
+
+
+def agent_reported(snapshot: HostSnapshot, policy: MdevPolicy) -> dict[str, ReportedVf]:
+    """VF address -> its GPU, type and ids, for every vendor-VFIO VF whose
+    configured type the agent reports to Placement itself
+    (``[mdev_<type>] reported_by = agent``, the default)."""
+    found = {}
+    for parent in snapshot.parents.values():
+        if parent.backend != BACKEND:
+            continue
+        mdev_type = policy.type_for(parent)
+        config = policy.config_of(mdev_type) if mdev_type else None
+        if mdev_type is not None and config is not None and not config.nova_reports:
+            found[parent.pci_address or parent.name] = ReportedVf(
+                parent.physical_gpu, mdev_type, _pci_id(parent.vendor_id),
+                _pci_id(parent.device_id),
+            )
+    return found
+
+
+def _pci_id(value: object) -> str | None:
+    """A vendor or product id as Nova's device_spec compares it: four hex
+    digits, lower case ("0x10DE" and "10de" are one); None when it is none."""
+    try:
+        number = int(str(value).strip(), 16)
+    except ValueError:
+        return None
+    return f"{number:04x}" if 0 <= number <= 0xFFFF else None
+
+
+@dataclass(frozen=True)
+class CountedTwice:
+    """A GPU whose VFs Nova's device_spec lists while the agent reports the
+    GPU to Placement itself: both would count its capacity."""
+
+    gpu: str
+    mdev_type: str
+    vfs: tuple[str, ...]
+    # The device_spec values that list them, in the order they are written.
+    lines: tuple[SpecLine, ...]
+
+    def message(self) -> str:
+        return (
+            f"GPU {self.gpu} ({self.mdev_type}) would be counted twice: [pci] device_spec "
+            f"gives Nova its VF(s) {', '.join(self.vfs)}, and the agent reports the GPU to "
+            f"Placement too; set [mdev_{self.mdev_type}] reported_by = nova with standing "
+            ">= 1 (Nova then reports it alone), or drop those device_spec lines"
+        )
+
+
+class _Spec(NamedTuple):
+    index: int
+    address: tuple[str, str, str, str]
+    vendor_id: str  # or _ANY
+    product_id: str  # or _ANY
+
+
+def _spec_of(index: int, value: Mapping[str, object]) -> _Spec | None:
+    """A device_spec value as counted_twice compares it; None for one it
+    cannot tell about (see :func:`not_by_address`) or that Nova refuses."""
+    if "devname" in value:
+        return None
+    # Nova: no address (or an empty one) is any address.
+    given = value.get("address") or ""
+    address = address_pattern(given) if isinstance(given, str) else None
+    ids = []
+    for key in ("vendor_id", "product_id"):
+        raw = value.get(key, _ANY)
+        ids.append(_ANY if str(raw).strip() in (_ANY, "") else _pci_id(raw))
+    if address is None or None in ids:
+        return None
+    return _Spec(index, address, ids[0], ids[1])
+
+
+def counted_twice(
+    entries: Iterable[SpecLine], reported: Mapping[str, ReportedVf]
+) -> list[CountedTwice]:
+    """Every GPU counted twice: a VF of ``reported`` (see
+    :func:`agent_reported`) that a device_spec value names as Nova matches
+    it (nova/pci/devspec.py, PciDeviceSpec.match): its address (the VF's
+    own, a glob of it, or its GPU's full PF address; none: any) and its
+    vendor and product ids where the value gives them; by GPU and type."""
+    entries = list(entries)
+    # A full address is looked up, only a glob is tried on every VF: a
+    # thousand-GPU host's nova.conf lists thousands of VFs one by one.
+    exact: dict[tuple[str, ...], list[_Spec]] = {}
+    globs: list[_Spec] = []
+    for index, entry in enumerate(entries):
+        spec = _spec_of(index, entry.value)
+        if spec is None:
+            continue
+        if _ANY in spec.address:
+            globs.append(spec)
+        else:
+            exact.setdefault(spec.address, []).append(spec)
+    vfs: dict[tuple[str, str], list[str]] = {}
+    lines: dict[tuple[str, str], set[int]] = {}
+    for vf, found in sorted(reported.items()):
+        device = address_pattern(vf)
+        if device is None:
+            continue
+        candidates = list(exact.get(device, ()))
+        # The full address of a PF names every VF of it too (Nova's
+        # WhitelistPciAddress.match): the GPU's own line.
+        parent = address_pattern(found.gpu)
+        if parent is not None and parent != device:
+            candidates += exact.get(parent, ())
+        candidates += [spec for spec in globs if _covers(spec.address, device)]
+        matching = {
+            spec.index for spec in candidates
+            if spec.vendor_id in (_ANY, found.vendor_id)
+            and spec.product_id in (_ANY, found.product_id)
+        }
+        if matching:
+            key = (found.gpu, found.mdev_type)
+            vfs.setdefault(key, []).append(vf)
+            lines.setdefault(key, set()).update(matching)
+    return [
+        CountedTwice(gpu, mdev_type, tuple(vfs[gpu, mdev_type]),
+                     tuple(entries[i] for i in sorted(lines[gpu, mdev_type])))
+        for gpu, mdev_type in sorted(vfs)
+    ]
+
+
+def not_by_address(entries: Iterable[SpecLine]) -> list[SpecLine]:
+    """The device_spec values :func:`counted_twice` cannot tell about: a
+    regex ``address`` object (Nova's other form), a ``devname`` (a network
+    interface's name, resolved on the host by Nova)."""
+    return [e for e in entries
+            if "devname" in e.value or isinstance(e.value.get("address"), dict)]
 
 
 def drift(
     expected: list[VfSpec],
     found: NovaPciFile,
     vf_addresses: Iterable[str],
-    agent_reported: Mapping[str, str] | None = None,
+    agent_reported: Mapping[str, ReportedVf] | None = None,
 ) -> list[str]:
     """Where the file and the host disagree, one line each (empty: none).
 
     ``vf_addresses``: every vendor-VFIO VF of the host, so that a spec for
     a VF the agent did not type is told apart from one for no VF at all.
-    ``agent_reported``: VF -> its GPU, for the VFs whose GPU the agent reports
-    to Placement itself (``[mdev_<type>] reported_by = agent``): Nova would
-    count such a GPU a second time."""
+    ``agent_reported``: :func:`agent_reported`, the VFs whose GPU the agent
+    reports to Placement itself (``[mdev_<type>] reported_by = agent``): Nova
+    would count such a GPU a second time (:func:`counted_twice`)."""
     problems = list(found.problems)
-    twice: dict[str, list[str]] = {}
-    for address in found.specs:
-        gpu = (agent_reported or {}).get(address)
-        if gpu is not None:
-            twice.setdefault(gpu, []).append(address)
-    for gpu, vfs in sorted(twice.items()):
-        problems.append(
-            f"GPU {gpu} would be counted twice: [pci] device_spec gives Nova its VF(s) "
-            f"{', '.join(sorted(vfs))}, and the agent reports the GPU to Placement too; set "
-            "[mdev_<type>] reported_by = nova (with a standing layout) for its type"
-        )
+    problems += [item.message() for item in counted_twice(found.entries, agent_reported or {})]
     known_vfs = set(vf_addresses)
     wanted = {spec.address: spec for spec in expected}
     for address, spec in sorted(wanted.items()):

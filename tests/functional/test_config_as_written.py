@@ -219,6 +219,7 @@ def test_json_of_a_good_configuration(tmp_path, paths):
     assert document == {
         "ok": True, "strict": False, "errors": [], "warnings": [],
         "summary": {"mdev_types": 1, "providers": 1, "parents": 3},
+        "nova_conf": [], "counted_twice": [],  # no --nova-conf (issue 23)
     }
 
 

@@ -250,9 +250,10 @@ def test_nova_pci_config_lists_the_vfs_the_agent_typed_never_foreign_ones(host, 
     good.write_text("[DEFAULT]\ndebug = true\n" + text)
     twice = ctl(config, "nova-pci-config", "--check", str(good), rc=1).stderr
     assert twice.strip() == (
-        f"error: GPU {GPU1} would be counted twice: [pci] device_spec gives Nova its VF(s) "
-        f"{', '.join(sorted(mine))}, and the agent reports the GPU to Placement too; set "
-        "[mdev_<type>] reported_by = nova (with a standing layout) for its type"
+        f"error: GPU {GPU1} (nvidia-1150) would be counted twice: [pci] device_spec gives "
+        f"Nova its VF(s) {', '.join(sorted(mine))}, and the agent reports the GPU to "
+        "Placement too; set [mdev_nvidia-1150] reported_by = nova with standing >= 1 (Nova "
+        "then reports it alone), or drop those device_spec lines"
     )
     lines = text.splitlines()
     drifted = [line for line in lines if mine[0] not in line]  # one VF missing
