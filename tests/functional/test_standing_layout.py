@@ -160,6 +160,62 @@ def test_a_layout_device_a_vm_holds_drains_until_the_vm_lets_go(sim, tmp_path):
                  what="the draining gauge back to 0")
 
 
+def in_use_gauge(agent) -> float | None:
+    """``accel_agent_layout_in_use{mdev_type=TYPE}``; None when it has no sample."""
+    text = agent.daemon.client().call("GET", "/metrics")
+    for line in text.splitlines():
+        if line.startswith(f'accel_agent_layout_in_use{{mdev_type="{TYPE}"}} '):
+            return float(line.rpartition(" ")[2])
+    return None
+
+
+def converged(agent, in_use: int):
+    """A converge (the rescan a reload asks for) until health says ``in_use``:
+    the section once it does."""
+    agent.daemon.client().call("POST", "/v1/reload")
+    return wait_for(
+        lambda: (layout := agent.daemon.health()["layout"])["in_use"] == in_use and layout,
+        what=f"health's layout in_use to be {in_use}",
+    )
+
+
+def test_a_layout_device_a_guest_holds_is_in_use_in_health_and_the_gauge(sim, tmp_path):
+    """Issue 23's "in use" in health's ``layout.in_use`` and the
+    ``accel_agent_layout_in_use`` gauge.  What is in use is decided here,
+    independently of the agent: this process holds a device's VFIO group
+    node open, as a guest's QEMU does (Nova, with ``reported_by = nova``,
+    hands the VF to a guest without the agent knowing).  Each change is seen
+    after the converge of the rescan a reload asks for."""
+    with sim_agent(sim, tmp_path, body(2, "nova")) as agent:
+        agent.daemon.start()
+        layout = agent.daemon.health()["layout"]
+        assert (layout["in_use"], layout["in_use_by_type"], layout["in_use_by_gpu"]) == (
+            0, {TYPE: 0}, {GPU1: 0, GPU2: 0})
+        assert in_use_gauge(agent) == 0
+        devices = agent.daemon.client().mdevs()["mdevs"]
+        assert len(devices) == 4 and all(d["standing"] for d in devices)
+        device = min((d for d in devices if d["physical_gpu"] == GPU1),
+                     key=lambda d: d["address"])
+        # A guest's QEMU has it: its group node open in this process.
+        group = os.open(os.path.join(sim.root, "vfio", str(device["iommu_group"])),
+                        os.O_RDONLY)
+        try:
+            layout = converged(agent, 1)
+            assert layout["in_use_by_type"] == {TYPE: 1}
+            assert layout["in_use_by_gpu"] == {GPU1: 1, GPU2: 0}
+            assert in_use_gauge(agent) == 1
+            # In use is not a problem: the layout stands, nothing drains.
+            health = agent.daemon.health()
+            assert health["status"] == "ok", health["problems"]
+            assert health["layout"]["draining"] == []
+        finally:
+            os.close(group)
+        # Let go: the next converge counts none.
+        layout = converged(agent, 0)
+        assert layout["in_use_by_gpu"] == {GPU1: 0, GPU2: 0}
+        assert in_use_gauge(agent) == 0
+
+
 def test_reported_by_nova_is_made_but_never_handed_out_nor_reported(sim, tmp_path):
     with sim_agent(sim, tmp_path, body(1, "nova")) as agent:
         agent.daemon.start()
