@@ -236,7 +236,7 @@ class LedgerView:
             free=frozenset(r.uuid for r in records if r.free or (
                 r.uuid in held and r.intent_id is None)),
             layout_held=held,
-            layout_members=frozenset(r.uuid for r in records if r.layout or r.uuid in held),
+            layout_members=frozenset(r.uuid for r in records if r.in_layout),
         )
 
 

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from accel_agent.devices.ledger import DeviceRecord, OwnerKind
+from accel_agent.devices.ledger import DeviceRecord
 from accel_agent.sysfs import vfio_holders
 
 if TYPE_CHECKING:
@@ -32,12 +32,6 @@ if TYPE_CHECKING:
 # (type, physical GPU, devices held open), one row per (type, GPU) that has
 # layout devices, 0 included; sorted.
 InUse = tuple[tuple[str, str, int], ...]
-
-
-def layout_members(records: Iterable[DeviceRecord]) -> list[DeviceRecord]:
-    """A standing layout's devices, also those an instance holds now (the
-    listings' ``standing`` set: wiring.LedgerView.layout_members)."""
-    return [r for r in records if r.layout or r.owner_kind is OwnerKind.STANDING]
 
 
 def count(
@@ -72,7 +66,7 @@ def read(
     """The layout devices in use now, of ``records`` (the ledger, read before
     ``snapshot``): () when they hold none (no walk), None when not known
     (/proc not readable)."""
-    members = layout_members(records)
+    members = [r for r in records if r.in_layout]
     if not members:
         return ()
     held = vfio_holders.held_groups(group_dir(devices), proc)

@@ -70,7 +70,7 @@ def snapshot(records=RECORDS) -> HostSnapshot:
 
 
 def test_count_is_per_type_and_gpu_of_the_layout_devices_held_only():
-    members = layout_in_use.layout_members(RECORDS)
+    members = [r for r in RECORDS if r.in_layout]
     assert {r.uuid for r in members} == {uid(1), uid(2), uid(3), uid(6)}
     # Groups 12 (an instance's layout device), 14 and 15 (no layout's) held.
     rows = layout_in_use.count(members, snapshot(), frozenset({"12", "14", "15"}))

@@ -67,6 +67,12 @@ class DeviceRecord:
         """Reusable now: present, unowned, not reserved by an operation."""
         return self.state is DeviceState.PRESENT and self.owner is None and self.intent_id is None
 
+    @property
+    def in_layout(self) -> bool:
+        """A standing layout's device: held by the layout, or flagged as one
+        of its devices while an instance holds it (listings' ``standing``)."""
+        return self.layout or self.owner_kind is OwnerKind.STANDING
+
 
 @dataclass(frozen=True, slots=True)
 class Intent:
