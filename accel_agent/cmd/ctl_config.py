@@ -74,8 +74,7 @@ def check_config(args: argparse.Namespace) -> int:
         return _check_config_json(args)
     errors, warnings, state = _check(args)
     nova = _check_nova_conf(args, state)
-    errors += nova.errors + (nova.warnings if args.strict else [])
-    warnings += [] if args.strict else nova.warnings
+    errors, warnings = nova.joined(errors, warnings, args.strict)
     for warning in warnings:
         output.warning(warning)
     if nova.note:
@@ -109,6 +108,15 @@ class _NovaCheck:
     counted_twice: list[dict[str, Any]] = field(default_factory=list)
     # Without --nova-conf on a host where it matters: how to check it.
     note: str = ""
+
+    def joined(
+        self, errors: list[str], warnings: list[str], strict: bool
+    ) -> tuple[list[str], list[str]]:
+        """check-config's errors and warnings with these added (with
+        --strict, these warnings are errors too)."""
+        if strict:
+            return errors + self.errors + self.warnings, warnings
+        return errors + self.errors, warnings + self.warnings
 
 
 def _check_nova_conf(args: argparse.Namespace, state: Any) -> _NovaCheck:
@@ -189,8 +197,7 @@ def _check_config_json(args: argparse.Namespace) -> int:
     except exception.AccelAgentException as exc:
         errors, warnings, state = [exc.message], [], None
     nova = _check_nova_conf(args, state)
-    errors += nova.errors + (nova.warnings if args.strict else [])
-    warnings += [] if args.strict else nova.warnings
+    errors, warnings = nova.joined(errors, warnings, args.strict)
     ok = not errors and state is not None
     summary = None
     if ok:
