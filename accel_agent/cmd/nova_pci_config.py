@@ -102,13 +102,9 @@ def run(args: argparse.Namespace) -> int:
             print(nova_pci.render(specs, state.host, tag, why_not), end="")
         return output.EXIT_OK
     found = nova_pci.read_nova_conf(args.check)
-    vfs = [
-        p.pci_address or p.name
-        for p in state.snapshot.parents.values()
-        if p.backend == nova_pci.BACKEND
-    ]
     problems = nova_pci.drift(
-        specs, found, vfs, nova_pci.agent_reported(state.snapshot, state.policy)
+        specs, found, nova_pci.host_vfs(state.snapshot),
+        nova_pci.agent_reported(state.snapshot, state.policy),
     )
     for problem in problems:
         output.error(problem)

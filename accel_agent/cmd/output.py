@@ -96,6 +96,16 @@ def warning(message: str) -> None:
     sys.stderr.write(f"warning: {printable(str(message))}\n")
 
 
+def permission_denied(exc: PermissionError) -> str:
+    """The one line for a file or directory this user may not use."""
+    what = f"{exc.filename}: " if exc.filename else ""
+    return (
+        f"{what}permission denied: this command reads or changes the agent's own files "
+        "(its state directory, ledger and lock); run it as root, or through the running "
+        "agent (without --offline)"
+    )
+
+
 def exit_status(command: Callable[[], int]) -> int:
     """Run ``command``; an agent error becomes its message(s) on stderr and
     exit 1 (the CLI contract), never a traceback."""
@@ -109,6 +119,12 @@ def exit_status(command: Callable[[], int]) -> int:
         request_id = exc.kwargs.get("request_id") if isinstance(exc, exception.ApiError) else None
         # The agent's request id, for a grep of its log.
         error(f"{exc.message} (request {request_id})" if request_id else exc.message)
+        return EXIT_ERROR
+    except PermissionError as exc:
+        # An offline command run by a user who may not touch the agent's
+        # state (its directory is 0700 under the shipped unit): one line
+        # naming what was refused, not a traceback.
+        error(permission_denied(exc))
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR

@@ -341,6 +341,26 @@ class ReportedVf(NamedTuple):
     product_id: str | None = None
 
 
+class HostVf(NamedTuple):
+    """A vendor-VFIO VF of the host as a device_spec is matched against it:
+    its GPU (the PF) and its PCI ids ("10de"; None when unknown)."""
+
+    gpu: str
+    vendor_id: str | None = None
+    product_id: str | None = None
+
+
+def host_vfs(snapshot: HostSnapshot) -> dict[str, HostVf]:
+    """Every vendor-VFIO VF of the host, typed or not, by address."""
+    return {
+        parent.pci_address or parent.name: HostVf(
+            parent.physical_gpu, _pci_id(parent.vendor_id), _pci_id(parent.device_id)
+        )
+        for parent in snapshot.parents.values()
+        if parent.backend == BACKEND
+    }
+
+
 def agent_reported(snapshot: HostSnapshot, policy: MdevPolicy) -> dict[str, ReportedVf]:
     """VF address -> its GPU, type and ids, for every vendor-VFIO VF whose
     configured type the agent reports to Placement itself
@@ -413,52 +433,66 @@ def _spec_of(index: int, value: Mapping[str, object]) -> _Spec | None:
     return _Spec(index, address, ids[0], ids[1])
 
 
+class SpecMatcher:
+    """Which ``device_spec`` values name a VF, as Nova matches them
+    (nova/pci/devspec.py, PciDeviceSpec.match): its address (the VF's own, a
+    glob of it, or its GPU's full PF address; none: any) and its vendor and
+    product ids where the value gives them.  One matcher serves
+    :func:`counted_twice` and :func:`drift`, so that ``check-config
+    --nova-conf`` and ``nova-pci-config --check`` read a line alike."""
+
+    def __init__(self, entries: Iterable[SpecLine]) -> None:
+        self.entries = list(entries)
+        # A full address is looked up, only a glob is tried on every VF: a
+        # thousand-GPU host's nova.conf lists thousands of VFs one by one.
+        self._exact: dict[tuple[str, ...], list[_Spec]] = {}
+        self._globs: list[_Spec] = []
+        for index, entry in enumerate(self.entries):
+            spec = _spec_of(index, entry.value)
+            if spec is None:
+                continue
+            if _ANY in spec.address:
+                self._globs.append(spec)
+            else:
+                self._exact.setdefault(spec.address, []).append(spec)
+
+    def matching(self, vf: str, found: HostVf) -> list[int]:
+        """The indexes of the entries that name ``vf``, in the file's order."""
+        device = address_pattern(vf)
+        if device is None:
+            return []
+        candidates = list(self._exact.get(device, ()))
+        # The full address of a PF names every VF of it too (Nova's
+        # WhitelistPciAddress.match): the GPU's own line.
+        parent = address_pattern(found.gpu) if found.gpu else None
+        if parent is not None and parent != device:
+            candidates += self._exact.get(parent, ())
+        candidates += [spec for spec in self._globs if _covers(spec.address, device)]
+        return sorted({
+            spec.index for spec in candidates
+            if spec.vendor_id in (_ANY, found.vendor_id)
+            and spec.product_id in (_ANY, found.product_id)
+        })
+
+
 def counted_twice(
     entries: Iterable[SpecLine], reported: Mapping[str, ReportedVf]
 ) -> list[CountedTwice]:
     """Every GPU counted twice: a VF of ``reported`` (see
     :func:`agent_reported`) that a device_spec value names as Nova matches
-    it (nova/pci/devspec.py, PciDeviceSpec.match): its address (the VF's
-    own, a glob of it, or its GPU's full PF address; none: any) and its
-    vendor and product ids where the value gives them; by GPU and type."""
-    entries = list(entries)
-    # A full address is looked up, only a glob is tried on every VF: a
-    # thousand-GPU host's nova.conf lists thousands of VFs one by one.
-    exact: dict[tuple[str, ...], list[_Spec]] = {}
-    globs: list[_Spec] = []
-    for index, entry in enumerate(entries):
-        spec = _spec_of(index, entry.value)
-        if spec is None:
-            continue
-        if _ANY in spec.address:
-            globs.append(spec)
-        else:
-            exact.setdefault(spec.address, []).append(spec)
+    it (:class:`SpecMatcher`); by GPU and type."""
+    matcher = SpecMatcher(entries)
     vfs: dict[tuple[str, str], list[str]] = {}
     lines: dict[tuple[str, str], set[int]] = {}
     for vf, found in sorted(reported.items()):
-        device = address_pattern(vf)
-        if device is None:
-            continue
-        candidates = list(exact.get(device, ()))
-        # The full address of a PF names every VF of it too (Nova's
-        # WhitelistPciAddress.match): the GPU's own line.
-        parent = address_pattern(found.gpu)
-        if parent is not None and parent != device:
-            candidates += exact.get(parent, ())
-        candidates += [spec for spec in globs if _covers(spec.address, device)]
-        matching = {
-            spec.index for spec in candidates
-            if spec.vendor_id in (_ANY, found.vendor_id)
-            and spec.product_id in (_ANY, found.product_id)
-        }
+        matching = matcher.matching(vf, HostVf(found.gpu, found.vendor_id, found.product_id))
         if matching:
             key = (found.gpu, found.mdev_type)
             vfs.setdefault(key, []).append(vf)
             lines.setdefault(key, set()).update(matching)
     return [
         CountedTwice(gpu, mdev_type, tuple(vfs[gpu, mdev_type]),
-                     tuple(entries[i] for i in sorted(lines[gpu, mdev_type])))
+                     tuple(matcher.entries[i] for i in sorted(lines[gpu, mdev_type])))
         for gpu, mdev_type in sorted(vfs)
     ]
 
@@ -474,25 +508,31 @@ def not_by_address(entries: Iterable[SpecLine]) -> list[SpecLine]:
 def drift(
     expected: list[VfSpec],
     found: NovaPciFile,
-    vf_addresses: Iterable[str],
+    vfs: Mapping[str, HostVf],
     agent_reported: Mapping[str, ReportedVf] | None = None,
 ) -> list[str]:
     """Where the file and the host disagree, one line each (empty: none).
 
-    ``vf_addresses``: every vendor-VFIO VF of the host, so that a spec for
-    a VF the agent did not type is told apart from one for no VF at all.
+    ``vfs``: every vendor-VFIO VF of the host (:func:`host_vfs`), so that a
+    spec for a VF the agent did not type is told apart from one for no VF at
+    all.  A VF is listed by the first device_spec value Nova matches it with
+    (:class:`SpecMatcher`: its own address, a glob, its GPU's PF address, ids),
+    as Nova's whitelist takes the first spec that matches.
     ``agent_reported``: :func:`agent_reported`, the VFs whose GPU the agent
     reports to Placement itself (``[mdev_<type>] reported_by = agent``): Nova
     would count such a GPU a second time (:func:`counted_twice`)."""
     problems = list(found.problems)
     problems += [item.message() for item in counted_twice(found.entries, agent_reported or {})]
-    known_vfs = set(vf_addresses)
+    matcher = SpecMatcher(found.entries)
+    used: set[int] = set()
     wanted = {spec.address: spec for spec in expected}
     for address, spec in sorted(wanted.items()):
-        entry = found.specs.get(address)
-        if entry is None:
+        matching = matcher.matching(address, vfs.get(address, HostVf(spec.physical_gpu)))
+        if not matching:
             problems.append(f"{address} ({spec.mdev_type}) is not in [pci] device_spec")
             continue
+        used.update(matching)
+        entry = matcher.entries[matching[0]].value
         if str(entry.get("managed", "yes")).lower() not in ("no", "false"):
             problems.append(
                 f"{address}: device_spec must say \"managed\": \"no\" (the VF stays on nvidia)"
@@ -502,15 +542,44 @@ def drift(
                 f"{address}: resource_class is {entry.get('resource_class')!r}, "
                 f"the host's type {spec.mdev_type} needs {spec.resource_class!r}"
             )
-    for address in sorted(set(found.specs) - set(wanted)):
-        if address in known_vfs:
+    untyped: dict[int, list[str]] = {}
+    for address, vf in sorted(vfs.items()):
+        if address not in wanted:
+            for index in matcher.matching(address, vf):
+                untyped.setdefault(index, []).append(address)
+    for index, entry in enumerate(matcher.entries):
+        if index in used and index not in untyped:
+            continue
+        if _spec_of(index, entry.value) is None:
+            continue  # a regex address or a devname: not compared (not_by_address)
+        # A line naming one device by its full address is told in its words.
+        address = _full_address(entry.value)
+        if index in untyped:
             problems.append(
                 f"{address} is in [pci] device_spec but is not a vGPU the agent typed"
+                if untyped[index] == [address] else
+                f"{entry.file}:{entry.line}: [pci] device_spec gives Nova VF(s) "
+                f"{', '.join(untyped[index])}, which are not vGPUs the agent typed"
             )
-        else:
-            problems.append(f"{address} is in [pci] device_spec but is no vGPU VF of this host")
+        elif index not in used:
+            problems.append(
+                f"{address} is in [pci] device_spec but is no vGPU VF of this host"
+                if address else
+                f"{entry.file}:{entry.line}: [pci] device_spec "
+                f"{json.dumps(dict(entry.value), sort_keys=True)} names no vGPU VF of this host"
+            )
     by_class = {alias.get("resource_class"): name for name, alias in found.aliases.items()}
     for resource_class in sorted({spec.resource_class for spec in expected}):
         if resource_class not in by_class:
             problems.append(f"no [pci] alias requests resource_class {resource_class!r}")
     return problems
+
+
+def _full_address(value: Mapping[str, object]) -> str | None:
+    """The ``address`` of a device_spec value that names one device (no
+    glob), in the kernel's form; None otherwise."""
+    given = value.get("address")
+    pattern = address_pattern(given) if isinstance(given, str) and given else None
+    if pattern is None or _ANY in pattern:
+        return None
+    return f"{pattern[0]}:{pattern[1]}:{pattern[2]}.{pattern[3]}"

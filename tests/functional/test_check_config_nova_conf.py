@@ -254,3 +254,38 @@ def test_a_garbled_line_does_not_hide_a_gpu_counted_twice(tmp_path, root):
         "double quotes)",
         f"error: {nova}:3: {message(GPUS[1], VFS[GPUS[1]][:1])}",
     ]
+
+
+@pytest.mark.parametrize("address", ["pf", "glob"])
+def test_a_gpu_named_by_its_pf_address_reads_alike_in_both_commands(tmp_path, root, address):
+    """Nova's device_spec may name a GPU's VFs by the PF's address, or a glob
+    of them: ``nova-pci-config --check`` matches each VF as ``check-config
+    --nova-conf`` does (Nova's rules), so the two never disagree about a line."""
+    nova = tmp_path / "nova.conf"
+    lines = ["[pci]"]
+    for gpu in GPUS:
+        named = gpu if address == "pf" else gpu[:-1] + "*"
+        lines.append(
+            'device_spec = {"address": "' + named + '", "managed": "no", "resource_class": '
+            '"CUSTOM_NVIDIA_1150"}'
+        )
+    lines.append('alias = {"name": "nvidia-1150", "device_type": "type-VF", '
+                 '"resource_class": "CUSTOM_NVIDIA_1150"}')
+    nova.write_text("\n".join(lines) + "\n")
+    # Only two VFs per GPU are the agent's to type: the line also gives Nova
+    # the other two, which both the PF and the glob form name.
+    config = agent_conf(tmp_path, root)
+    drift = errors(ctl(config, "nova-pci-config", "--per-gpu", "2", "--check", str(nova),
+                       rc=1))
+    assert [d for d in drift if TWICE not in d] == [
+        f"error: {nova}:{n}: [pci] device_spec gives Nova VF(s) {', '.join(VFS[gpu][2:])}, "
+        "which are not vGPUs the agent typed"
+        for n, gpu in enumerate(GPUS, start=2)
+    ]
+    # Every VF the agent's: the lines match it exactly, and both commands
+    # name the same GPUs counted twice (the agent reports them), nothing else.
+    twice = [e for e in errors(ctl(config, "check-config", "--nova-conf", str(nova), rc=1))]
+    drift = [e for e in errors(ctl(config, "nova-pci-config", "--per-gpu", "4", "--check",
+                                   str(nova), rc=1))]
+    assert [e.split(": ", 2)[2] for e in twice] == [d[len("error: "):] for d in drift]
+    assert len(drift) == len(GPUS) and all(TWICE in d for d in drift)

@@ -700,3 +700,20 @@ def test_settings_and_the_attach_request_are_kept_and_go_with_the_release(
     assert ledger.attach_request("inst-a") is None and ledger.get(uid(1)).owner is None
     with pytest.raises(sqlite3.IntegrityError):  # settings are JSON: CHECK
         ledger._conn.execute("UPDATE mdevs SET settings = 'not json' WHERE uuid = ?", (uid(1),))
+
+
+def test_a_new_ledger_is_one_info_line(tmp_path, caplog):
+    """A fresh ledger passes every schema step in one transaction: the
+    operator's log says it was made, once; the steps are debug detail."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="accel_agent"):
+        Ledger(str(tmp_path)).close()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert said == [
+        f"created the mdev ledger {tmp_path / 'ledger.sqlite3'} (schema {SCHEMA_VERSION})"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="accel_agent"):
+        Ledger(str(tmp_path)).close()  # an existing one: nothing to say
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []

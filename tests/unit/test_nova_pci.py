@@ -51,11 +51,12 @@ def test_no_drift_between_render_and_parse() -> None:
     text = nova_pci.render(specs, "h")
     assert text.count("alias =") == 1 and "# 0000:c1:00.5: not typed yet" in text
     found = nova_pci.parse_nova_conf(text)
-    assert nova_pci.drift(specs, found, ["0000:c1:00.4", "0000:c1:00.5"]) == []
+    vfs = {vf: nova_pci.HostVf("0000:c1:00.0") for vf in ("0000:c1:00.4", "0000:c1:00.5")}
+    assert nova_pci.drift(specs, found, vfs) == []
     wrong = nova_pci.parse_nova_conf(
         text.replace('"resource_class": "CUSTOM_NVIDIA_1414"', '"resource_class": "X"', 1)
     )
-    assert nova_pci.drift(specs, wrong, []) == [
+    assert nova_pci.drift(specs, wrong, {}) == [
         "0000:c1:00.4: resource_class is 'X', the host's type nvidia-1414 needs "
         "'CUSTOM_NVIDIA_1414'"
     ]
@@ -120,3 +121,38 @@ def test_the_tag_is_left_out_where_nova_would_refuse_it(monkeypatch) -> None:
     assert "live_migratable" not in "".join(
         v for v in text.splitlines() if not v.startswith("#"))
     assert "# No live_migratable tag: why not." in text
+
+
+def test_a_pf_address_or_glob_line_lists_the_gpus_vfs() -> None:
+    """Nova matches a VF by its PF's full address or a glob (PciDeviceSpec):
+    so does the drift check; VFs such a line names that the agent did not
+    type are said once, by the line."""
+    gpu = "0000:c1:00.0"
+    specs = [
+        nova_pci.VfSpec(f"0000:c1:00.{fn}", "nvidia-1414", "CUSTOM_NVIDIA_1414", gpu, True)
+        for fn in (4, 5)
+    ]
+    vfs = {f"0000:c1:00.{fn}": nova_pci.HostVf(gpu, "10de", "2236") for fn in range(4, 8)}
+    alias = ('alias = {"name": "a", "device_type": "type-VF", '
+             '"resource_class": "CUSTOM_NVIDIA_1414"}\n')
+    # (A short form without the domain is a glob for Nova: it names the PF's
+    # own address only; test_nova_counted_twice.py checks that against Nova.)
+    for address in ("0000:c1:00.0", "0000:C1:00.0", "0000:c1:00.*", "*:c1:*.*"):
+        text = ('[pci]\ndevice_spec = {"address": "' + address + '", "managed": "no", '
+                '"resource_class": "CUSTOM_NVIDIA_1414"}\n') + alias
+        found = nova_pci.parse_nova_conf(text, "n.conf")
+        assert nova_pci.drift(specs, found, {k: vfs[k] for k in ("0000:c1:00.4",
+                                                                  "0000:c1:00.5")}) == []
+        assert nova_pci.drift(specs, found, vfs) == [
+            "n.conf:2: [pci] device_spec gives Nova VF(s) 0000:c1:00.6, 0000:c1:00.7, which "
+            "are not vGPUs the agent typed"
+        ]
+    # Another vendor's ids: the line names none of these VFs.
+    other = nova_pci.parse_nova_conf(
+        '[pci]\ndevice_spec = {"address": "0000:c1:00.0", "vendor_id": "8086"}\n' + alias, "n.conf"
+    )
+    assert nova_pci.drift(specs, other, vfs) == [
+        "0000:c1:00.4 (nvidia-1414) is not in [pci] device_spec",
+        "0000:c1:00.5 (nvidia-1414) is not in [pci] device_spec",
+        "0000:c1:00.0 is in [pci] device_spec but is no vGPU VF of this host",
+    ]

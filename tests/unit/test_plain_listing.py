@@ -54,6 +54,10 @@ def test_plain_forms_are_taken(argv, expected):
         ["types", "--json", "--config-file"],
         ["types", "--json=1"],
         ["allocate", "vm", "--count", "1", "--json"],
+        # types' filters: the parser path filters the document
+        ["types", "--json", "--configured"],
+        ["types", "--type", "nvidia-1150", "--json"],
+        ["types", "--json", "--parent=84:00.0"],
         ["check-config"],
         ["-h"],
         [],

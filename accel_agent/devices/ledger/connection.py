@@ -221,11 +221,15 @@ class LedgerConnection:
             if self._data_version() != seen:
                 return False
             for version in range(found, len(self._migrations)):
-                LOG.info("Migrating mdev ledger %s to schema %d", self.path, version + 1)
+                # A new ledger goes through every step in one transaction:
+                # one line says it was made; the steps are for debugging.
+                LOG.debug("Migrating mdev ledger %s to schema %d", self.path, version + 1)
                 self._migrations[version](self._conn)
                 # Part of the same transaction: a failed migration leaves the
                 # old version and the old schema.
                 self._conn.execute(f"PRAGMA user_version = {version + 1:d}")
+        if found == 0:
+            LOG.info("created the mdev ledger %s (schema %d)", self.path, len(self._migrations))
         return True
 
     def _data_version(self) -> int:
