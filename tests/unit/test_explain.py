@@ -3,12 +3,14 @@ from static trees (the real H200 capture, simulated hosts), offline."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from accel_agent import backends, exception, explain
 from accel_agent.backends.host import scan_host
+from accel_agent.cmd import ctl
 from accel_agent.devices import policy as policy_mod
 from accel_agent.explain import facts, pciids, render
 from accel_agent.simulator import profiles
@@ -98,8 +100,28 @@ def test_the_h200_capture_says_no_vgpu_manager_is_loaded_and_what_to_install(tmp
 
 
 
+def test_accelctl_explain_on_the_h200_capture(tmp_path, capsys):
+    root = hosttrees.h200_tree(tmp_path / "h200")
+    assert ctl.main(["--sysfs-root", root, "explain"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("0000:00:06.0  NVIDIA Corporation")
+    assert "  verdict:      no vGPU manager is loaded" in out
+    assert "  next step:    install NVIDIA's vGPU manager" in out
+    assert "  IOMMU group:  none: the IOMMU is off" in out
+    assert "  SR-IOV:       not visible (no sriov_totalvfs)" in out
+    assert ctl.main(["--sysfs-root", root, "explain", "00:06.0", "--json"]) == 0
+    (gpu,) = json.loads(capsys.readouterr().out)["devices"]
+    assert gpu["verdict"]["code"] == "no-vgpu-manager"
 
 
+def test_an_address_not_on_the_host_is_1_and_a_malformed_one_2(tmp_path, capsys):
+    root = hosttrees.h200_tree(tmp_path / "h200")
+    assert ctl.main(["--sysfs-root", root, "explain", "0000:99:00.0"]) == 1
+    assert "no PCI device or mdev parent 0000:99:00.0 on this host" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        ctl.main(["--sysfs-root", root, "explain", "0000:99:00.9/.."])
+    assert exit_info.value.code == 2
+    assert "Invalid PCI address" in capsys.readouterr().err
 
 
 def test_without_pci_ids_the_name_is_unknown_with_the_ids(tmp_path):
