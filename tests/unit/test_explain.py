@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import backends, exception, explain
+from accel_agent import backends, config_lint, exception, explain, wiring
 from accel_agent.backends.host import scan_host
 from accel_agent.cmd import ctl
 from accel_agent.devices import policy as policy_mod
@@ -98,6 +98,16 @@ def test_the_h200_capture_says_no_vgpu_manager_is_loaded_and_what_to_install(tmp
     assert doc["facts"]["nvidia_driver"].startswith("NVRM version: NVIDIA UNIX Open Kernel")
 
 
+def test_check_config_carries_the_verdict_on_the_h200(tmp_path):
+    root = hosttrees.h200_tree(tmp_path / "h200")
+    _errors, warnings = wiring.validate(make_conf(H200_CONF, sysfs_root=root))
+    (warning,) = [w for w in warnings if w.startswith(hosttrees.H200)]
+    assert warning.startswith(
+        "0000:00:06.0 (configured for nvidia-1150) is not an mdev parent on this host: "
+        "no vGPU manager is loaded: the GPU is on NVIDIA's datacenter driver (580.159.04")
+    assert "install NVIDIA's vGPU manager" in warning and "\n" not in warning
+    # check-config --json points it at no file or option (none is wrong)
+    assert config_lint.locate(warning) == config_lint.Location()
 
 
 def test_accelctl_explain_on_the_h200_capture(tmp_path, capsys):
@@ -163,6 +173,10 @@ def test_vfs_not_enabled_names_sriov_manage(tmp_path, ids):
     assert codes(gpu) == ["vfs-not-enabled"]
     assert gpu["verdict"]["summary"].startswith("VFs not enabled: the GPU has SR-IOV (32 VFs)")
     assert gpu["verdict"]["next_step"].startswith(f"run /usr/lib/nvidia/sriov-manage -e {GPU1}")
+    # check-config's warning says the same
+    _errors, warnings = wiring.validate(make_conf(VGPU_CONF, sysfs_root=root))
+    assert any(w.startswith(f"{GPU1} (configured for nvidia-1150) is not an mdev parent on "
+                            "this host: VFs not enabled") for w in warnings)
 
 
 def test_iommu_off_says_how_to_turn_it_on(tmp_path, ids):
