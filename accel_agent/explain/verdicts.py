@@ -58,10 +58,10 @@ IOMMU_ON = (
     "intel-iommu,intremap=on; libvirt: <iommu model='intel'/>)"
 )
 INSTALL_MANAGER = (
-    "install NVIDIA's vGPU manager (host driver) for this GPU: the Linux KVM package of "
-    "NVIDIA vGPU software or NVIDIA AI Enterprise (NVIDIA-Linux-x86_64-<version>-vgpu-kvm.run "
-    "or its distribution package) in place of the datacenter driver, then reboot; "
-    "nvidia-smi -q then says Virtualization Mode: Host VGPU"
+    "install NVIDIA's vGPU manager (host driver) for this GPU, where NVIDIA's vGPU software "
+    "lists its model: the Linux KVM package of NVIDIA vGPU software or NVIDIA AI Enterprise "
+    "(NVIDIA-Linux-x86_64-<version>-vgpu-kvm.run or its distribution package) in place of the "
+    "datacenter driver, then reboot; nvidia-smi -q then says Virtualization Mode: Host VGPU"
 )
 
 
