@@ -46,7 +46,7 @@ def _types(device: dict[str, Any]) -> str:
     if not types:
         return "none"
     shown = [f"{t['type_id']}" + (f" ({t['name']})" if t["name"] else "")
-             + f": {t['can_make_now']} can be made now, {t['devices']} exist"
+             + f": {t['can_make_now']} can be made now, {t['devices']} existing"
              for t in types[:6]]
     more = len(types) - len(shown)
     return "; ".join(shown) + (f"; and {more} more (accelctl types)" if more > 0 else "")
@@ -57,8 +57,7 @@ def _nvidia(nvidia: dict[str, Any]) -> str:
              "unknown": "vGPU manager not visible"}[nvidia["vgpu_manager"]]
     text = f"{state} ({nvidia['evidence']})"
     if nvidia["vfs_with_vgpu_files"]:
-        text += (f"; {nvidia['vfs_with_vgpu_files']} VFs with vGPU files, "
-                 f"{len(nvidia['typed_vfs'])} typed")
+        text += f"; {len(nvidia['typed_vfs'])} of them typed"
     return text
 
 
