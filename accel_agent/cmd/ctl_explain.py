@@ -24,8 +24,11 @@ def _address(text: str) -> str:
 
     try:
         return normalise_address(text)
-    except exception.InvalidPciAddress as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
+    except exception.InvalidPciAddress:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a PCI address (0000:84:00.0, 84:00.0) nor an mdev parent's "
+            "name (mtty)"
+        ) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

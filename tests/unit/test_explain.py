@@ -131,7 +131,7 @@ def test_an_address_not_on_the_host_is_1_and_a_malformed_one_2(tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_info:
         ctl.main(["--sysfs-root", root, "explain", "0000:99:00.9/.."])
     assert exit_info.value.code == 2
-    assert "Invalid PCI address" in capsys.readouterr().err
+    assert "'0000:99:00.9/..' is neither a PCI address" in capsys.readouterr().err
 
 
 def test_without_pci_ids_the_name_is_unknown_with_the_ids(tmp_path):
