@@ -7,7 +7,7 @@ PROMTOOL := $(VENV)/bin/promtool
 # Debian packages: libvirt headers (libvirt-python builds against them; libvirt0 ships the
 # RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks.
 APT_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv fuse3 libfuse3-3 \
-	libxml2-utils systemd libsystemd-dev
+	libxml2-utils systemd libsystemd-dev pci.ids
 DEMO_DIR ?= /run/accel-agent-demo
 DEMO_SYSFS := $(DEMO_DIR)/sysfs
 DEMO_CONF := $(DEMO_DIR)/accel-agent.conf

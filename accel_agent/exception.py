@@ -125,6 +125,12 @@ class ParentNotFound(AccelAgentException):
     msg_fmt = "mdev parent %(parent)s not found under %(root)s"
 
 
+class DeviceNotOnHost(ParentNotFound):
+    """``accelctl explain ADDRESS`` / ``GET /v1/explain?address=``: 404, exit 1."""
+
+    msg_fmt = "no PCI device or mdev parent %(address)s on this host (under %(root)s)"
+
+
 class MdevTypeNotSupported(AccelAgentException):
     msg_fmt = "mdev parent %(parent)s does not offer type %(mdev_type)s"
 

@@ -108,6 +108,10 @@ def main() -> int:
         [*conf, "check-config", "--strict"],
         [*conf, "domain-xml", "vm1"],
         [*conf, "nova-pci-config"],
+        [*conf, "explain"],
+        [*conf, "explain", "--json"],
+        [*conf, "explain", "0000:99:00.0"],
+        [*conf, "explain", "not/an/address"],
         # Acting directly (no daemon): a ledger is created in the work directory.
         [*conf, "release", "vm1"],
         [*conf, "release", "vm1", "--remove", "--json"],

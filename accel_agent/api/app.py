@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from accel_agent.devices.ledger import DeviceRecord
     from accel_agent.devices.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.reporting.metrics import AgentMetrics
+    from accel_agent.sysfs.model import HostSnapshot
 
 LOG = logging.getLogger(__name__)
 
@@ -83,6 +84,13 @@ class Devices(Protocol):
     def takeover(self, adopt_unused: bool = False, dry_run: bool = False) -> TakeoverPlan: ...
 
     def guest_devices(self, records: Any) -> Any: ...
+
+    # What GET /v1/explain reads (accel_agent.explain.from_manager).
+    host: str
+    policy: Any
+    backends: Mapping[str, Any]
+
+    def scan_all(self) -> HostSnapshot: ...
 
 
 class Listings(Protocol):

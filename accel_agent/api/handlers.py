@@ -176,6 +176,18 @@ def rewrite_domain_xml(req: Request) -> Response:
     )
 
 
+def explain(req: Request) -> Response:
+    """``accelctl explain --json``: read now, from sysfs and /proc, with the
+    running policy and VF pools (a reload's apply at once)."""
+    from accel_agent import explain as explain_mod
+
+    address = req.query.get("address")
+    document = explain_mod.from_manager(
+        req.backend.devices, None if address is None else explain_mod.normalise_address(address)
+    )
+    return Response.json(document)
+
+
 def reload(req: Request) -> Response:
     return Response.json(req.backend.request_reload().to_dict())
 
@@ -196,6 +208,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/types", types),
     Route("GET", "/v1/mdevs", mdevs),
     Route("GET", "/v1/inventory", inventory),
+    Route("GET", "/v1/explain", explain),
     Route("GET", f"{INSTANCE}/allocation", get_allocation),
     Route("PUT", f"{INSTANCE}/allocation", put_allocation),
     Route("DELETE", f"{INSTANCE}/allocation", delete_allocation),

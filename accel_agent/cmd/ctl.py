@@ -11,6 +11,7 @@ subcommands is a module of its own that adds its subparsers and runs them:
 ``ctl_migration``      ``migration claim|commit|abort``
 ``nova_pci_config``    ``nova-pci-config``
 ``ledger_upgrade``     ``ledger upgrade``
+``ctl_explain``        ``explain``
 (here)                 ``simulate`` (the simulator's own parser), ``xml`` (libvirt_xml.cli)
 =====================  ==========================================================
 
@@ -184,6 +185,7 @@ def _add_commands(subparsers: argparse._SubParsersAction) -> None:
     from accel_agent.cmd import (
         ctl_config,
         ctl_devices,
+        ctl_explain,
         ctl_listings,
         ctl_migration,
         ctl_reconcile,
@@ -201,6 +203,7 @@ def _add_commands(subparsers: argparse._SubParsersAction) -> None:
     ctl_migration.register(subparsers)
     nova_pci_config.register(subparsers)
     ledger_upgrade.register(subparsers)
+    ctl_explain.register(subparsers)
     _add_simulate(subparsers)
     xml_cli.register(subparsers)
 

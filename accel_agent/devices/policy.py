@@ -389,9 +389,10 @@ def _unused_sections(sections: tuple[str, ...], enabled: set[str]) -> list[str]:
 
 def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
     """What the config says that the host cannot honour (warnings; errors
-    under ``--strict``): addresses that are no mdev parent and default types
-    that no parent offers.  A listed parent that lacks its type is reported
-    by the inventory, which skips it."""
+    under ``--strict``): addresses that are no mdev parent, each with the
+    verdict ``accelctl explain`` gives it and its next step, and default
+    types that no parent offers.  A listed parent that lacks its type is
+    reported by the inventory, which skips it."""
     warnings: list[str] = []
     by_key = {(p.pci_address or p.name): p for p in snapshot.parents.values()}
     # A vendor-VFIO GPU is configured by its PF address; its VFs are the parents.
@@ -402,7 +403,7 @@ def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
             if parent is None and parent_name not in gpus:
                 warnings.append(
                     f"{parent_name} (configured for {type_config.mdev_type}) is not an "
-                    f"mdev parent on this host"
+                    f"mdev parent on this host: {_diagnosis(policy, snapshot, parent_name)}"
                 )
         offered = any(
             type_config.mdev_type in p.types and policy.type_for(p) == type_config.mdev_type
@@ -413,3 +414,10 @@ def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
                 f"default type {type_config.mdev_type} is offered by no unlisted parent"
             )
     return warnings
+
+
+def _diagnosis(policy: MdevPolicy, snapshot: HostSnapshot, name: str) -> str:
+    """Why ``name`` offers nothing, in ``accelctl explain``'s words."""
+    from accel_agent import explain  # reads PCI facts: only when there is a warning
+
+    return explain.diagnose(snapshot, name, explain.Asks.of(policy, None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import json
 import os
 import resource
 import select
@@ -223,6 +224,40 @@ def test_a_trailing_newline_in_a_parent_never_allocates(agent):
     assert info.value.kwargs["status"] == 400
     assert "\n" not in info.value.message
     assert client.allocation("vm-newline")["mdevs"] == []
+
+
+def test_explain_through_the_daemon_and_its_refusals(agent):
+    """GET /v1/explain (accelctl explain): the host's GPUs and mdev parents
+    with their verdict; one address in any form; an address not on the host
+    is 404 (accelctl: exit 1, through the daemon), a malformed one 400."""
+    from tests.functional.daemon_fixture import ctl
+
+    client = agent.client()
+    document = client.call("GET", "/v1/explain")
+    devices = {d["address"]: d for d in document["devices"]}
+    assert list(devices) == ["0000:84:00.0", "0000:85:00.0", "mtty"]
+    gpu = devices["0000:84:00.0"]
+    assert gpu["verdict"]["code"] == "ready" and gpu["problems"] == []
+    assert gpu["config"] == {"mdev_type": "nvidia-35", "source": "default", "standing": 0,
+                             "reported_by": "agent", "max_instances": None, "vf_pool": None}
+    assert gpu["nvidia"]["vgpu_manager"] == "loaded"
+    assert devices["mtty"]["kind"] == "virtual"
+    (one,) = client.call("GET", "/v1/explain?address=84:00.0")["devices"]
+    assert one["address"] == "0000:84:00.0"
+    for address, status, code in (("0000:99:00.0", 404, "DeviceNotOnHost"),
+                                  ("0000:84:00.8", 400, "InvalidPciAddress"),
+                                  ("../x", 400, "ApiRequestInvalid")):
+        with pytest.raises(exception.ApiError) as info:
+            client.call("GET", f"/v1/explain?address={address}")
+        assert (info.value.kwargs["status"], info.value.kwargs["code"]) == (status, code)
+    proc = ctl(agent.config_file, "explain", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["devices"] == document["devices"]
+    proc = ctl(agent.config_file, "explain", "99:00.0")
+    assert proc.returncode == 1
+    # The daemon's answer: its message, with the request id of its log.
+    assert proc.stderr.startswith("error: no PCI device or mdev parent 0000:99:00.0 on this host")
+    assert "(request req-" in proc.stderr
 
 
 def test_the_log_holds_no_traceback(agent):

@@ -6,6 +6,7 @@ section, and check-config --json."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -223,7 +224,7 @@ def test_json_of_a_good_configuration(tmp_path, paths):
     }
 
 
-def test_json_names_file_line_section_and_option_of_each_problem(tmp_path, paths):
+def test_json_names_file_line_section_and_option_of_each_problem(tmp_path, paths, root):
     config = write(
         tmp_path / "agent.conf",
         paths + "[devices]\nenabled_mdev_types = nvidia-35\n[mdev_nvidia-35]\n"
@@ -244,7 +245,10 @@ def test_json_names_file_line_section_and_option_of_each_problem(tmp_path, paths
     assert warnings[unknown] == {"message": unknown, "file": str(config),
                                  "line": line_of(config, "[devics]"), "section": "devics",
                                  "option": None}
-    absent = "0000:42:00.0 (configured for nvidia-35) is not an mdev parent on this host"
+    # With accelctl explain's verdict (accel_agent.explain.diagnose).
+    absent = ("0000:42:00.0 (configured for nvidia-35) is not an mdev parent on this host: "
+              f"there is no PCI device 0000:42:00.0 under {os.path.realpath(root)}; check the "
+              "address (lspci -D lists the host's)")
     assert warnings[absent] == {"message": absent, "file": None, "line": None,
                                 "section": None, "option": None}
     # The same messages as the text output, the same exit status.

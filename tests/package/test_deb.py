@@ -104,6 +104,8 @@ def test_the_version_is_the_python_packages_and_the_dependencies_are_debians(deb
     assert re.search(r"\badduser\b", depends), depends  # the postinst's addgroup
     # FUSE is the simulator's, which is not in this package.
     assert "fuse" not in field(deb, "Recommends") + depends
+    # accelctl explain names devices from the system's pci.ids.
+    assert re.search(r"\bpci\.ids\b", field(deb, "Recommends")), field(deb, "Recommends")
     assert debian_version("1.2.0rc1") == "1.2.0~rc1"
 
 

@@ -85,6 +85,7 @@ DEVICE_MODELS = (
                 "migration",
                 "sysfs",
                 "privileged",
+                "explain",
             ),
             ("accel_agent.cmd",),
         ),
@@ -97,7 +98,7 @@ DEVICE_MODELS = (
         # The daemon is built around the decider, never the other way: the
         # use cases, the backends and the API know nothing of its threads.
         (
-            ("devices", "backends", "api", "migration", "privileged", "sysfs"),
+            ("devices", "backends", "api", "migration", "privileged", "sysfs", "explain"),
             ("accel_agent.daemon", "accel_agent.service"),
         ),
     ],
