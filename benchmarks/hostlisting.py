@@ -6,7 +6,6 @@ DESIGN.md §9 (issue 26: on all of them, not on the best one)."""
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -130,7 +129,7 @@ def console(shape: hosttrees.Shape, measured: dict[str, object]) -> str:
     lines = [f"tree {shape.name}: {shape.label()}", f"  at {measured['tree']}",
              f"  {measured['enabled']}", f"  time spent: {measured['spent']}"]
     for name, argv in commands.items():
-        lines.append(f"  {name}: {shlex.join(argv)}")
+        lines.append(f"  {name}: {timing.shown(argv)}")
     for name, value in results.items():
         if isinstance(value, dict):
             lines.append(f"  {name}: wall median {_ms(results, name)}, CPU median "
@@ -181,7 +180,7 @@ def report(runs: int, shapes: list[hosttrees.Shape],
         details += [f"- `{shape.name}` ({measured['owned']} owned mdevs in the ledger; "
                     f"`{measured['enabled']}`, the GPUs shared out among them by "
                     "`[mdev_<type>] device_addresses`):"]
-        details += [f"  - {name}: `{shlex.join(argv)}`" for name, argv in commands.items()]
+        details += [f"  - {name}: `{timing.shown(argv)}`" for name, argv in commands.items()]
     return [
         "### (n) listing across host shapes",
         "",

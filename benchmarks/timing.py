@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 
@@ -61,3 +65,20 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
         "min": min(samples),
         "runs": len(samples),
     }
+
+
+# What a command line shows in BENCHMARKS.md: paths of this checkout relative
+# to it, a run's temporary directory as $TMP, so that the file names no
+# directory of the machine it was measured on (the commands still say what
+# ran; the fixed caches under /var/tmp/accel-agent-bench are the project's own).
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RUN_TMP = re.compile(
+    re.escape(tempfile.gettempdir().rstrip("/")) + r"/accel-[A-Za-z0-9_.-]*?[a-z0-9_]{8}(?=/|$)"
+)
+
+
+def shown(argv: Sequence[str]) -> str:
+    """``argv`` as a shell line for a report: no machine's paths in it."""
+    text = shlex.join(argv)
+    text = text.replace(_REPO + "/", "").replace(_REPO, ".")
+    return _RUN_TMP.sub("$TMP", text)

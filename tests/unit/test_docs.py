@@ -117,3 +117,38 @@ def test_links_stay_inside_the_repository_and_resolve(document):
         resolved = (path.parent / target.split("#", 1)[0]).resolve()
         assert resolved.is_relative_to(REPO), f"{document}: {target} leaves the repository"
         assert resolved.exists(), f"{document}: {target} does not exist"
+
+
+# Directories of the machines the project is developed and measured on: a
+# committed file never names one (a reader's machine has none of them).  The
+# patterns are assembled so that this file does not match itself.
+_SLASH = "/"
+MACHINE_PATHS = re.compile(
+    "|".join([
+        _SLASH + r"work" + _SLASH,
+        _SLASH + r"root" + _SLASH,
+        _SLASH + r"home" + _SLASH + r"[a-z]",
+        # a run's own temporary directory (tempfile's 8 random characters)
+        _SLASH + r"tmp" + _SLASH + r"(?:pytest-of-|tmp[a-z0-9_]{8}|accel-[a-z-]*-[a-z0-9_]{8}\b)",
+    ])
+)
+
+
+def test_no_committed_file_names_a_machine_path():
+    import subprocess
+
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode().split("\0")
+    found = []
+    for name in filter(None, files):
+        path = REPO / name
+        if not path.is_file() or path.suffix in (".patch",):
+            continue  # a fault patch quotes code, hunks and all
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        found += [f"{name}:{n}: {m.group(0)}" for n, line in enumerate(text.splitlines(), 1)
+                  for m in [MACHINE_PATHS.search(line)] if m]
+    assert found == []
