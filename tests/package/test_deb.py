@@ -29,7 +29,6 @@ import accel_agent
 REPO = Path(__file__).resolve().parents[2]
 # A pristine bookworm minbase, made once per machine (~35 s) and copied per run.
 BASE = Path(os.environ.get("ACCEL_CHROOT_CACHE", "/var/tmp/accel-agent-test")) / "bookworm-base"
-MIRROR = "http://deb.debian.org/debian"
 
 pytestmark = pytest.mark.package
 
@@ -343,8 +342,31 @@ def _run(root: Path, *command: str, check: bool = True) -> subprocess.CompletedP
     return proc
 
 
+def archive_mirror() -> str:
+    """The Debian archive this machine's APT uses for its own release's main
+    component, as tests/realkernel/lab.sh finds it (``apt-get indextargets``):
+    a host behind a local mirror or a proxy's address builds the chroot from
+    the same place as its own packages."""
+    codename = ""
+    with open("/etc/os-release", encoding="utf-8") as release:
+        for line in release:
+            key, _, value = line.strip().partition("=")
+            if key == "VERSION_CODENAME":
+                codename = value.strip('"')
+    proc = subprocess.run(
+        ["apt-get", "indextargets", "--format", "$(SITE) $(RELEASE) $(COMPONENT)"],
+        capture_output=True, text=True, check=False,
+    )
+    for line in proc.stdout.splitlines():
+        site, _, rest = line.partition(" ")
+        if rest.split() == [codename, "main"]:
+            return site
+    pytest.fail(f"cannot tell this machine's Debian mirror for {codename or 'its release'} "
+                "(apt-get indextargets lists none; apt-get update first)")
+
+
 def _base() -> Path:
-    """The pristine chroot, made once (debootstrap from Debian's mirror)."""
+    """The pristine chroot, made once (debootstrap from the machine's mirror)."""
     if (BASE / "etc/debian_version").exists():
         return BASE
     if shutil.which("debootstrap") is None:
@@ -352,7 +374,8 @@ def _base() -> Path:
     partial = BASE.with_name(BASE.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(partial), MIRROR],
+    subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(partial),
+                    archive_mirror()],
                    check=True, capture_output=True, timeout=1200)
     partial.rename(BASE)
     return BASE
