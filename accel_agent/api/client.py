@@ -37,6 +37,24 @@ _NOT_RUNNING = (errno.ENOENT, errno.ECONNREFUSED)
 REQUEST_ID_HEADER = "X-Openstack-Request-Id"
 
 
+# How long a request that got no answer waits for health to say why.
+STARTING_PEEK = 5.0
+
+
+def describe_starting(starting: Any) -> str:
+    """One line from health's ``starting`` (GET /v1/health while the agent
+    starts): its phase, and the GPUs it waits for."""
+    if not isinstance(starting, dict):
+        return "starting"
+    phase = str(starting.get("phase") or "starting")
+    waiting = [str(gpu) for gpu in starting.get("waiting_for") or []]
+    if waiting:
+        until = starting.get("until")
+        return (f"{phase} of GPU(s) {', '.join(waiting)}"
+                + (f" (standing layout; at most until {until})" if until else ""))
+    return f"{phase} (since {starting.get('since')})"
+
+
 class UnixHTTPConnection(http.client.HTTPConnection):
     """``http.client`` over an AF_UNIX stream socket."""
 
@@ -134,13 +152,33 @@ class ApiClient:
                 "connection queue is full); it is running, retry later"
             )
         elif isinstance(exc, TimeoutError | socket.timeout):
-            reason = (
-                f"no answer within{waited}: the agent is overloaded or stuck (see its log "
-                "and GET /v1/health)"
-            )
+            starting = self._starting()
+            if starting:
+                # It answers health while it starts: say what it is doing.
+                reason = (
+                    f"starting: {starting}; no answer within{waited} (it answers once its "
+                    "start is complete: accelctl health)"
+                )
+            else:
+                reason = (
+                    f"no answer within{waited}: the agent is overloaded or stuck (see its "
+                    "log and accelctl health)"
+                )
         else:
             reason = str(exc) or type(exc).__name__
         return exception.AgentUnreachable(socket=self.socket_path, reason=reason)
+
+    def _starting(self) -> str | None:
+        """What the agent's start is doing, when health says it is starting
+        (asked briefly, after a request got no answer); None otherwise."""
+        try:
+            status, _headers, data = self.exchange("GET", "/v1/health", timeout=STARTING_PEEK)
+            document = json.loads(data) if status == 200 else {}
+        except (exception.AccelAgentException, ValueError):
+            return None
+        if not isinstance(document, dict) or document.get("status") != "starting":
+            return None
+        return describe_starting(document.get("starting"))
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """JSON in, JSON out; an error answer raises ApiError."""
