@@ -651,8 +651,15 @@ class _Reloads(threading.Thread):
         self._agent = agent
         self._changed = threading.Condition()
         self._wanted = False
+        self._running = False
         self._closed = False
         self.runs = 0  # reloads run (tests)
+
+    @property
+    def busy(self) -> bool:
+        """A reload runs or waits."""
+        with self._changed:
+            return self._wanted or self._running
 
     def request(self) -> None:
         with self._changed:
@@ -674,14 +681,17 @@ class _Reloads(threading.Thread):
                 if self._closed:
                     return
                 self._wanted = False
+                self._running = True
             sd_notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
             try:
                 self._agent.reload_config()  # never raises: a failure is a refused reload
             except Exception:  # a bug must not end the reloads
                 LOG.exception("configuration reload failed unexpectedly")
             finally:
-                self.runs += 1
                 sd_notify("READY=1")
+                with self._changed:
+                    self.runs += 1
+                    self._running = False
 
 
 # Bytes read from the wake-up pipe at once: every signal that queued up is
