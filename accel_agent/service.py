@@ -663,9 +663,13 @@ class _Reloads(threading.Thread):
 
     def request(self) -> None:
         with self._changed:
-            if not self._closed:
-                self._wanted = True
-                self._changed.notify()
+            if self._closed:
+                return
+            if self._running and not self._wanted:
+                LOG.info("SIGHUP while a reload runs: one more reload follows it (more "
+                         "SIGHUPs meanwhile are that same one)")
+            self._wanted = True
+            self._changed.notify()
 
     def close(self) -> None:
         """No reload starts any more (one that runs finishes)."""

@@ -104,10 +104,12 @@ class ApiClient:
         return status, headers.get("Content-Type", ""), data
 
     def exchange(
-        self, method: str, path: str, body: Any = None, timeout: float | None = None
+        self, method: str, path: str, body: Any = None, timeout: float | None = None,
+        *, explain: bool = True,
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         """(status, headers, body) of one request: :meth:`request` with every
-        header (looked up by name in any case)."""
+        header (looked up by name in any case).  ``explain``: a request that
+        gets no answer in time asks health why (:meth:`_starting`)."""
         if timeout is None:
             timeout = self.timeout or (READ_TIMEOUT if method == "GET" else WRITE_TIMEOUT)
         conn = UnixHTTPConnection(self.socket_path, timeout)
@@ -122,7 +124,7 @@ class ApiClient:
             except OSError as exc:
                 if exc.errno in _NOT_RUNNING:
                     raise exception.AgentNotRunning(socket=self.socket_path) from None
-                raise self._unreachable(exc, timeout) from None
+                raise self._unreachable(exc, timeout, explain) from None
             try:
                 # The server may answer (an error) before reading all we
                 # sent; its answer is then waiting to be read.
@@ -131,13 +133,13 @@ class ApiClient:
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
-                raise self._unreachable(exc, timeout) from None
+                raise self._unreachable(exc, timeout, explain) from None
             return resp.status, resp.headers, data
         finally:
             conn.close()
 
     def _unreachable(
-        self, exc: BaseException, timeout: float | None = None
+        self, exc: BaseException, timeout: float | None = None, explain: bool = True
     ) -> exception.AgentUnreachable:
         waited = f" {timeout:g} s" if timeout else ""
         if isinstance(exc, PermissionError):
@@ -152,7 +154,7 @@ class ApiClient:
                 "connection queue is full); it is running, retry later"
             )
         elif isinstance(exc, TimeoutError | socket.timeout):
-            starting = self._starting()
+            starting = self._starting(timeout) if explain else None
             if starting:
                 # It answers health while it starts: say what it is doing.
                 reason = (
@@ -168,11 +170,15 @@ class ApiClient:
             reason = str(exc) or type(exc).__name__
         return exception.AgentUnreachable(socket=self.socket_path, reason=reason)
 
-    def _starting(self) -> str | None:
+    def _starting(self, timeout: float | None = None) -> str | None:
         """What the agent's start is doing, when health says it is starting
-        (asked briefly, after a request got no answer); None otherwise."""
+        (asked briefly, after a request got no answer within ``timeout``);
+        None otherwise."""
         try:
-            status, _headers, data = self.exchange("GET", "/v1/health", timeout=STARTING_PEEK)
+            status, _headers, data = self.exchange(
+                "GET", "/v1/health", timeout=min(STARTING_PEEK, timeout or STARTING_PEEK),
+                explain=False,
+            )
             document = json.loads(data) if status == 200 else {}
         except (exception.AccelAgentException, ValueError):
             return None

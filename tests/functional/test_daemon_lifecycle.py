@@ -468,6 +468,8 @@ def test_sighup_is_held_from_the_first_statement_and_sigterm_goes_ahead_of_reloa
                  what="a reload waiting for the manager's lock")
         for _ in range(50):
             os.kill(proc.pid, signal.SIGHUP)
+        wait_for(lambda: "one more reload follows it" in setup.daemon.log(),
+                 what="a reload waiting behind the running one")
         os.kill(proc.pid, signal.SIGTERM)
         wait_for(lambda: "SIGTERM received" in setup.daemon.log(), what="SIGTERM acted on")
         assert setup.daemon.log().count(done) == finished  # it still waits for the lock

@@ -213,6 +213,38 @@ def test_client_tells_not_running_from_unreachable(sockdir):
         sock.close()
 
 
+class StartingBackend(FakeBackend):
+    """An agent that is starting (waiting for VFs) and whose mdevs listing
+    hangs until ``let_go``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.let_go = threading.Event()
+
+    def health(self) -> dict:
+        return {**super().health(), "status": "starting", "starting": {
+            "phase": "waiting for VFs", "since": "t", "started_at": "t",
+            "waiting_for": ["0000:c1:00.0"], "until": None}}
+
+    def mdevs_json(self) -> bytes:
+        self.let_go.wait(30)
+        return super().mdevs_json()
+
+
+def test_a_request_without_an_answer_says_what_the_start_waits_for(sockdir):
+    """Issue 34 item 3: no answer in time from an agent that is starting is
+    "starting: waiting for ...", not "overloaded or stuck"."""
+    backend = StartingBackend()
+    with serving(sockdir, backend) as (path, _server):
+        try:
+            with pytest.raises(exception.AgentUnreachable) as refused:
+                ApiClient(path, timeout=0.5).mdevs()
+            assert "starting: waiting for VFs of GPU(s) 0000:c1:00.0" in refused.value.message
+            assert "overloaded or stuck" not in refused.value.message
+        finally:
+            backend.let_go.set()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to another user")
 @pytest.mark.filterwarnings("ignore:Using fork:DeprecationWarning")
 def test_another_user_is_denied_by_the_socket_mode(served, sockdir):
