@@ -487,6 +487,25 @@ class AgentAlreadyRunning(AccelAgentException):
     msg_fmt = "another accel-agent already serves the API on %(path)s"
 
 
+class AgentLockHeld(AccelAgentException):
+    # One agent per host (accel_agent.daemon.host_lock): refused before the
+    # second one touches anything.
+    msg_fmt = (
+        "refusing to start: another accel-agent (%(holder)s) already uses %(what)s "
+        "(lock %(lock)s); one agent per host: stop it first"
+    )
+
+
+class AgentLockUnusable(AccelAgentException):
+    msg_fmt = "refusing to start: cannot take the agent's lock %(lock)s: %(reason)s"
+
+
+class AgentStarting(AccelAgentException):
+    # The API answers while the agent starts (recovery, the wait for a standing
+    # layout's VFs): health and the listings, and this (503) to the rest.
+    msg_fmt = "starting: %(waiting)s; the agent accepts changes once it is ready, retry then"
+
+
 class AgentUnreachable(AccelAgentException):
     # The socket exists but talking to the daemon failed: not a reason to
     # fall back to direct mode (a second writer), an error.

@@ -100,6 +100,8 @@ class AgentService(_service_base()):  # type: ignore[misc]
         self._started_privsep = False
         self._reload_lock = threading.Lock()
         self._scans_interrupted = False
+        self._locks: Any = None  # daemon.host_lock.AgentLocks, from prepare()
+        self._serving: list[threading.Thread] = []  # the API and metrics servers
 
     # --- life cycle ------------------------------------------------------------------
 
@@ -107,18 +109,39 @@ class AgentService(_service_base()):  # type: ignore[misc]
         return float(self._rescan_interval_override or conf.rescan_interval)
 
     def prepare(self) -> None:
-        """Everything that may refuse to start, in the caller's thread: the
-        privsep daemon, recovery, the socket.  Raises AccelAgentException."""
-        from accel_agent.api.app import ApiApplication
-        from accel_agent.api.server import ApiServer, bind_socket, socket_identity
+        """The start, in the caller's thread.  Raises AccelAgentException.
+
+        Everything that can refuse the start is taken or checked before the
+        host is touched (issue 33: a refused start changes nothing): the
+        host-wide locks (one agent per host, daemon/host_lock.py), the API
+        socket and ``[api] socket_group``, the ``[metrics] listen`` port,
+        Placement's auth options, the privileged helper.  Only then does
+        the core open the ledger (which may upgrade its schema), and the
+        API serves health and the listings while recovery, the wait for a
+        standing layout's VFs and the first scan run (daemon/starting.py)."""
+        from accel_agent.api.server import bind_socket, socket_identity
+        from accel_agent.daemon import host_lock
+        from accel_agent.reporting import metrics_server, placement_opts
+        from accel_agent.reporting.metrics import AgentMetrics
+        from accel_agent.reporting.placement import PlacementReporter
 
         conf = self.conf
-        # The socket first: refuse at once when another agent serves it or the
-        # place is unsafe.  Clients that connect while recovery runs wait in
-        # the listen backlog instead of falling back to direct mode.
+        self._locks = host_lock.take_agent_locks(
+            conf.sysfs_root, conf.state_dir, self.config_files + self.config_dirs,
+            conf.api.socket_path,
+        )
+        # Refuse at once when another agent serves the socket or the place is
+        # unsafe.  Clients that connect before the API serves wait in the
+        # listen backlog instead of falling back to direct mode.
         self._socket_path = conf.api.socket_path
         self._socket = bind_socket(self._socket_path, conf.api.socket_group or None)
         self._socket_identity = socket_identity(self._socket_path)
+        metrics = AgentMetrics()
+        self.metrics_http = metrics_server.from_conf(conf.metrics.listen, metrics)
+        if self.metrics_http is not None:
+            self.metrics_http.prepare()  # binds: a port in use refuses the start
+        placement_opts.register_opts(conf)
+        reporter = PlacementReporter.from_conf(conf)  # refuses missing auth options
         # The privileged helper now, rather than failing on the first request.
         if self._writer is None:
             from accel_agent import privileged
@@ -133,8 +156,10 @@ class AgentService(_service_base()):  # type: ignore[misc]
                         f"cannot start the privileged helper (privsep-helper): {message}"
                     ) from exc
                 self._started_privsep = True
-        core = AgentCore(conf, writer=self._writer)
+        core = AgentCore(conf, writer=self._writer, reporter=reporter, metrics=metrics)
         self.core = core
+        core.starting.begin()
+        self._serve_while_starting(core)
         if self._scans_interrupted:  # SIGTERM came while the core was built
             core.interrupt_scans()
         report = core.startup()
@@ -143,11 +168,21 @@ class AgentService(_service_base()):  # type: ignore[misc]
                 "start-up recovery: %s",
                 "; ".join(f"{k} {len(v)}" for k, v in report.to_dict().items() if v),
             )
-        from accel_agent.reporting import metrics_server
+        self.scheduler = events.RescanScheduler(
+            core.rescan, self._interval(conf), conf.event_debounce
+        )
+        core.request_rescan = self.scheduler.request
+        core.rescans.wake_placement = self._placement_wake.set
+        core.reloads.requested = self._reload_from_api
 
-        self.metrics_http = metrics_server.from_conf(conf.metrics.listen, core.metrics)
-        if self.metrics_http is not None:
-            self.metrics_http.prepare()  # binds: a port in use refuses the start
+    def _serve_while_starting(self, core: AgentCore) -> None:
+        """The API (and ``[metrics] listen``) serve from now on: health says
+        ``starting``, the listings answer, the rest is 503 AgentStarting
+        until :meth:`start` ends the start."""
+        from accel_agent.api.app import ApiApplication
+        from accel_agent.api.server import ApiServer
+
+        conf = self.conf
         self.server = ApiServer(
             self._socket,
             ApiApplication(core),
@@ -155,13 +190,14 @@ class AgentService(_service_base()):  # type: ignore[misc]
             shutdown_timeout=conf.api.shutdown_timeout,
             request_timeout=conf.api.request_timeout,
         )
-        self.scheduler = events.RescanScheduler(
-            core.rescan, self._interval(conf), conf.event_debounce
-        )
-        core.request_rescan = self.scheduler.request
-        core.rescans.wake_placement = self._placement_wake.set
-        core.reloads.requested = self._reload_from_api
         self.server.prepare()
+        servers: list[tuple[str, Callable[[], None]]] = [("api-server", self._serve)]
+        if self.metrics_http is not None:
+            servers.append(("metrics-server", self.metrics_http.serve))
+        for name, target in servers:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._serving.append(thread)
 
     def _reload_from_api(self) -> ReloadOutcome:
         """``POST /v1/reload`` (accelctl reload): as SIGHUP does, with systemd told."""
@@ -174,15 +210,13 @@ class AgentService(_service_base()):  # type: ignore[misc]
     def start(self) -> None:
         assert self.core is not None and self.scheduler is not None, "prepare() first"
         super().start()
-        self.tg.add_thread(self._serve)
-        if self.metrics_http is not None:
-            self.tg.add_thread(self.metrics_http.serve)
         self.tg.add_thread(self.scheduler.run)
         self.tg.add_thread(self._placement_loop)
         if events.wants_udev(self.conf.sysfs_root, self.conf.udev_events):
             self.udev = events.UdevWatcher(self.scheduler.request)
             self.udev.start()
         self._placement_wake.set()  # first sync right away
+        self.core.starting.end()  # the API takes changes from now on
         self.started.set()
 
     def _serve(self) -> None:
@@ -296,30 +330,45 @@ class AgentService(_service_base()):  # type: ignore[misc]
         self._stopping.set()
         self.interrupt_scans()
         LOG.info("stopping: no new connections, letting in-flight requests finish")
-        if self.server is not None:
-            self.server.stop()  # drains in-flight requests (shutdown_timeout)
-        if self.metrics_http is not None:
-            self.metrics_http.stop()
+        self.stop_serving()  # drains in-flight requests (shutdown_timeout)
         if self.udev is not None:
             self.udev.stop()
         if self.scheduler is not None:
             self.scheduler.stop()
         self._placement_wake.set()
         super().stop(graceful=True)
-        self.close()
+        # A reload that runs (SIGHUP's or the API's) ends before the core
+        # closes under it; the stop's deadline bounds the wait.
+        with self._reload_lock:
+            self.close()
+
+    def stop_serving(self) -> None:
+        """Stop the API and metrics servers (each lets its in-flight
+        requests finish), whether or not the start completed."""
+        for server in (self.server, self.metrics_http):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.stop()
+        self.server = None
+        self.metrics_http = None
+        for thread in self._serving:
+            thread.join(timeout=1.0)
+        self._serving = []
 
     def close(self) -> None:
-        """Release what prepare() took (also after a failed prepare)."""
+        """Release what prepare() took (also after a failed prepare); the
+        host-wide locks last, once nothing of this agent acts any more."""
+        self.stop_serving()
         self.close_socket()
-        if self.metrics_http is not None:  # bound by a prepare() that failed later
-            with contextlib.suppress(Exception):
-                self.metrics_http.stop()
         if self.core is not None:
             with contextlib.suppress(Exception):
                 self.core.close()
         if self._started_privsep:
             self.stop_helpers()
             self._started_privsep = False
+        if self._locks is not None:
+            self._locks.release()
+            self._locks = None
 
     def close_socket(self) -> None:
         from accel_agent.api.server import remove_socket
@@ -415,20 +464,26 @@ def run(
     ``report_error``: how a refusal to start reaches the operator (the
     console script passes its stderr printer: the CLI's error lines).
 
-    Signals are honoured from the first instant: start-up (recovery, the
-    first scan: minutes on a host with thousands of parents) runs in a
-    thread while this one waits for it or for a signal.  SIGTERM then ends
-    the daemon within ``[api] shutdown_timeout`` whatever is stuck (see
-    :class:`_StopDeadline`)."""
+    Signals are honoured from the first instant: the console script blocks
+    SIGHUP in its first statement (accel_agent.cmd.agent), and it is
+    unblocked here once its handler and the wake-up pipe are in place, so a
+    ``systemctl reload`` right after the start is a reload, never the end
+    of the process.  Start-up (recovery, the first scan: minutes on a host
+    with thousands of parents) runs in a thread while this one waits for it
+    or for a signal.  SIGTERM then ends the daemon within ``[api]
+    shutdown_timeout`` whatever is stuck (see :class:`_StopDeadline`), and
+    goes ahead of any reload still waiting (:class:`_Reloads`)."""
     from oslo_service import service as os_service
 
     raise_open_files_limit()
 
     wake_read, wake_write = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(wake_write, False)
+    previous_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     for signum in _HANDLED:
         signal.signal(signum, lambda *_: None)  # the byte on the pipe is what counts
-    previous_fd = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    # A SIGHUP that came while it was blocked is delivered now, onto the pipe.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
 
     def wake(byte: int) -> None:
         with contextlib.suppress(OSError):
@@ -445,18 +500,19 @@ def run(
         starting = _Start(agent, lambda: wake(_PREPARED))
         starting.start()
         early = _wait_for_start(wake_read, starting)
-        if early is not None:  # SIGTERM/SIGINT while starting
+        if early is not None:  # SIGTERM/SIGINT while starting, or the API server failed
             LOG.info("%s during start-up: stopping without finishing it",
-                     signal.Signals(early).name)
+                     signal.Signals(early).name if early != _FATAL else "a failure")
             agent.interrupt_scans()
             _StopDeadline(agent.conf.api.shutdown_timeout, agent).start()
             agent.stop_helpers()
+            agent.stop_serving()
             agent.close_socket()
             starting.join(agent.conf.api.shutdown_timeout / 2)
             if starting.is_alive():
-                _hard_exit(0)  # start-up cannot be interrupted; the ledger is crash-safe
+                _hard_exit(0 if early != _FATAL else 1)  # the ledger is crash-safe
             agent.close()
-            return 0
+            return 0 if early != _FATAL else 1
         if starting.error is not None:
             return _refused_to_start(agent, starting.error, report_error)
         launcher = os_service.Launcher(conf, restart_method="mutate")
@@ -469,19 +525,24 @@ def run(
         sd_notify("READY=1", f"STATUS=serving the API on {socket_path}", f"MAINPID={os.getpid()}")
         LOG.info("accel-agent %s ready: API on %s, pid %d", accel_agent.__version__,
                  socket_path, os.getpid())
+        reloads = _Reloads(agent)
+        reloads.start()
         if starting.reload_pending:
-            agent.reload_config()
+            reloads.request()
         try:
-            code = _signal_loop(agent, wake_read)
+            code = _signal_loop(agent, wake_read, reloads)
         except Exception:
             LOG.exception("the daemon's main loop failed; stopping")
             code = 1
         # From here the stop is bounded: whatever is stuck (a request in a
-        # privileged call, a scan of a huge host), the process ends in time.
+        # privileged call, a scan of a huge host, a reload), the process ends
+        # in time.  A reload that waited is not run.
+        reloads.close()
         _StopDeadline(agent.conf.api.shutdown_timeout, agent).start()
         sd_notify("STOPPING=1")
         launcher.stop()
         launcher.wait()
+        reloads.join()  # the one running, if any: within the deadline
         LOG.info("accel-agent stopped")
         return code
     finally:
@@ -511,17 +572,17 @@ class _Start(threading.Thread):
 
 
 def _wait_for_start(wake_read: int, starting: _Start) -> int | None:
-    """Wait until start-up ends (None) or SIGTERM/SIGINT arrives (its number).
-    A SIGHUP meanwhile, even one read together with the end of start-up, is
-    applied once the agent is ready."""
+    """Wait until start-up ends (None) or SIGTERM/SIGINT arrives (its number;
+    _FATAL when the API server failed).  SIGHUPs meanwhile, even one read
+    together with the end of start-up, are one reload once the agent is ready."""
     while True:
-        data = os.read(wake_read, 64)
+        data = os.read(wake_read, _READ_SIZE)
         for byte in data:
-            if byte in (signal.SIGTERM, signal.SIGINT):
+            if byte in (signal.SIGTERM, signal.SIGINT, _FATAL):
                 return byte
-            if byte == signal.SIGHUP:
-                LOG.info("SIGHUP during start-up: the configuration is reloaded once ready")
-                starting.reload_pending = True
+        if signal.SIGHUP in data:
+            LOG.info("SIGHUP during start-up: the configuration is reloaded once ready")
+            starting.reload_pending = True
         if _PREPARED in data:
             starting.join()
             return None
@@ -576,18 +637,91 @@ def _hard_exit(code: int) -> None:
     os._exit(code)
 
 
-def _signal_loop(agent: AgentService, wake_read: int) -> int:
-    while True:
-        data = os.read(wake_read, 64)  # PEP 475: retried after each signal handler
-        for signum in data:
-            if signum == signal.SIGHUP:
-                sd_notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
-                try:
-                    agent.reload_config()  # never raises: a failure is a refused reload
-                finally:
-                    sd_notify("READY=1")
-            elif signum in (signal.SIGTERM, signal.SIGINT):
-                LOG.info("%s received", signal.Signals(signum).name)
-                return 0
-            elif signum == _FATAL:
+class _Reloads(threading.Thread):
+    """SIGHUP's reloads, in a thread of their own, coalesced.
+
+    A reload asked for while one runs, or while one already waits, adds
+    nothing: the one that waits reads the files as they are when it runs.
+    So a burst of SIGHUPs is at most two reloads (the one running and one
+    after it), never a queue; and the main thread, which only asks, is
+    free to act on SIGTERM at once (:func:`_signal_loop`)."""
+
+    def __init__(self, agent: Any) -> None:
+        super().__init__(name="sighup-reloads", daemon=True)
+        self._agent = agent
+        self._changed = threading.Condition()
+        self._wanted = False
+        self._running = False
+        self._closed = False
+        self.runs = 0  # reloads run (tests)
+
+    @property
+    def busy(self) -> bool:
+        """A reload runs or waits."""
+        with self._changed:
+            return self._wanted or self._running
+
+    def request(self) -> None:
+        with self._changed:
+            if self._closed:
+                return
+            if self._running and not self._wanted:
+                LOG.info("SIGHUP while a reload runs: one more reload follows it (more "
+                         "SIGHUPs meanwhile are that same one)")
+            self._wanted = True
+            self._changed.notify()
+
+    def close(self) -> None:
+        """No reload starts any more (one that runs finishes)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._wanted and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                self._wanted = False
+                self._running = True
+            sd_notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+            try:
+                self._agent.reload_config()  # never raises: a failure is a refused reload
+            except Exception:  # a bug must not end the reloads
+                LOG.exception("configuration reload failed unexpectedly")
+            finally:
+                sd_notify("READY=1")
+                with self._changed:
+                    self.runs += 1
+                    self._running = False
+
+
+# Bytes read from the wake-up pipe at once: every signal that queued up is
+# seen in one read, so that a SIGTERM behind reloads is not left waiting.
+_READ_SIZE = 4096
+
+
+def _signal_loop(agent: Any, wake_read: int, reloads: _Reloads | None = None) -> int:
+    """Until SIGTERM/SIGINT (0) or a fatal failure (1).  SIGHUP asks
+    ``reloads`` for a reload (coalesced); a SIGTERM read with SIGHUPs
+    wins over them."""
+    own = reloads is None
+    if reloads is None:
+        reloads = _Reloads(agent)
+        reloads.start()
+    try:
+        while True:
+            data = os.read(wake_read, _READ_SIZE)  # PEP 475: retried after each handler
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                if signum in data:
+                    LOG.info("%s received", signal.Signals(signum).name)
+                    return 0
+            if _FATAL in data:
                 return 1
+            if signal.SIGHUP in data:
+                reloads.request()
+    finally:
+        if own:
+            reloads.close()

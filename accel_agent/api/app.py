@@ -104,7 +104,9 @@ class Listings(Protocol):
 
 
 class Backend(Protocol):
-    """What the API needs from the agent (accel_agent.daemon.core.AgentCore)."""
+    """What the API needs from the agent (accel_agent.daemon.core.AgentCore).
+    ``starting`` (accel_agent.daemon.starting.StartState), when it has one,
+    says whether the agent is still starting."""
 
     metrics: AgentMetrics
     devices: Devices
@@ -171,6 +173,9 @@ class Route:
     method: str
     template: str
     handler: Handler
+    # Served while the agent starts (health, the listings): every other
+    # route answers 503 AgentStarting until it is ready.
+    while_starting: bool = False
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -569,6 +574,8 @@ class ApiApplication:
         raw_params: dict[str, str],
         raw_body: bytes,
     ) -> Response:
+        if not route.while_starting:
+            self._refuse_while_starting()
         operation = self._operations[(route.method, route.template)]
         params = operation.check_path(raw_params)
         if "instance" in params:
@@ -577,6 +584,16 @@ class ApiApplication:
         body = operation.check_body(raw_body)
         request = Request(self.backend, method, path, params, query, body, operation)
         return route.handler(request)
+
+    def _refuse_while_starting(self) -> None:
+        """503 AgentStarting while the agent starts (recovery, the wait for
+        a standing layout's VFs): nothing may change the host before the
+        start has settled it, and nothing may be read from a ledger or a
+        host it has not settled yet, apart from health and the listings."""
+        state = getattr(self.backend, "starting", None)
+        phase = state.current() if state is not None else None
+        if phase is not None:
+            raise exception.AgentStarting(waiting=phase.describe())
 
     def _error(self, exc: BaseException) -> Response:
         status = errors.status_for(exc)

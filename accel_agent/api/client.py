@@ -37,6 +37,24 @@ _NOT_RUNNING = (errno.ENOENT, errno.ECONNREFUSED)
 REQUEST_ID_HEADER = "X-Openstack-Request-Id"
 
 
+# How long a request that got no answer waits for health to say why.
+STARTING_PEEK = 5.0
+
+
+def describe_starting(starting: Any) -> str:
+    """One line from health's ``starting`` (GET /v1/health while the agent
+    starts): its phase, and the GPUs it waits for."""
+    if not isinstance(starting, dict):
+        return "starting"
+    phase = str(starting.get("phase") or "starting")
+    waiting = [str(gpu) for gpu in starting.get("waiting_for") or []]
+    if waiting:
+        until = starting.get("until")
+        return (f"{phase} of GPU(s) {', '.join(waiting)}"
+                + (f" (standing layout; at most until {until})" if until else ""))
+    return f"{phase} (since {starting.get('since')})"
+
+
 class UnixHTTPConnection(http.client.HTTPConnection):
     """``http.client`` over an AF_UNIX stream socket."""
 
@@ -86,10 +104,12 @@ class ApiClient:
         return status, headers.get("Content-Type", ""), data
 
     def exchange(
-        self, method: str, path: str, body: Any = None, timeout: float | None = None
+        self, method: str, path: str, body: Any = None, timeout: float | None = None,
+        *, explain: bool = True,
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         """(status, headers, body) of one request: :meth:`request` with every
-        header (looked up by name in any case)."""
+        header (looked up by name in any case).  ``explain``: a request that
+        gets no answer in time asks health why (:meth:`_starting`)."""
         if timeout is None:
             timeout = self.timeout or (READ_TIMEOUT if method == "GET" else WRITE_TIMEOUT)
         conn = UnixHTTPConnection(self.socket_path, timeout)
@@ -104,7 +124,7 @@ class ApiClient:
             except OSError as exc:
                 if exc.errno in _NOT_RUNNING:
                     raise exception.AgentNotRunning(socket=self.socket_path) from None
-                raise self._unreachable(exc, timeout) from None
+                raise self._unreachable(exc, timeout, explain) from None
             try:
                 # The server may answer (an error) before reading all we
                 # sent; its answer is then waiting to be read.
@@ -113,13 +133,13 @@ class ApiClient:
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
-                raise self._unreachable(exc, timeout) from None
+                raise self._unreachable(exc, timeout, explain) from None
             return resp.status, resp.headers, data
         finally:
             conn.close()
 
     def _unreachable(
-        self, exc: BaseException, timeout: float | None = None
+        self, exc: BaseException, timeout: float | None = None, explain: bool = True
     ) -> exception.AgentUnreachable:
         waited = f" {timeout:g} s" if timeout else ""
         if isinstance(exc, PermissionError):
@@ -134,13 +154,37 @@ class ApiClient:
                 "connection queue is full); it is running, retry later"
             )
         elif isinstance(exc, TimeoutError | socket.timeout):
-            reason = (
-                f"no answer within{waited}: the agent is overloaded or stuck (see its log "
-                "and GET /v1/health)"
-            )
+            starting = self._starting(timeout) if explain else None
+            if starting:
+                # It answers health while it starts: say what it is doing.
+                reason = (
+                    f"starting: {starting}; no answer within{waited} (it answers once its "
+                    "start is complete: accelctl health)"
+                )
+            else:
+                reason = (
+                    f"no answer within{waited}: the agent is overloaded or stuck (see its "
+                    "log and accelctl health)"
+                )
         else:
             reason = str(exc) or type(exc).__name__
         return exception.AgentUnreachable(socket=self.socket_path, reason=reason)
+
+    def _starting(self, timeout: float | None = None) -> str | None:
+        """What the agent's start is doing, when health says it is starting
+        (asked briefly, after a request got no answer within ``timeout``);
+        None otherwise."""
+        try:
+            status, _headers, data = self.exchange(
+                "GET", "/v1/health", timeout=min(STARTING_PEEK, timeout or STARTING_PEEK),
+                explain=False,
+            )
+            document = json.loads(data) if status == 200 else {}
+        except (exception.AccelAgentException, ValueError):
+            return None
+        if not isinstance(document, dict) or document.get("status") != "starting":
+            return None
+        return describe_starting(document.get("starting"))
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """JSON in, JSON out; an error answer raises ApiError."""

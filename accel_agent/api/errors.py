@@ -70,6 +70,7 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.NodeDevicesUnavailable: 503,
     exception.NodeDeviceWriteFailed: 503,
     exception.PrivilegedHelperUnavailable: 503,
+    exception.AgentStarting: 503,
 }
 
 INTERNAL = 500

@@ -203,12 +203,15 @@ def metrics(req: Request) -> Response:
 
 INSTANCE = "/v1/instances/{instance}"
 
+# while_starting: served while the agent starts (health, the listings, the
+# document, the metrics); the others answer 503 AgentStarting until it is ready.
+
 ROUTES: tuple[Route, ...] = (
-    Route("GET", "/v1/health", health),
-    Route("GET", "/v1/types", types),
-    Route("GET", "/v1/mdevs", mdevs),
-    Route("GET", "/v1/inventory", inventory),
-    Route("GET", "/v1/explain", explain),
+    Route("GET", "/v1/health", health, while_starting=True),
+    Route("GET", "/v1/types", types, while_starting=True),
+    Route("GET", "/v1/mdevs", mdevs, while_starting=True),
+    Route("GET", "/v1/inventory", inventory, while_starting=True),
+    Route("GET", "/v1/explain", explain, while_starting=True),
     Route("GET", f"{INSTANCE}/allocation", get_allocation),
     Route("PUT", f"{INSTANCE}/allocation", put_allocation),
     Route("DELETE", f"{INSTANCE}/allocation", delete_allocation),
@@ -224,6 +227,6 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/migrations/{instance}/commit", migration_commit),
     Route("DELETE", "/v1/migrations/{instance}", migration_abort),
     Route("POST", "/v1/domain-xml/rewrite", rewrite_domain_xml),
-    Route("GET", "/v1/openapi.json", openapi),
-    Route("GET", "/metrics", metrics),
+    Route("GET", "/v1/openapi.json", openapi, while_starting=True),
+    Route("GET", "/metrics", metrics, while_starting=True),
 )

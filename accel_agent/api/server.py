@@ -51,6 +51,48 @@ def _kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "file")
 
 
+# The socket's directory, when the agent makes it (a start outside systemd,
+# whose unit's RuntimeDirectory= makes /run/accel-agent): readable by all,
+# or by [api] socket_group only when one is set; root's to write either way.
+SOCKET_DIR_MODE = 0o755
+SOCKET_DIR_MODE_GROUP = 0o750
+
+
+def make_socket_dir(path: str, gid: int = -1) -> None:
+    """Make the socket's directory when it is missing (its parent must
+    exist): owned by the agent's user, group ``gid`` and mode 0750 when a
+    socket group is set, else 0755.  An existing one is left as it is (never
+    loosened); check_socket_path then refuses it if it is unsafe."""
+    directory = os.path.dirname(os.path.abspath(path))
+    parent = os.path.dirname(directory)
+    if os.path.lexists(directory):
+        return
+    if not os.path.isdir(parent):
+        raise exception.ApiSocketUnsafe(
+            path=path, reason=f"its directory {directory} does not exist, nor its parent "
+            f"{parent}"
+        )
+    mode = SOCKET_DIR_MODE_GROUP if gid != -1 else SOCKET_DIR_MODE
+    try:
+        os.mkdir(directory, 0o700)  # narrow until its group and mode are set
+    except FileExistsError:
+        return  # made meanwhile by someone else: checked as any existing one
+    except OSError as exc:
+        raise exception.ApiSocketUnsafe(
+            path=path, reason=f"cannot create its directory {directory}: {exc.strerror or exc}"
+        ) from None
+    try:
+        if gid != -1:
+            os.chown(directory, -1, gid)
+        os.chmod(directory, mode)
+    except OSError as exc:
+        raise exception.ApiSocketUnsafe(
+            path=path, reason=f"cannot set up its directory {directory}: {exc.strerror or exc}"
+        ) from None
+    LOG.info("created the API socket's directory %s (mode %04o%s)", directory, mode,
+             f", group {gid}" if gid != -1 else "")
+
+
 def check_socket_path(path: str) -> None:
     """Refuse an unsafe place; remove a stale socket.  Raises ApiSocketUnsafe,
     AgentAlreadyRunning."""
@@ -100,7 +142,8 @@ def check_socket_path(path: str) -> None:
 
 
 def bind_socket(path: str, group: str | None = None, backlog: int = 128) -> socket.socket:
-    """A listening AF_UNIX socket at ``path``, mode 0660, group ``group``."""
+    """A listening AF_UNIX socket at ``path``, mode 0660, group ``group``;
+    its directory made when missing (:func:`make_socket_dir`)."""
     path = os.path.abspath(path)
     gid = -1
     if group:
@@ -110,6 +153,7 @@ def bind_socket(path: str, group: str | None = None, backlog: int = 128) -> sock
             raise exception.InvalidConfig(
                 reason=f"[api] socket_group {group!r} is not a group on this host"
             ) from None
+    make_socket_dir(path, gid)
     check_socket_path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # The umask makes the socket 0660 the moment it appears: no window in

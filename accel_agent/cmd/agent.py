@@ -9,11 +9,24 @@ inventory fresh (accel_agent.service).
 
 from __future__ import annotations
 
+import signal
+import sys
+
+# SIGHUP's default action ends the process, and `systemctl reload` may send
+# one right after the start (exit 129, the unit restarted).  So SIGHUP is
+# blocked from the agent process's first statement, before the imports and
+# the configuration's check, and unblocked by service.run once its handler
+# is in place: a SIGHUP meanwhile waits, and is then one reload.  Only in the
+# agent's own process (the console script, python -m): a program that merely
+# imports this module (a test, the man page generator) keeps its signal mask,
+# which its children would inherit.
+if __name__ == "__main__" or sys.argv[0].rsplit("/", 1)[-1] == "accel-agent":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
 import argparse
 import contextlib
 import io
 import logging
-import sys
 from collections.abc import Sequence
 
 from accel_agent import exception, wiring

@@ -5,6 +5,7 @@ subcommands is a module of its own that adds its subparsers and runs them:
 
 =====================  ==========================================================
 ``ctl_config``         ``check-config``, ``reload``
+``ctl_status``         ``health``, ``status``
 ``ctl_listings``       ``types``, ``mdevs``, ``inventory``
 ``ctl_devices``        ``allocate``, ``release``, ``attach``, ``detach``, ``domain-xml``
 ``ctl_reconcile``      ``adopt`` (and ``--from-libvirt``), ``recover``
@@ -189,6 +190,7 @@ def _add_commands(subparsers: argparse._SubParsersAction) -> None:
         ctl_listings,
         ctl_migration,
         ctl_reconcile,
+        ctl_status,
         ledger_upgrade,
         nova_pci_config,
     )
@@ -199,6 +201,7 @@ def _add_commands(subparsers: argparse._SubParsersAction) -> None:
     ctl_devices.register(subparsers)
     ctl_reconcile.register(subparsers)
     ctl_config.add_reload(subparsers)
+    ctl_status.register(subparsers)
     ctl_devices.add_domain_xml(subparsers)
     ctl_migration.register(subparsers)
     nova_pci_config.register(subparsers)

@@ -21,7 +21,7 @@ from oslo_config import cfg
 
 from accel_agent import wiring
 from accel_agent.daemon import health as health_mod
-from accel_agent.daemon import layout_wait
+from accel_agent.daemon import layout_wait, starting
 from accel_agent.daemon.counts import RescanView, placement_signature
 from accel_agent.daemon.listings import Listings
 from accel_agent.daemon.reloads import ReloadOutcome, Reloads
@@ -64,6 +64,9 @@ class AgentCore:
             reporter = PlacementReporter.from_conf(conf)
         self.reporter = reporter
         self.started_at = clock()
+        # Where the daemon's start is (API answers meanwhile); never begun
+        # for a core built without the daemon: ready at once.
+        self.starting = starting.StartState(clock)
         self.listings = Listings(self.devices)
         self.rescans = Rescans(self.devices, self.metrics, clock)
         self.reloads = Reloads(self, clock)
@@ -97,24 +100,35 @@ class AgentCore:
         """Check the ledger (SQLite's quick_check: a corrupt one raises
         LedgerCorrupt and the daemon refuses to start rather than allocate
         over it), recover (raises ConfigErrors when an assigned device's type
-        is gone from the config), then a first rescan."""
+        is gone from the config), then a first rescan.  Each phase is told
+        to :attr:`starting` (GET /v1/health while the daemon starts)."""
+        phase = self.starting.enter
+        phase(starting.LEDGER_CHECK)
         self.devices.ledger.verify()
         # SIGTERM stops start-up's scans between two parents (ScanStopped
         # reaches run(), which then stops without finishing the start).
         with interruptible():
+            phase(starting.RECOVERY)
             report = self.rescans.run_recover(raise_config_errors=True)
             if any(t.standing > 0 for t in self.devices.policy.types):
                 # Before READY: a consumer ordered after the agent (nova-compute)
                 # must never see a GPU without its standing layout.
+                wait = float(self.conf.devices.standing_vf_wait)
+                until = time.time() + wait
                 waited, missing = layout_wait.wait_for_gpus(
-                    self.devices, self.conf.devices.standing_vf_wait
+                    self.devices, wait,
+                    on_missing=lambda gpus: phase(starting.WAITING_FOR_VFS, gpus, until),
                 )
                 if waited:
                     # VFs came while the agent waited: recovery re-creates the
                     # recorded devices on them first (the same UUIDs and VFs).
+                    phase(starting.RECOVERY)
                     self.rescans.run_recover()
+                phase(starting.LAYOUT)
                 self.rescans.run_layout(missing_gpus=missing)
+            phase(starting.FIRST_SCAN)
             self.rescans.rescan_now(frozenset({"startup"}))
+        phase(starting.SERVICES)
         return report
 
     def interrupt_scans(self) -> None:
@@ -126,7 +140,13 @@ class AgentCore:
     # --- what the daemon adds to the use cases ------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        return health_mod.health(self)
+        document = health_mod.health(self)
+        phase = self.starting.current()
+        if phase is not None:
+            # Whatever else it says: the agent is not ready yet (no READY=1).
+            document["status"] = "starting"
+            document["starting"] = phase.to_dict()
+        return document
 
     def rescan(self, reasons: Iterable[str] = ("periodic",)) -> RescanView:
         return self.rescans.rescan(reasons)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,17 +42,21 @@ def missing_gpus(m: DeviceManager) -> tuple[str, ...]:
 
 
 def wait_for_gpus(
-    m: DeviceManager, timeout: float, sleep=time.sleep, clock=time.monotonic
+    m: DeviceManager, timeout: float, sleep=time.sleep, clock=time.monotonic,
+    on_missing: Callable[[tuple[str, ...]], None] | None = None,
 ) -> tuple[bool, tuple[str, ...]]:
     """Wait up to ``timeout`` seconds for them: (whether any was missing at
-    first, those still missing)."""
+    first, those still missing).  ``on_missing``: told the GPUs still
+    missing before each wait (what GET /v1/health says while it waits)."""
     missing = missing_gpus(m)
     if not missing:
         return False, ()
+    tell = on_missing or (lambda gpus: None)
     LOG.info("standing layout: waiting up to %g s for %s (their VFs or parents are not "
              "there yet)", timeout, ", ".join(missing))
     deadline = clock() + timeout
     while missing and clock() < deadline:
+        tell(missing)
         sleep(POLL_SECONDS)
         missing = missing_gpus(m)
     if missing:

@@ -7,10 +7,10 @@ the API already uses: a thread pool, per-connection timeouts, a bound on the
 request head.  It answers nothing else (404, 405), reads no body, and never
 reaches the API's handlers: only the registry's rendering.
 
-Life cycle (accel_agent.service): bound once the daemon's start-up
-(recovery, first rescan) is done, so that a port already in use refuses the
-start with a clear message; served from when the daemon is ready (a scrape
-meanwhile waits in the listen backlog); stopped with the API on SIGTERM.
+Life cycle (accel_agent.service): bound before the daemon's recovery and
+layouts, so that a port already in use refuses the start with a clear message
+and nothing changed on the host; served from then on, while the agent starts
+(the health gauges say so); stopped with the API on SIGTERM.
 The address is read at start only: a reload does not move it.
 """
 

@@ -129,7 +129,10 @@ def test_stale_socket_after_sigkill_is_replaced_and_a_second_agent_refused(setup
     (setup.workdir / "second").mkdir()
     try:
         assert second.spawn().wait(60) == 1
-        assert "another accel-agent already serves" in second.log()
+        # One agent per host: refused by the host-wide lock, before the
+        # socket, naming the agent that runs (daemon/host_lock.py).
+        assert (f"another accel-agent (pid {daemon.pid}, config {setup.config}) already uses "
+                f"the sysfs root {os.path.realpath(setup.host.root)}") in second.log()
     finally:
         second.close()
     assert daemon.health()["status"] == "ok"  # the first one is untouched
@@ -423,6 +426,55 @@ def test_sighup_that_would_orphan_an_assigned_mdev_is_refused(setup):
     wait_for(lambda: "testhost_mtty_mtty" not in provider_names(daemon), what="mtty to go")
     wait_for(lambda: daemon.health()["status"] == "ok", what="health ok after the reload")
     assert daemon.health()["config"]["last_reload_result"] == "applied"
+
+
+def sighup_mask(pid: int) -> tuple[bool, bool]:
+    """(blocked, caught): SIGHUP in the main thread's SigBlk and SigCgt."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            fields[name] = value.strip()
+    bit = 1 << (signal.SIGHUP - 1)
+    return bool(int(fields["SigBlk"], 16) & bit), bool(int(fields["SigCgt"], 16) & bit)
+
+
+def test_sighup_is_held_from_the_first_statement_and_sigterm_goes_ahead_of_reloads(setup):
+    """Issue 33 item 6.  A SIGHUP right after exec (systemctl reload after a
+    start) is held, then one reload, never the end of the process: SIGHUP is
+    blocked before any handler exists, read from /proc, then caught.  A
+    SIGTERM behind 50 SIGHUPs that wait for a running reload stops the agent
+    (exit 0) without running them."""
+    setup.write(BOTH)
+    proc = setup.daemon.spawn()
+    # The interpreter's own start comes before the entry point's first statement.
+    first = wait_for(lambda: (state := sighup_mask(proc.pid)) != (False, False) and state,
+                     timeout=60, interval=0.001, what="SIGHUP blocked or caught")
+    assert first == (True, False), "SIGHUP was caught before it was ever blocked"
+    os.kill(proc.pid, signal.SIGHUP)
+    setup.daemon.wait_ready()
+    wait_for(lambda: "configuration reloaded" in setup.daemon.log(), what="the held reload")
+    assert sighup_mask(proc.pid) == (False, True)
+    # The manager's lock, held here, keeps the next reload at its apply.
+    from oslo_concurrency import lockutils
+
+    from accel_agent.devices.protocol import LOCK_NAME
+
+    started, done = "reloading the configuration from", "configuration reloaded"
+    with lockutils.lock(LOCK_NAME, external=True, lock_path=setup.host.state_dir):
+        before, finished = setup.daemon.log().count(started), setup.daemon.log().count(done)
+        os.kill(proc.pid, signal.SIGHUP)
+        wait_for(lambda: setup.daemon.log().count(started) == before + 1,
+                 what="a reload waiting for the manager's lock")
+        for _ in range(50):
+            os.kill(proc.pid, signal.SIGHUP)
+        wait_for(lambda: "one more reload follows it" in setup.daemon.log(),
+                 what="a reload waiting behind the running one")
+        os.kill(proc.pid, signal.SIGTERM)
+        wait_for(lambda: "SIGTERM received" in setup.daemon.log(), what="SIGTERM acted on")
+        assert setup.daemon.log().count(done) == finished  # it still waits for the lock
+    assert setup.daemon.wait_exit(60) == 0
+    assert setup.daemon.log().count(started) == before + 1, "a waiting reload ran"
 
 
 # --- rescans -----------------------------------------------------------------------

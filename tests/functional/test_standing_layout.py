@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 
@@ -16,7 +17,14 @@ import pytest
 
 from accel_agent import exception
 from tests import ledger_sql
-from tests.functional.daemon_fixture import ctl, sim_agent, wait_for
+from tests.functional.daemon_fixture import (
+    AgentDaemon,
+    agent_config,
+    ctl,
+    short_dir,
+    sim_agent,
+    wait_for,
+)
 from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
@@ -208,6 +216,18 @@ def test_a_layout_device_a_guest_holds_is_in_use_in_health_and_the_gauge(sim, tm
             health = agent.daemon.health()
             assert health["status"] == "ok", health["problems"]
             assert health["layout"]["draining"] == []
+            # accelctl status: one row per GPU, from health and the listing.
+            status = ctl(agent.config, "status", "--json")
+            assert status.returncode == 0, status.stderr
+            rows = {row["gpu"]: row for row in json.loads(status.stdout)["layouts"]}
+            assert rows == {gpu: {
+                "gpu": gpu, "mdev_type": TYPE, "standing": 2, "present": 2,
+                "in_use": int(gpu == GPU1), "draining": 0, "short": 0, "missing": False,
+            } for gpu in (GPU1, GPU2)}
+            screen = ctl(agent.config, "status").stdout
+            assert screen.startswith("status: ok\n") and "standing layouts:" in screen
+            assert any(line.split() == [GPU1, TYPE, "2", "2", "1", "0", "0"]
+                       for line in screen.splitlines()), screen
         finally:
             os.close(group)
         # Let go: the next converge counts none.
@@ -244,7 +264,7 @@ def test_reported_by_nova_is_made_but_never_handed_out_nor_reported(sim, tmp_pat
 def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready(
     sim, tmp_path
 ):
-    with sim_agent(sim, tmp_path, body(2)) as agent:
+    with sim_agent(sim, tmp_path, body(2, wait=120)) as agent:
         agent.daemon.start()
         before = dict(owners(sim))
         agent.daemon.stop()
@@ -258,6 +278,8 @@ def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready
             assert agent.daemon.running, agent.daemon.log()[-3000:]
             time.sleep(0.1)
         assert "READY=1" not in agent.daemon.read_notifications()
+        answers_while_it_waits(agent)
+        assert "READY=1" not in agent.daemon.read_notifications()
         enabler = threading.Thread(target=sim.sim.enable_vfs, args=("ALL",))
         enabler.start()
         agent.daemon.wait_ready()
@@ -269,6 +291,74 @@ def test_after_a_reboot_with_vfs_disabled_the_layout_waits_for_them_before_ready
         assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
         # The same devices: recovery re-created the recorded ones.
         assert owners(sim) == before
+
+
+def answers_while_it_waits(agent) -> None:
+    """Issue 34 item 3: during the wait for the VFs (minutes with
+    standing_vf_wait = 120), accelctl health says starting and what it waits
+    for, a listing answers, and a change is refused naming the wait instead
+    of hanging until "overloaded or stuck"."""
+    health = ctl(agent.config, "health", "--json")
+    assert health.returncode == 0, health.stderr
+    document = json.loads(health.stdout)
+    assert document["status"] == "starting", document
+    assert document["starting"]["phase"] == "waiting for VFs"
+    assert document["starting"]["waiting_for"] == [GPU1, GPU2]
+    text = ctl(agent.config, "health")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(
+        f"status: starting: waiting for VFs of GPU(s) {GPU1}, {GPU2}"), text.stdout
+    listed = ctl(agent.config, "mdevs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["mdevs"] == []  # the VFs (and their vGPUs) are not there
+    refused = ctl(agent.config, "allocate", "vm-early", "--count", "1")
+    assert refused.returncode == 1
+    assert f"error: starting: waiting for VFs of GPU(s) {GPU1}, {GPU2}" in refused.stderr
+
+
+def test_a_second_agent_on_the_same_host_is_refused_before_it_touches_a_device(sim, tmp_path):
+    """Issue 33 item 5: a second agent on the same sysfs root, with a state
+    directory (and socket) of its own, would type VFs the first one then
+    finds foreign.  It is refused by the host-wide lock, naming the first
+    agent, before it wrote anything: the same typed VFs and devices."""
+    with sim_agent(sim, tmp_path, body(2)) as first:
+        first.daemon.start()
+        typed, devices = typed_vfs(sim.root), sim.sysfs_uuids()
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+        other_state = tmp_path / "second-state"
+        (tmp_path / "second").mkdir()
+        with short_dir() as sockdir:
+            socket_path = str(sockdir / "api.sock")
+            config = agent_config(tmp_path / "second.conf", sim.root, str(other_state),
+                                  socket_path, body(2))
+            second = AgentDaemon(config, socket_path, tmp_path / "second")
+            try:
+                assert second.spawn().wait(90) == 1
+            finally:
+                second.close()
+            log = second.log()
+            assert (f"another accel-agent (pid {first.daemon.pid}, config {first.config}) "
+                    f"already uses the sysfs root {os.path.realpath(sim.root)}") in log, log
+            assert not os.path.exists(socket_path)
+        assert typed_vfs(sim.root) == typed and sim.sysfs_uuids() == devices
+        assert not (other_state / "ledger.sqlite3").exists()
+        assert first.daemon.health()["status"] == "ok"
+
+
+def test_a_start_refused_on_a_busy_metrics_port_changed_nothing_on_the_host(sim, tmp_path):
+    """Issue 33 item 5: the [metrics] listen port is taken before recovery
+    and the layouts: a start it refuses typed no VF and made no ledger."""
+    with socket.socket() as busy, sim_agent(sim, tmp_path, body(2)) as agent:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        agent.write(extra=f"[metrics]\nlisten = 127.0.0.1:{port}\n")
+        assert agent.daemon.spawn().wait(90) == 1
+        log = agent.daemon.log()
+        assert f"[metrics] listen = 127.0.0.1:{port}" in log, log[-3000:]
+        assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
+        assert sim.sysfs_uuids() == set()
+        assert not os.path.exists(os.path.join(sim.state_dir, "ledger.sqlite3"))
 
 
 def test_a_gpu_whose_layout_fails_keeps_no_other_gpu_without_its_layout(sim):

@@ -176,6 +176,37 @@ def test_get_health_and_listings(app):
     assert call(app, "GET", "/v1/inventory")[0] == 200
 
 
+def test_while_the_agent_starts_health_and_listings_answer_and_the_rest_is_503(app, backend):
+    """Issue 34 item 3: while the agent starts (here: waiting for a standing
+    layout's VFs) health and the listings answer; every change, and every
+    read of what the start has not settled yet, is 503 AgentStarting naming
+    what it waits for, and never reaches the agent."""
+    from accel_agent.daemon import starting
+
+    backend.starting = starting.StartState()
+    backend.starting.begin()
+    backend.starting.enter(starting.WAITING_FOR_VFS, ["0000:c1:00.0"])
+    for path in ("/v1/health", "/v1/types", "/v1/mdevs", "/v1/inventory",
+                 "/v1/openapi.json", "/metrics"):
+        assert call(app, "GET", path)[0] == 200, path
+    for method, path, body in (
+        ("PUT", "/v1/instances/vm-1/allocation", {"count": 1}),
+        ("DELETE", "/v1/instances/vm-1/allocation", None),
+        ("GET", "/v1/instances/vm-1/allocation", None),
+        ("POST", "/v1/recover", None),
+        ("POST", "/v1/reload", None),
+    ):
+        status, _headers, answer = call(app, method, path, body)
+        assert status == 503, (method, path, answer)
+        assert answer["error"]["code"] == "AgentStarting"
+        assert answer["error"]["message"].startswith(
+            "starting: waiting for VFs of GPU(s) 0000:c1:00.0"), answer
+    assert backend.calls == []
+    backend.starting.end()
+    assert call(app, "PUT", "/v1/instances/vm-1/allocation", {"count": 1})[0] == 200
+    assert backend.calls == [("allocate", "vm-1", 1, None, None)]
+
+
 def test_unknown_path_is_404_and_wrong_method_405_with_allow(app):
     status, _, body = call(app, "GET", "/v1/nothing-here")
     assert (status, body["error"]["code"]) == (404, "ApiNotFound")

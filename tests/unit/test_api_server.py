@@ -100,6 +100,31 @@ def test_missing_directory_is_refused(sockdir):
         check_socket_path(str(sockdir / "nope" / "api.sock"))
 
 
+def test_a_missing_socket_directory_is_made_for_root_and_the_socket_group(sockdir):
+    """Issue 34: a start outside systemd (no RuntimeDirectory=) makes its
+    socket's directory: the agent's, 0755; 0750 with [api] socket_group's
+    group; never loosened when it exists; refused when its parent is missing."""
+    path = str(sockdir / "run" / "api.sock")
+    sock = bind_socket(path)
+    sock.close()
+    made = os.stat(sockdir / "run")
+    assert stat.S_IMODE(made.st_mode) == 0o755 and made.st_uid == os.geteuid()
+    group = grp.getgrgid(os.getgid()).gr_name if os.getuid() != 0 else "daemon"
+    path = str(sockdir / "grouped" / "api.sock")
+    sock = bind_socket(path, group)
+    sock.close()
+    made = os.stat(sockdir / "grouped")
+    assert stat.S_IMODE(made.st_mode) == 0o750
+    assert made.st_gid == grp.getgrnam(group).gr_gid
+    os.mkdir(sockdir / "private", 0o700)
+    sock = bind_socket(str(sockdir / "private" / "api.sock"), group)
+    sock.close()
+    assert stat.S_IMODE(os.stat(sockdir / "private").st_mode) == 0o700  # left as it was
+    with pytest.raises(exception.ApiSocketUnsafe, match="nor its parent"):
+        bind_socket(str(sockdir / "no" / "where" / "api.sock"))
+    assert not os.path.exists(sockdir / "no")
+
+
 def test_a_stale_socket_is_replaced_and_a_live_one_refused(sockdir):
     path = str(sockdir / "api.sock")
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -186,6 +211,38 @@ def test_client_tells_not_running_from_unreachable(sockdir):
             listener.close()
     finally:
         sock.close()
+
+
+class StartingBackend(FakeBackend):
+    """An agent that is starting (waiting for VFs) and whose mdevs listing
+    hangs until ``let_go``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.let_go = threading.Event()
+
+    def health(self) -> dict:
+        return {**super().health(), "status": "starting", "starting": {
+            "phase": "waiting for VFs", "since": "t", "started_at": "t",
+            "waiting_for": ["0000:c1:00.0"], "until": None}}
+
+    def mdevs_json(self) -> bytes:
+        self.let_go.wait(30)
+        return super().mdevs_json()
+
+
+def test_a_request_without_an_answer_says_what_the_start_waits_for(sockdir):
+    """Issue 34 item 3: no answer in time from an agent that is starting is
+    "starting: waiting for ...", not "overloaded or stuck"."""
+    backend = StartingBackend()
+    with serving(sockdir, backend) as (path, _server):
+        try:
+            with pytest.raises(exception.AgentUnreachable) as refused:
+                ApiClient(path, timeout=0.5).mdevs()
+            assert "starting: waiting for VFs of GPU(s) 0000:c1:00.0" in refused.value.message
+            assert "overloaded or stuck" not in refused.value.message
+        finally:
+            backend.let_go.set()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to another user")
