@@ -446,12 +446,24 @@ def test_sighup_is_held_from_the_first_statement_and_sigterm_goes_ahead_of_reloa
     SIGTERM behind 50 SIGHUPs that wait for a running reload stops the agent
     (exit 0) without running them."""
     setup.write(BOTH)
-    proc = setup.daemon.spawn()
-    # The interpreter's own start comes before the entry point's first statement.
-    first = wait_for(lambda: (state := sighup_mask(proc.pid)) != (False, False) and state,
-                     timeout=60, interval=0.001, what="SIGHUP blocked or caught")
-    assert first == (True, False), "SIGHUP was caught before it was ever blocked"
+    # Paused after the configuration's check, before service.run: the same
+    # instant on every run (tests/functional/paused_start.py).
+    gate = setup.workdir / "gate"
+    gate.mkdir()
+    os.mkfifo(gate / "go")
+    setup.daemon.command = [sys.executable, str(Path(__file__).with_name("paused_start.py")),
+                            str(gate)]
+    try:
+        proc = setup.daemon.spawn()
+    finally:
+        setup.daemon.command = None
+    wait_for(lambda: (gate / "paused").exists() or proc.poll() is not None, timeout=120,
+             what="the start paused before service.run")
+    assert proc.poll() is None, setup.daemon.log()
+    assert sighup_mask(proc.pid) == (True, False), "SIGHUP is not blocked before its handler"
     os.kill(proc.pid, signal.SIGHUP)
+    with open(gate / "go", "w") as go:
+        go.write("go\n")
     setup.daemon.wait_ready()
     wait_for(lambda: "configuration reloaded" in setup.daemon.log(), what="the held reload")
     assert sighup_mask(proc.pid) == (False, True)
