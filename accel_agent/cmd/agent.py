@@ -117,11 +117,14 @@ def startup_check(args: argparse.Namespace) -> bool:
 
 
 def _validate(conf) -> tuple[list[str], list[str]]:
-    """wiring.validate, reading the ledger read-only (the daemon opens its
-    own connection only after this one is closed).  A ledger of an older
-    schema is the daemon's to upgrade when it opens it (after a backup copy):
-    nothing validate reports depends on the ledger's rows, so the check runs
-    without them."""
+    """wiring.validate, the start's own check (accel_agent.startchecks: the
+    socket, the privileged helper, Placement's auth, the metrics address, the
+    ledger's quick_check and what recovery would refuse), reading the ledger
+    read-only (the daemon opens its own connection only after this one is
+    closed).  A ledger of an older schema is the daemon's to upgrade when it
+    opens it (after a backup copy): the check then runs without its rows, and
+    what recovery refuses in them the start says itself, in the same words
+    (devices.recovery.owner_refusals)."""
     from accel_agent.devices.ledger import LedgerSchemaOld
 
     try:

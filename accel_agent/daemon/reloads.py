@@ -2,17 +2,22 @@
 start checks it, then applied under the manager's lock, or refused and the
 running configuration kept.
 
-Refused: a value the daemon cannot use (named by file and line), a device
-an instance holds that would get another owner (its parent another type or
-none, its type reported by Nova), an option that needs a restart (``sysfs_root``, ``state_dir``,
+Refused: whatever the start would refuse (wiring.validate: a value the
+daemon cannot use, named by file and line; a socket group, Placement auth or
+metrics address it cannot have; a device an instance holds that would get
+another owner: its parent another type or none, its type reported by Nova),
+an option that needs a restart (``sysfs_root``, ``state_dir``,
 ``host``).  Options that change only at the next restart (the API socket
-and its workers, the VF pools) are noted, not refused.  Health and
+and its workers, the VF pools) are noted, not refused, once the start's
+check passes them (a restart that would refuse them is no restart to defer
+to).  Health and
 ``accel_agent_config_reloads_total`` say what the last reload did.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -170,7 +175,9 @@ class Reloads:
         core = self._core
         devices = core.devices
         placement_opts.register_opts(new_conf)
-        errors, _warnings = wiring.validate(new_conf, ledger=devices.ledger)
+        # The start's own check, inside the running agent: its socket and
+        # metrics port are its own, not in the way.
+        errors, _warnings = wiring.validate(new_conf, ledger=devices.ledger, running=os.getpid())
         if errors:
             raise exception.ReloadRefused(reason="; ".join(errors))
         for group, name in RESTART_OPTIONS:
