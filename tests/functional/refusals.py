@@ -75,10 +75,12 @@ def assert_said_by_all(start_lines: list[str], check: subprocess.CompletedProces
                        agent_check: subprocess.CompletedProcess) -> None:
     assert start_lines, "the start was not refused"
     said = [line for line in start_lines if line not in START_PREAMBLES]
-    assert check.returncode == 1, check.stderr
-    assert agent_check.returncode == 1, agent_check.stderr
+    assert check.returncode == 1, f"check-config passed what the start refuses: {said}"
+    assert agent_check.returncode == 1, f"accel-agent --check passed what the start refuses: {said}"
     for line in said:
-        assert line in errors(check), (line, check.stderr)
+        assert line in errors(check), (
+            f"check-config did not say the start's {line!r}: {check.stderr}")
         # --check says what the start says (a ledger's refusal after "refusing to start: ").
         assert line in errors(agent_check) or f"refusing to start: {line}" in errors(
-            agent_check), (line, agent_check.stderr)
+            agent_check), (
+            f"accel-agent --check did not say the start's {line!r}: {agent_check.stderr}")
