@@ -28,7 +28,9 @@ port are not in the way.  None before a start, where anything at those
 places refuses it.  Which process is the running agent is read from the
 socket (SO_PEERCRED), and whether a port is its own from its descriptors in
 /proc; when those cannot be read (``check-config`` as another user) the port
-counts as the agent's: a best effort, never a false refusal.
+counts as the agent's: a best effort, never a false refusal.  For the same
+reason a check run by another user than root leaves out what only root can
+try (a socket it may not connect to, a port below 1024).
 
 A small module that imports the daemon's rooms only where a check needs them:
 it is read by accelctl too.
@@ -82,6 +84,13 @@ def serving_pid(socket_path: str) -> int | None:
     return pid if state == "served" else None
 
 
+def _root() -> bool:
+    """Whether this check runs as the agent does (root).  check-config run by
+    another user cannot probe a socket or bind a port the agent can: it says
+    nothing of those rather than refuse what the start takes."""
+    return os.geteuid() == 0
+
+
 # --- the API socket ------------------------------------------------------------------
 
 
@@ -100,9 +109,13 @@ def _api_socket(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
     if directory == RUNTIME_DIRECTORY and not os.path.lexists(directory):
         return errors
     try:
+        if not _root() and os.path.lexists(path) and not os.access(path, os.W_OK):
+            return errors  # cannot probe it as this user; the agent (root) can
         state, pid = server.socket_path_state(path)
     except exception.AccelAgentException as exc:
         return [*errors, exc.message]
+    except OSError:
+        return errors  # this user may not look there; the agent (root) may
     if state == "served" and (running is None or pid != running):
         errors.append(exception.AgentAlreadyRunning(path=path).message)
     return errors
@@ -182,8 +195,8 @@ def _metrics_address(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
     from accel_agent.listen_address import parse
 
     listen = parse(conf.metrics.listen)
-    if listen is None:
-        return []
+    if listen is None or (not _root() and listen.port < 1024):
+        return []  # a privileged port: only the agent (root) can tell by binding it
     from accel_agent.reporting import metrics_server
 
     try:
