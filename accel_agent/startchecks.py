@@ -6,6 +6,9 @@
 check is one the start takes.  Each check calls the very function the start's
 own action calls, so the two cannot disagree, and say the same words:
 
+* logging: ``log_config_append`` or the log file's directory
+  (:func:`logging_problems`, which the start calls before oslo.log opens
+  them);
 * the API socket: its group (``api.server.socket_group_gid``, as
   ``bind_socket``) and its place (``api.server.socket_path_state``, as
   ``check_socket_path``): a directory anyone may write to, something that is
@@ -41,6 +44,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
@@ -64,7 +68,7 @@ def start_problems(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
     from oslo_config import cfg
 
     errors: list[str] = []
-    for check in (_api_socket, _privileged_helper, _placement_auth, _metrics_address):
+    for check in (_logging, _api_socket, _privileged_helper, _placement_auth, _metrics_address):
         try:
             errors += check(conf, running)
         except (ValueError, cfg.Error):
@@ -89,6 +93,40 @@ def _root() -> bool:
     another user cannot probe a socket or bind a port the agent can: it says
     nothing of those rather than refuse what the start takes."""
     return os.geteuid() == 0
+
+
+# --- logging --------------------------------------------------------------------------
+
+
+def logging_problems(conf: cfg.ConfigOpts) -> list[str]:
+    """The files oslo.log opens at the start, which it would fail on with a
+    traceback: ``[DEFAULT] log_config_append`` (a regular file; looked at,
+    never loaded here: loading runs its handlers) or, without it, the log
+    file's directory (``log_file``, ``log_dir``).  The start
+    (cmd/agent.py) calls this before it sets logging up."""
+    append = conf.log_config_append
+    if append:
+        try:
+            found = os.stat(append)
+        except OSError as exc:
+            return [f"cannot read [DEFAULT] log_config_append {append}: {exc.strerror}"]
+        if not stat.S_ISREG(found.st_mode):
+            return [f"cannot read [DEFAULT] log_config_append {append}: not a regular file"]
+        return []  # oslo.log reads only that file then, no log file of its own
+    from oslo_log import log as oslo_log
+
+    path = oslo_log._get_log_file_path(conf)  # the path oslo.log opens (log_dir/log_file)
+    if not path:
+        return []
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return [f"cannot open the log file {path} ([DEFAULT] log_file, log_dir): "
+                f"{directory} is no directory"]
+    return []
+
+
+def _logging(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
+    return logging_problems(conf)
 
 
 # --- the API socket ------------------------------------------------------------------

@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from accel_agent import exception, wiring
+from accel_agent import exception, startchecks, wiring
 from accel_agent.cmd import common, output
 
 LOG = logging.getLogger("accel_agent")
@@ -92,9 +92,11 @@ def startup_check(args: argparse.Namespace) -> bool:
     from accel_agent.conf import CONF
 
     errors = _load_config(args)
-    # Before the logging set-up, which reads oslo.log's values.
+    # Before the logging set-up, which reads oslo.log's values and opens its
+    # files (check-config says the same of them: startchecks.py).
     errors = errors or config_values.value_errors(CONF)
     conf = CONF
+    errors = errors or startchecks.logging_problems(conf)
     if errors:
         output.error("refusing to start: invalid configuration")
         for error in errors:

@@ -68,7 +68,10 @@ def start(config: Path, root: str, writer: object | None = "direct") -> list[str
     return []
 
 
-START_PREAMBLES = ("refusing to start: recovery needs a configuration change",)
+START_PREAMBLES = (
+    "refusing to start: recovery needs a configuration change",
+    "refusing to start: invalid configuration",
+)
 
 
 def assert_said_by_all(start_lines: list[str], check: subprocess.CompletedProcess,

@@ -258,3 +258,27 @@ def test_beside_the_running_agent_its_own_socket_and_port_are_not_in_the_way(pla
     finally:
         agent_socket.close()
         metrics.close()
+
+
+@pytest.mark.parametrize("body, said", [
+    ("[DEFAULT]\nlog_file = {work}/no-such-dir/agent.log\n",
+     "cannot open the log file {work}/no-such-dir/agent.log ([DEFAULT] log_file, log_dir): "
+     "{work}/no-such-dir is no directory"),
+    ("[DEFAULT]\nlog_config_append = {work}/logging.ini\n",
+     "cannot read [DEFAULT] log_config_append {work}/logging.ini: No such file or directory"),
+], ids=["log-directory-missing", "log-config-missing"])
+def test_the_logging_files_the_start_opens_are_checked_in_its_words(place, body, said):
+    """oslo.log's files, which the start opens before anything else (it
+    failed with a traceback): the daemon itself as a process, beside
+    check-config and --check, all refuse with one line."""
+    config = place.write(GOOD + body.format(work=place.work))
+    said = said.format(work=place.work)
+    check, agent_check = check_and_agent_check(config)
+    daemon = subprocess.run(
+        [sys.executable, "-m", "accel_agent.cmd.agent", "--config-file", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert "Traceback" not in daemon.stderr, daemon.stderr
+    assert errors(daemon) == ["refusing to start: invalid configuration", said]
+    assert_said_by_all(errors(daemon), check, agent_check)
+    assert not os.path.exists(place.socket_path)
