@@ -118,10 +118,11 @@ def logging_problems(conf: cfg.ConfigOpts) -> list[str]:
     path = oslo_log._get_log_file_path(conf)  # the path oslo.log opens (log_dir/log_file)
     if not path:
         return []
+    # Only its directory: the file's name may depend on the program's (log_dir alone).
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        return [f"cannot open the log file {path} ([DEFAULT] log_file, log_dir): "
-                f"{directory} is no directory"]
+        return [f"cannot open a log file in {directory} ([DEFAULT] log_file, log_dir): "
+                "no such directory"]
     return []
 
 

@@ -262,8 +262,8 @@ def test_beside_the_running_agent_its_own_socket_and_port_are_not_in_the_way(pla
 
 @pytest.mark.parametrize("body, said", [
     ("[DEFAULT]\nlog_file = {work}/no-such-dir/agent.log\n",
-     "cannot open the log file {work}/no-such-dir/agent.log ([DEFAULT] log_file, log_dir): "
-     "{work}/no-such-dir is no directory"),
+     "cannot open a log file in {work}/no-such-dir ([DEFAULT] log_file, log_dir): "
+     "no such directory"),
     ("[DEFAULT]\nlog_config_append = {work}/logging.ini\n",
      "cannot read [DEFAULT] log_config_append {work}/logging.ini: No such file or directory"),
 ], ids=["log-directory-missing", "log-config-missing"])
