@@ -266,6 +266,25 @@ class RecoveryTypeNotConfigured(AccelAgentException):
     )
 
 
+class AssignedDeviceRetyped(AccelAgentException):
+    # A configuration (reload, start, check-config) that would give the parent
+    # of a device an instance holds another type, another layout or none.
+    msg_fmt = (
+        "mdev %(uuid)s of %(kind)s %(owner)s is %(mdev_type)s on parent %(parent)s, which "
+        "would get %(becomes)s"
+    )
+
+
+class AssignedDeviceToNova(AccelAgentException):
+    # reported_by = nova for the type of a device the agent gave an instance:
+    # nova-pci-config would list it for Nova, which could give it to another.
+    msg_fmt = (
+        "mdev %(uuid)s of %(kind)s %(owner)s is %(mdev_type)s on parent %(parent)s, and "
+        "[mdev_%(mdev_type)s] reported_by = nova would hand it to Nova too (nova-pci-config "
+        "lists it): release it first, or keep reported_by = agent"
+    )
+
+
 class InvalidAllocationRequest(AccelAgentException):
     msg_fmt = "Invalid allocation request: %(reason)s"
 

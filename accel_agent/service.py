@@ -39,7 +39,7 @@ from typing import Any
 from oslo_config import cfg
 
 import accel_agent
-from accel_agent import config_values, events, exception
+from accel_agent import config_values, events, exception, startchecks
 from accel_agent.daemon import logs
 from accel_agent.daemon.core import AgentCore
 from accel_agent.daemon.reloads import ReloadOutcome, load_new_config, refusal_reason
@@ -149,11 +149,12 @@ class AgentService(_service_base()):  # type: ignore[misc]
             privileged.set_call_timeout(conf.privileged_call_timeout)
             if privileged.sysfs_admin.channel is None:
                 try:
+                    startchecks.check_privileged_helper(conf)  # check-config's words
                     privileged.start_privsep(self.config_files, self.config_dirs)
                 except Exception as exc:
                     message = getattr(exc, "message", None) or str(exc)
                     raise exception.AccelAgentException(
-                        f"cannot start the privileged helper (privsep-helper): {message}"
+                        startchecks.privileged_helper_refusal(message)
                     ) from exc
                 self._started_privsep = True
         core = AgentCore(conf, writer=self._writer, reporter=reporter, metrics=metrics)

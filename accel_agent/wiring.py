@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from accel_agent import config_cache, exception
+from accel_agent import config_cache, exception, startchecks
 from accel_agent.config_cache import config_sources
 from accel_agent.devices import policy as policy_mod
 from accel_agent.devices.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
@@ -212,6 +212,9 @@ class LedgerView:
     layout_held: frozenset[str] = frozenset()
     # A standing layout's devices, also those an instance holds now.
     layout_members: frozenset[str] = frozenset()
+    # The rows themselves, for the start's checks (startchecks.owner_problems);
+    # empty in a view made from what the running daemon said.
+    records: tuple[DeviceRecord, ...] = ()
 
     @property
     def owned(self) -> frozenset[str]:
@@ -237,6 +240,7 @@ class LedgerView:
                 r.uuid in held and r.intent_id is None)),
             layout_held=held,
             layout_members=frozenset(r.uuid for r in records if r.in_layout),
+            records=tuple(records),
         )
 
 
@@ -333,19 +337,27 @@ def host_state(
 
 
 def validate(
-    conf: cfg.ConfigOpts, strict: bool = False, ledger: Ledger | LedgerView | None = None
+    conf: cfg.ConfigOpts,
+    strict: bool = False,
+    ledger: Ledger | LedgerView | None = None,
+    running: int | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Everything ``check-config`` and the daemon's start-up check:
-    (errors, warnings), each a list of one-line messages.  The errors include
-    :func:`accel_agent.config_values.value_errors` (every option's value,
-    read once as the daemon reads it), so that a reload that passed this
-    check reads no value that can raise.  ``ledger``: see :func:`check`."""
-    errors, warnings, _state = check(conf, strict, ledger=ledger)
+    """Everything ``check-config``, ``accel-agent --check`` (the start) and a
+    reload check: (errors, warnings), each a list of one-line messages.  The
+    errors include :func:`accel_agent.config_values.value_errors` (every
+    option's value, read once as the daemon reads it), so that a reload that
+    passed this check reads no value that can raise, and everything else the
+    start can refuse (accel_agent.startchecks), in the start's words.
+    ``ledger``, ``running``: see :func:`check`."""
+    errors, warnings, _state = check(conf, strict, ledger=ledger, running=running)
     return errors, warnings
 
 
 def check(
-    conf: cfg.ConfigOpts, strict: bool = False, ledger: Ledger | LedgerView | None = None
+    conf: cfg.ConfigOpts,
+    strict: bool = False,
+    ledger: Ledger | LedgerView | None = None,
+    running: int | None = None,
 ) -> tuple[list[str], list[str], HostState | None]:
     """:func:`validate`, and the host state it looked at (None when the
     configuration could not be resolved), so that a caller reporting on the
@@ -353,7 +365,10 @@ def check(
 
     ``ledger``: the daemon passes its own open Ledger (a reload must never
     open it a second time in its process); a LedgerView is used as it is;
-    None reads ``state_dir``'s ledger read-only."""
+    None reads ``state_dir``'s ledger read-only and runs the start's
+    quick_check on it.  ``running``: the pid of the agent already running
+    with this configuration's socket and ports (check-config beside it, a
+    reload inside it), None before a start (startchecks.py)."""
     from oslo_config import cfg
 
     from accel_agent import (
@@ -372,6 +387,9 @@ def check(
         state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
         errors += [state_error] if state_error else []
         warnings += [state_warning] if state_warning else []
+    # What else the start refuses before it looks at the devices (the API
+    # socket, the privileged helper, Placement's auth, the metrics address).
+    errors += startchecks.start_problems(conf, running)
     # The checks below read values too; one that cannot be read was reported
     # above, naming its file and line, and ends the checks that need it.
     try:
@@ -391,6 +409,10 @@ def check(
         if not bad_values:
             raise
         return errors, warnings, None
+    if ledger is None:
+        startchecks.verify_ledger(conf.state_dir)  # LedgerCorrupt, as the start
+    # What recovery (the start) and a reload would refuse in the ledger.
+    errors += startchecks.owner_problems(conf, state)
     try:
         pool_errors, pool_warnings = _check_vf_pools(conf)
     except (ValueError, cfg.Error):

@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 from typing import Any
 
 from cheroot import server as cheroot_server
@@ -58,20 +59,30 @@ SOCKET_DIR_MODE = 0o755
 SOCKET_DIR_MODE_GROUP = 0o750
 
 
+def socket_dir_unmakeable(path: str) -> exception.ApiSocketUnsafe | None:
+    """Why the missing directory of socket ``path`` cannot be made by the
+    start (its parent is missing too), None when it can: what
+    :func:`make_socket_dir` refuses and the start's check says."""
+    directory = os.path.dirname(os.path.abspath(path))
+    parent = os.path.dirname(directory)
+    if os.path.isdir(parent):
+        return None
+    return exception.ApiSocketUnsafe(
+        path=path, reason=f"its directory {directory} does not exist, nor its parent {parent}"
+    )
+
+
 def make_socket_dir(path: str, gid: int = -1) -> None:
     """Make the socket's directory when it is missing (its parent must
     exist): owned by the agent's user, group ``gid`` and mode 0750 when a
     socket group is set, else 0755.  An existing one is left as it is (never
     loosened); check_socket_path then refuses it if it is unsafe."""
     directory = os.path.dirname(os.path.abspath(path))
-    parent = os.path.dirname(directory)
     if os.path.lexists(directory):
         return
-    if not os.path.isdir(parent):
-        raise exception.ApiSocketUnsafe(
-            path=path, reason=f"its directory {directory} does not exist, nor its parent "
-            f"{parent}"
-        )
+    unmakeable = socket_dir_unmakeable(path)
+    if unmakeable is not None:
+        raise unmakeable
     mode = SOCKET_DIR_MODE_GROUP if gid != -1 else SOCKET_DIR_MODE
     try:
         os.mkdir(directory, 0o700)  # narrow until its group and mode are set
@@ -93,9 +104,25 @@ def make_socket_dir(path: str, gid: int = -1) -> None:
              f", group {gid}" if gid != -1 else "")
 
 
-def check_socket_path(path: str) -> None:
-    """Refuse an unsafe place; remove a stale socket.  Raises ApiSocketUnsafe,
-    AgentAlreadyRunning."""
+def socket_group_gid(group: str) -> int:
+    """The gid of ``[api] socket_group`` ``group``: what :func:`bind_socket`
+    gives the socket, and what ``check-config`` checks (one function, one
+    message).  Raises InvalidConfig when the host has no such group."""
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise exception.InvalidConfig(
+            reason=f"[api] socket_group {group!r} is not a group on this host"
+        ) from None
+
+
+def socket_path_state(path: str) -> tuple[str, int | None]:
+    """What is at the API socket's place, changing nothing: ("free", None),
+    ("stale", None) (a socket nobody listens on) or ("served", pid of the
+    process that listens, None when the kernel does not say).  Raises
+    ApiSocketUnsafe for a place the agent refuses.  :func:`check_socket_path`
+    (the start) and the start's check (accel_agent/startchecks.py) both
+    read it here."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
     try:
@@ -116,7 +143,7 @@ def check_socket_path(path: str) -> None:
     try:
         found = os.lstat(path)
     except FileNotFoundError:
-        return
+        return "free", None
     if not stat.S_ISSOCK(found.st_mode):
         raise exception.ApiSocketUnsafe(
             path=path,
@@ -127,32 +154,46 @@ def check_socket_path(path: str) -> None:
     probe.settimeout(2.0)
     try:
         probe.connect(path)
+        return "served", _peer_pid(probe)
     except (ConnectionRefusedError, FileNotFoundError):
-        LOG.info("Replacing the stale API socket %s (nobody listens on it)", path)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
+        return "stale", None
     except OSError as exc:
         raise exception.ApiSocketUnsafe(
             path=path, reason=f"cannot tell whether the socket is in use: {exc}"
         ) from None
     finally:
         probe.close()
-    raise exception.AgentAlreadyRunning(path=path)
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    """The pid of the process listening on the other end (SO_PEERCRED: the
+    credentials the listener had when it called listen())."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid = struct.unpack("3i", creds)[0]
+    return pid if pid > 0 else None
+
+
+def check_socket_path(path: str) -> None:
+    """Refuse an unsafe place; remove a stale socket.  Raises ApiSocketUnsafe,
+    AgentAlreadyRunning."""
+    path = os.path.abspath(path)
+    state, _pid = socket_path_state(path)
+    if state == "served":
+        raise exception.AgentAlreadyRunning(path=path)
+    if state == "stale":
+        LOG.info("Replacing the stale API socket %s (nobody listens on it)", path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def bind_socket(path: str, group: str | None = None, backlog: int = 128) -> socket.socket:
     """A listening AF_UNIX socket at ``path``, mode 0660, group ``group``;
     its directory made when missing (:func:`make_socket_dir`)."""
     path = os.path.abspath(path)
-    gid = -1
-    if group:
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise exception.InvalidConfig(
-                reason=f"[api] socket_group {group!r} is not a group on this host"
-            ) from None
+    gid = socket_group_gid(group) if group else -1
     make_socket_dir(path, gid)
     check_socket_path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

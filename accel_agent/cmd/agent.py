@@ -29,7 +29,7 @@ import io
 import logging
 from collections.abc import Sequence
 
-from accel_agent import exception, wiring
+from accel_agent import exception, startchecks, wiring
 from accel_agent.cmd import common, output
 
 LOG = logging.getLogger("accel_agent")
@@ -105,9 +105,11 @@ def startup_check(args: argparse.Namespace) -> bool:
     from accel_agent.conf import CONF
 
     errors = _load_config(args)
-    # Before the logging set-up, which reads oslo.log's values.
+    # Before the logging set-up, which reads oslo.log's values and opens its
+    # files (check-config says the same of them: startchecks.py).
     errors = errors or config_values.value_errors(CONF)
     conf = CONF
+    errors = errors or startchecks.logging_problems(conf)
     if errors:
         output.error("refusing to start: invalid configuration")
         for error in errors:
@@ -130,11 +132,14 @@ def startup_check(args: argparse.Namespace) -> bool:
 
 
 def _validate(conf) -> tuple[list[str], list[str]]:
-    """wiring.validate, reading the ledger read-only (the daemon opens its
-    own connection only after this one is closed).  A ledger of an older
-    schema is the daemon's to upgrade when it opens it (after a backup copy):
-    nothing validate reports depends on the ledger's rows, so the check runs
-    without them."""
+    """wiring.validate, the start's own check (accel_agent.startchecks: the
+    socket, the privileged helper, Placement's auth, the metrics address, the
+    ledger's quick_check and what recovery would refuse), reading the ledger
+    read-only (the daemon opens its own connection only after this one is
+    closed).  A ledger of an older schema is the daemon's to upgrade when it
+    opens it (after a backup copy): the check then runs without its rows, and
+    what recovery refuses in them the start says itself, in the same words
+    (devices.recovery.owner_refusals)."""
     from accel_agent.devices.ledger import LedgerSchemaOld
 
     try:

@@ -1,11 +1,15 @@
 """``accelctl check-config`` and ``accelctl reload``: the configuration,
 checked against this host or reloaded by the running daemon.
 
-``check-config`` reads no ledger while the daemon runs: nothing it reports
-depends on the ledger's rows (it would only catch a damaged file, which the
-daemon checks itself at its start and reports in ``/v1/health``).  Acting
-directly it opens the ledger read-only (never created, migrated or
-checkpointed).  (``accelctl ledger upgrade`` is accel_agent.cmd.ledger_upgrade.)
+``check-config`` is the start's own check (wiring.check, accel_agent.startchecks):
+what it passes, the start and a reload take; what it refuses, they refuse in
+the same words.  It opens the ledger read-only (never created, migrated or
+checkpointed; SQLite's quick_check, as the start runs it), also beside a
+running daemon, in another process than the daemon's: a device an instance
+holds that the configuration would give another owner is one of its errors.
+Beside the daemon, the daemon's own socket and metrics port are not in the
+way (the daemon is the process serving ``[api] socket_path``).
+(``accelctl ledger upgrade`` is accel_agent.cmd.ledger_upgrade.)
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel_agent import exception, wiring
-from accel_agent.cmd import daemon, loading, output
+from accel_agent.cmd import loading, output
 
 # Seconds `accelctl reload` waits for the daemon's answer.
 RELOAD_TIMEOUT = 300.0
@@ -25,11 +29,23 @@ RELOAD_TIMEOUT = 300.0
 def add_check_config(subparsers: argparse._SubParsersAction) -> None:
     check = subparsers.add_parser(
         "check-config",
-        help="validate the config against this host's sysfs and print every problem",
-        description="Validate [devices] enabled_mdev_types and [mdev_<type>] sections "
-        "against the host. Errors (duplicate or malformed addresses, bad mdev_class) "
-        "exit 1; warnings (an address that is no mdev parent, a type a parent does not "
-        "offer) are printed and become errors with --strict. With --json: one JSON "
+        help="validate the config against this host as the daemon's start does and print "
+        "every problem",
+        description="Validate the configuration against this host with the checks the "
+        "daemon's start runs (accel-agent --check, the start and every reload run the same "
+        "ones and refuse in the same words): every option's value (named by file and line); "
+        "[devices] enabled_mdev_types, the [mdev_<type>] sections and the VF pools against "
+        "sysfs; [DEFAULT] log_config_append or the log file's directory; "
+        "[api] socket_group (a group of this host); [api] socket_path (its directory "
+        "not writable by others without the sticky bit, nothing but a socket in the way, no "
+        "other agent serving it); [accel_agent_privileged] helper_command (its program "
+        "exists); [placement] auth options when enabled; [metrics] listen (bound and let go "
+        "at once); the ledger (SQLite's quick_check, opened read-only); and each device an "
+        "instance holds that the configuration would give another owner (its parent another "
+        "type or none, its type reported_by = nova), as recovery and a reload refuse it. "
+        "Beside the running agent, its own socket and metrics port are not in the way. "
+        "Errors exit 1; warnings (an address that is no mdev parent, a type a parent does "
+        "not offer) are printed and become errors with --strict. With --json: one JSON "
         "document on stdout (ok, errors, warnings, each problem with its message, file, "
         "line, section and option where known), nothing on stderr, the same exit status. "
         "With --nova-conf FILE: also each GPU that Nova's [pci] device_spec in FILE and the "
@@ -91,11 +107,13 @@ def check_config(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> tuple[list[str], list[str], Any]:
+    from accel_agent import startchecks
+
     conf = loading.load_config(args)
-    # The running daemon's ledger is its own (see the module's docstring).
-    running = not args.offline and daemon.runs(conf.api.socket_path)
-    ledger = wiring.LedgerView() if running else None
-    return wiring.check(conf, strict=args.strict, ledger=ledger)
+    # Beside the running daemon (check-config && accelctl reload): its own
+    # socket and metrics port are not in the way (see the module's docstring).
+    running = startchecks.serving_pid(conf.api.socket_path)
+    return wiring.check(conf, strict=args.strict, running=running)
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,25 @@
 start checks it, then applied under the manager's lock, or refused and the
 running configuration kept.
 
-Refused: a value the daemon cannot use (named by file and line), a layout
-that would orphan an assigned device (its parent would get another type or
-none), an option that needs a restart (``sysfs_root``, ``state_dir``,
+Refused: whatever the start would refuse (wiring.validate: a value the
+daemon cannot use, named by file and line; a socket group, Placement auth or
+metrics address it cannot have; a device an instance holds that would get
+another owner: its parent another type or none, its type reported by Nova),
+an option that needs a restart (``sysfs_root``, ``state_dir``,
 ``host``).  Options that change only at the next restart (the API socket
-and its workers, the VF pools) are noted, not refused.  Health and
+and its workers, the VF pools) are noted, not refused, once the start's
+check passes them (a restart that would refuse them is no restart to defer
+to).  Health and
 ``accel_agent_config_reloads_total`` say what the last reload did.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +29,12 @@ from oslo_config import cfg
 from accel_agent import conf as agent_conf
 from accel_agent import exception, wiring
 from accel_agent.devices import policy as policy_mod
-from accel_agent.devices.ledger import DeviceRecord, OwnerKind
+from accel_agent.devices.ledger import DeviceRecord
+from accel_agent.devices.protocol import Existing
 from accel_agent.reporting import placement_opts
 
 if TYPE_CHECKING:
     from accel_agent.daemon.core import AgentCore
-    from accel_agent.sysfs.model import Parent
 
 LOG = logging.getLogger(__name__)
 
@@ -86,22 +91,15 @@ def _no_reload() -> ReloadOutcome:
 
 
 def orphaned(
-    assigned: Iterable[DeviceRecord],
-    policy: policy_mod.MdevPolicy,
-    parents: Mapping[str, Parent] | None = None,
+    assigned: Iterable[DeviceRecord], policy: policy_mod.MdevPolicy, devices: Existing
 ) -> list[str]:
-    """Why ``policy`` would orphan assigned devices (their parent gets another
-    type or none); ``parents``: the host's, so that a VF finds its GPU's type."""
-    reasons = []
-    for record in assigned:
-        new_type = policy.type_for_name(record.parent, parents or {})
-        if new_type != record.mdev_type:
-            becomes = f"type {new_type}" if new_type else "no type"
-            reasons.append(
-                f"mdev {record.uuid} of {record.owner_kind or 'owner'} {record.owner} is "
-                f"{record.mdev_type} on parent {record.parent}, which would get {becomes}"
-            )
-    return reasons
+    """Why ``policy`` would hand devices instances hold to another owner (their
+    parent another type or none, their type reported by Nova): recovery's
+    rule (:func:`accel_agent.devices.recovery.owner_refusals`), which the
+    start and ``check-config`` apply too, in the same words."""
+    from accel_agent.devices import recovery
+
+    return [e.message for e in recovery.owner_refusals(assigned, policy, devices)]
 
 
 def load_new_config(
@@ -177,7 +175,9 @@ class Reloads:
         core = self._core
         devices = core.devices
         placement_opts.register_opts(new_conf)
-        errors, _warnings = wiring.validate(new_conf, ledger=devices.ledger)
+        # The start's own check, inside the running agent: its socket and
+        # metrics port are its own, not in the way.
+        errors, _warnings = wiring.validate(new_conf, ledger=devices.ledger, running=os.getpid())
         if errors:
             raise exception.ReloadRefused(reason="; ".join(errors))
         for group, name in RESTART_OPTIONS:
@@ -217,12 +217,15 @@ class Reloads:
         # NOTE: the check and the switch happen under the manager's lock, so
         # that no allocation made with the old policy slips in between.
         with devices.locked():
-            # A standing layout's devices that no instance holds drain
-            # instead (devices/layout.py): never a reason to refuse.
-            assigned = devices.scanned_records(
-                r for r in devices.ledger.assigned() if r.owner_kind is not OwnerKind.STANDING
-            )
-            orphans = orphaned(assigned, policy, devices.scan().parents)
+            # wiring.validate judged the ledger above; this is the same rule
+            # again under the lock, for what an allocation changed meanwhile.
+            # The pools are the running ones (new ones apply at the next
+            # start, and validate judged those).
+            existing = Existing(devices.scan(), {
+                name: backend.outside_devices()
+                for name, backend in devices.backends.items() if backend.outside_snapshot
+            })
+            orphans = orphaned(devices.ledger.assigned(), policy, existing)
             if orphans:
                 raise exception.ReloadRefused(reason="; ".join(orphans))
             devices.set_policy(policy)

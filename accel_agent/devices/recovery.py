@@ -3,8 +3,9 @@ parent coming back, work a failed privileged helper left).
 
 In order, under the operation's lock: each backend prepares the host (a
 pool's VFs enabled again after a reboot); refuse, changing nothing, when an
-assigned device would have to be re-created with a type the config no longer
-gives its parent; settle what a crash left half-done (the protocol's half);
+assigned device would get another owner (its parent another type, or its type
+reported by Nova: :func:`owner_refusals`, the rule check-config and a reload
+share); settle what a crash left half-done (the protocol's half);
 free expired migration claims; give free pool VFs back to their driver;
 re-create every recorded device missing from sysfs with the **same UUID on
 the same parent and type** (a VF: the same settings), by the backend that
@@ -27,7 +28,10 @@ from accel_agent.devices.protocol import Existing
 from accel_agent.devices.results import RecoveryReport
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from accel_agent.devices.manager import DeviceManager
+    from accel_agent.devices.policy import MdevPolicy
     from accel_agent.sysfs.model import HostSnapshot
 
 LOG = logging.getLogger(__name__)
@@ -118,34 +122,64 @@ def _prepare_hosts(m: DeviceManager) -> None:
             LOG.warning("backend %s cannot prepare the host: %s", backend.name, failure)
 
 
-def _configured_type(m: DeviceManager, record: DeviceRecord, devices: Existing) -> str | None:
+def configured_type(policy: MdevPolicy, record: DeviceRecord, devices: Existing) -> str | None:
+    """What ``policy`` gives the record's parent now: its type (a VF finds its
+    GPU's), or for a pool VF its pool."""
     if record.backend in devices.outside:
         found = devices.outside[record.backend].get(record.parent)
         return found[0] if found else None
-    return m.policy.type_for_name(record.parent, devices.snapshot.parents)
+    return policy.type_for_name(record.parent, devices.snapshot.parents)
+
+
+def owner_refusals(
+    records: Iterable[DeviceRecord], policy: MdevPolicy, devices: Existing
+) -> list[exception.AccelAgentException]:
+    """Why ``policy`` would hand a device an instance (or a migration claim)
+    holds to another owner: its parent gets another type, another layout's
+    or none (RecoveryTypeNotConfigured when the device is gone and would have
+    to be re-created, AssignedDeviceRetyped when it exists), or its type is
+    ``reported_by = nova``, so Nova would list it for its own guests too
+    (AssignedDeviceToNova).
+
+    The one rule of the start (recovery refuses, changing nothing), of a
+    reload (refused, the running configuration kept) and of
+    ``check-config`` (over the ledger read read-only): what one refuses, the
+    others refuse with the same words.  A standing layout's device no
+    instance holds is never a reason (it drains, devices/layout.py); nor is
+    a VF whose parent is gone (SR-IOV disabled: its type cannot be told; it
+    waits for its parent and is judged when that comes back)."""
+    errors: list[exception.AccelAgentException] = []
+    for record in records:
+        if not record.assigned or record.owner_kind is OwnerKind.STANDING:
+            continue
+        if record.state is not DeviceState.PRESENT:
+            continue  # an operation's half: settled by recovery, assigned by nobody yet
+        if record.backend != "mdev" and not devices.has_parent(record):
+            continue
+        kind = str(record.owner_kind or "owner")
+        configured = configured_type(policy, record, devices)
+        if configured != record.mdev_type:
+            if not devices.exists(record):
+                errors.append(exception.RecoveryTypeNotConfigured(
+                    uuid=record.uuid, instance=record.owner, mdev_type=record.mdev_type,
+                    parent=record.parent,
+                ))
+                continue
+            errors.append(exception.AssignedDeviceRetyped(
+                uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.mdev_type,
+                parent=record.parent,
+                becomes=f"type {configured}" if configured else "no type",
+            ))
+        elif policy.reported_by_nova(configured):
+            errors.append(exception.AssignedDeviceToNova(
+                uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.mdev_type,
+                parent=record.parent,
+            ))
+    return errors
 
 
 def _check_recreatable(m: DeviceManager, devices: Existing) -> None:
-    errors: list[exception.AccelAgentException] = []
-    for record in m.ledger.assigned():
-        if devices.exists(record) or record.state is not DeviceState.PRESENT:
-            continue
-        if record.owner_kind is OwnerKind.STANDING:
-            continue  # a layout's device no instance holds: as a free one
-        if record.backend != "mdev" and not devices.has_parent(record):
-            # A VF's configured type is its GPU's (its pool's); with the VF
-            # gone (SR-IOV disabled) it cannot be told: it waits for its
-            # parent, and is checked when that comes back.
-            continue
-        if _configured_type(m, record, devices) != record.mdev_type:
-            errors.append(
-                exception.RecoveryTypeNotConfigured(
-                    uuid=record.uuid,
-                    instance=record.owner,
-                    mdev_type=record.mdev_type,
-                    parent=record.parent,
-                )
-            )
+    errors = owner_refusals(m.ledger.assigned(), m.policy, devices)
     if errors:
         raise exception.ConfigErrors(errors)
 
@@ -170,7 +204,7 @@ def _recreate_missing(m: DeviceManager, devices: Existing, report: RecoveryRepor
             report.waiting_for_parent.append(record.uuid)
             continue
         unheld = not record.assigned or record.owner_kind is OwnerKind.STANDING
-        if unheld and _configured_type(m, record, devices) != record.mdev_type:
+        if unheld and configured_type(m.policy, record, devices) != record.mdev_type:
             # A free device (or a layout's) of a type the config dropped:
             # nobody needs it back, and it is gone from sysfs already (a
             # reboot): nothing leaks.

@@ -253,8 +253,38 @@ sys.exit(ctl.main({argv!r}))
 """
 
 
-@pytest.mark.parametrize("command", [("check-config",), ("nova-pci-config",)],
-                         ids=["check-config", "nova-pci-config"])
+# check-config opens the ledger beside the daemon too, read-only only: what a
+# reload or the next start would refuse depends on its rows (startchecks.py).
+READ_ONLY_LEDGER = """
+import sys
+from accel_agent.cmd import ctl
+from accel_agent.devices import ledger
+
+opened = ledger.Ledger
+
+def read_only(*args, **kwargs):
+    assert kwargs.get("read_only"), "accelctl opened the ledger for writing while the daemon runs"
+    return opened(*args, **kwargs)
+
+ledger.Ledger = read_only
+sys.exit(ctl.main({argv!r}))
+"""
+
+
+def test_check_config_opens_the_running_daemon_s_ledger_read_only(agent):
+    agent.daemon.start()
+    assert agent.ctl("allocate", "vm-1", "--count", "1").returncode == 0
+    argv = ["--config-file", str(agent.config), "check-config"]
+    probe = subprocess.run(
+        [sys.executable, "-c", READ_ONLY_LEDGER.format(argv=argv)],
+        capture_output=True, text=True, timeout=120, cwd=str(REPO_ROOT),
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert agent.daemon.health()["status"] == "ok"
+
+
+@pytest.mark.parametrize("command", [("nova-pci-config",)], ids=["nova-pci-config"])
 def test_accelctl_asks_the_daemon_instead_of_opening_its_ledger(agent, command):
     agent.daemon.start()
     assert agent.ctl("allocate", "vm-1", "--count", "1").returncode == 0

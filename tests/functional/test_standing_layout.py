@@ -12,10 +12,14 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from accel_agent import exception
+from accel_agent.daemon.core import AgentCore
+from accel_agent.daemon.reloads import refusal_reason
+from accel_agent.devices import writers
 from tests import ledger_sql
 from tests.functional.daemon_fixture import (
     AgentDaemon,
@@ -27,6 +31,7 @@ from tests.functional.daemon_fixture import (
 )
 from tests.functional.killharness import typed_vfs
 from tests.functional.privsep_fixture import skip_unless_root
+from tests.functional.refusals import assert_said_by_all, check_and_agent_check, daemon_conf, start
 from tests.functional.simhost import simulated_host
 
 pytestmark = [pytest.mark.fuse, pytest.mark.privsep]
@@ -436,3 +441,41 @@ def test_a_gpu_moved_to_another_type_is_cleared_then_given_the_new_layout(sim):
         assert {(r.owner, r.owner_kind) for r in rows} == {("layout", "standing")}
     finally:
         manager.ledger.close()
+
+
+@pytest.mark.parametrize("new_body, words", [
+    # Issue 33 item 12: Nova would list the VF the instance holds for its own guests.
+    (body(2, "nova"), "reported_by = nova would hand it to Nova too"),
+    # Another owner: GPU1 moves to another type's layout.
+    (moved(("nvidia-1149", 2), (TYPE, 2)), "which would get type nvidia-1149"),
+], ids=["reported-by-nova", "another-type"])
+def test_a_configuration_that_hands_an_instance_s_vf_to_another_owner_is_refused_everywhere(
+    sim, tmp_path, new_body, words
+):
+    """A VF the agent gave an instance, and a configuration that would give it
+    to another owner: the reload is refused naming the instance (the running
+    configuration kept), and check-config, ``accel-agent --check`` and the
+    start refuse it in the same words (devices.recovery.owner_refusals, over
+    the ledger the running agent writes, read read-only)."""
+    sim.reset()
+    with short_dir() as sockdir:
+        extra = f"[api]\nsocket_path = {sockdir}/api.sock\n[libvirt]\nuri =\n"
+        running = Path(sim.config(body(2) + extra, name="running.conf"))
+        core = AgentCore(daemon_conf(running), writer=writers.DirectWriter(sim.root))
+        try:
+            core.startup()
+            (held,) = core.devices.allocate("vm-a", 1, parent=GPU1, mdev_type=TYPE).uuids
+            config = Path(sim.config(new_body + extra, name="new.conf"))
+            with pytest.raises(exception.ReloadRefused) as refused:
+                core.reload(daemon_conf(config))
+            assert f"mdev {held} of instance vm-a" in refused.value.message
+            assert words in refused.value.message
+            assert core.devices.policy.reported_by_nova(TYPE) is False  # the old one kept
+            check, agent_check = check_and_agent_check(config)  # beside the running core
+        finally:
+            core.close()
+        said = start(config, sim.root)
+    assert said == ["refusing to start: recovery needs a configuration change",
+                    refusal_reason(refused.value)]
+    assert_said_by_all(said, check, agent_check)
+    assert owners(sim)[held] == ("vm-a", "instance")  # nothing changed

@@ -17,6 +17,7 @@ from accel_agent.daemon.reloads import orphaned
 from accel_agent.devices.inventory import Inventory, Provider
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 from accel_agent.devices.policy import MdevPolicy, TypeConfig
+from accel_agent.devices.protocol import Existing
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.sysfs.model import HostSnapshot, Mdev
 
@@ -67,11 +68,32 @@ def snapshot(*uuids: str) -> HostSnapshot:
 
 def test_orphaned_names_every_assigned_mdev_whose_parent_changes_type():
     assigned = [rec(U1, "vm-1"), rec(U2, "vm-2", parent="mtty", mdev_type="mtty-2")]
-    assert orphaned(assigned, policy({"mtty": "mtty-2"}, default="nvidia-35")) == []
-    reasons = orphaned(assigned, policy({"0000:84:00.0": "nvidia-36"}))
+    existing = Existing(snapshot(U1, U2), {})
+    assert orphaned(assigned, policy({"mtty": "mtty-2"}, default="nvidia-35"), existing) == []
+    reasons = orphaned(assigned, policy({"0000:84:00.0": "nvidia-36"}), existing)
     assert len(reasons) == 2
     assert U1 in reasons[0] and "vm-1" in reasons[0] and "type nvidia-36" in reasons[0]
     assert U2 in reasons[1] and "no type" in reasons[1]
+
+
+def test_orphaned_names_a_device_of_a_type_nova_would_report_and_skips_the_layout_s():
+    """Issue 33 item 12: ``reported_by = nova`` for the type of a device an
+    instance holds hands it to Nova too; a layout's device nobody holds is
+    Nova's to hand out, and a device gone with its parent gives the type it
+    needs to be re-created with."""
+    nova = MdevPolicy(
+        types=(TypeConfig("nvidia-35", (), "VGPU", None, standing=1, reported_by="nova"),),
+        default_type="nvidia-35",
+    )
+    held, layout = rec(U1, "vm-1"), rec(U2, "layout", kind=OwnerKind.STANDING)
+    (reason,) = orphaned([held, layout], nova, Existing(snapshot(U1, U2), {}))
+    assert reason == (
+        f"mdev {U1} of instance vm-1 is nvidia-35 on parent 0000:84:00.0, and "
+        "[mdev_nvidia-35] reported_by = nova would hand it to Nova too (nova-pci-config lists "
+        "it): release it first, or keep reported_by = agent")
+    (gone,) = orphaned([held], policy({}, default="nvidia-36"), Existing(snapshot(), {}))
+    assert gone == (f"cannot recreate mdev {U1} of instance vm-1: type nvidia-35 is no longer "
+                    "configured for parent 0000:84:00.0")
 
 
 def test_count_mdevs_puts_each_mdev_in_one_state():
