@@ -282,3 +282,29 @@ def test_the_logging_files_the_start_opens_are_checked_in_its_words(place, body,
     assert errors(daemon) == ["refusing to start: invalid configuration", said]
     assert_said_by_all(errors(daemon), check, agent_check)
     assert not os.path.exists(place.socket_path)
+
+
+def test_a_socket_directory_the_start_makes_or_cannot_make(place, root):
+    """The start makes a missing socket directory whose parent exists (a start
+    outside systemd: api.server.make_socket_dir) and refuses one whose parent
+    is missing too; check-config and ``--check`` say exactly that, with the
+    same function (api.server.socket_dir_unmakeable)."""
+    def config(socket_path: Path) -> Path:
+        place.config.write_text(
+            f"[DEFAULT]\nsysfs_root = {root}\nstate_dir = {place.state_dir}\nhost = testhost\n"
+            f"[api]\nsocket_path = {socket_path}\n[libvirt]\nuri =\n{GOOD}"
+        )
+        return place.config
+
+    makeable = config(place.sockdir / "run" / "api.sock")
+    check, agent_check = check_and_agent_check(makeable)
+    assert (check.returncode, agent_check.returncode) == (0, 0), (check.stderr,
+                                                                   agent_check.stderr)
+    assert not (place.sockdir / "run").exists()  # a check makes nothing
+
+    unmakeable = config(place.sockdir / "no" / "run" / "api.sock")
+    check, agent_check = check_and_agent_check(unmakeable)
+    said = start(unmakeable, root, writer="direct")
+    assert any("does not exist, nor its parent" in line for line in said), said
+    assert_said_by_all(said, check, agent_check)
+    assert not (place.sockdir / "no").exists()
