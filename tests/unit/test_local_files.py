@@ -191,6 +191,27 @@ def test_an_offline_listing_over_a_fifo_ledger_is_one_error(tmp_path, config, ca
     assert len(err) == 1 and str(fifo) in err[0] and "is a FIFO" in err[0], err
 
 
+def test_a_file_replaced_between_the_check_and_oslo_config_s_read_is_refused(
+    config, monkeypatch
+):
+    # oslo.config opens the files again by path: what it read must be what
+    # was checked (only root can change it in between, e.g. an editor saving
+    # during a reload).
+    checked = config_lint.named_file_errors
+
+    def replaced_meanwhile(read):
+        swap = config.with_name("swap.conf")
+        swap.write_text("[DEFAULT]\nhost = other\n")
+        swap.replace(config)
+        return checked(read)
+
+    monkeypatch.setattr(config_lint, "named_file_errors", replaced_meanwhile)
+    assert refusal([config]) == (
+        f"Invalid configuration: config file {config} changed while it was being read; "
+        "nothing was applied: try again"
+    )
+
+
 # --- files someone else could change -----------------------------------------------------
 
 
