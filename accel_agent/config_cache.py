@@ -54,7 +54,8 @@ _CODE_FILES = (
 )
 
 DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
-# Read after the files, *.conf in name order (oslo.config's --config-dir).
+# Read after the default file (with it only: config_sources), *.conf in name
+# order (oslo.config's --config-dir).
 # Named here rather than left to oslo.config's search (which also looks in
 # ~/.accel-agent and under the program's name) so that the daemon and
 # accelctl always read the same files.

@@ -9,13 +9,20 @@ means something else in every process's working directory.  This module
 says so, naming the file and the line:
 
 * :func:`check_files` (before parsing; every command and the daemon):
-  a directory given as a file, a file that is not UTF-8 -> InvalidConfig;
+  a directory given as a file, a config file that is no regular file (a
+  FIFO, a link to ``/dev/zero``) or too large, a config file or directory
+  someone other than root could change (accel_agent.safe_files), a file that
+  is not UTF-8 -> InvalidConfig; :func:`named_file_errors`: the same for the
+  files options name that the agent runs or trusts (``log_config_append``)
+  -> messages; :func:`check_unchanged` (after parsing): oslo.config read
+  the files that were checked;
 * :func:`check_paths` (after parsing): the values every command reads that
   oslo.config cannot convert (config_values), ``sysfs_root`` and
   ``state_dir`` empty or relative -> ConfigErrors;
 * :func:`lint` (``check-config`` and the daemon's start-up check): unknown
-  sections and options, indented section headers -> warnings (errors with
-  ``--strict``);
+  sections and options, indented section headers, an option or a section
+  written twice in one file, a private key others can read -> warnings
+  (errors with ``--strict``);
 * :func:`state_dir_problem`: a ``state_dir`` the agent could not write.
 
 Known options are those of the sample config: the ``oslo.config.opts``
