@@ -54,7 +54,8 @@ _CODE_FILES = (
 )
 
 DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
-# Read after the files, *.conf in name order (oslo.config's --config-dir).
+# Read after the default file (with it only: config_sources), *.conf in name
+# order (oslo.config's --config-dir).
 # Named here rather than left to oslo.config's search (which also looks in
 # ~/.accel-agent and under the program's name) so that the daemon and
 # accelctl always read the same files.
@@ -62,14 +63,27 @@ DEFAULT_CONFIG_DIR = "/etc/accel-agent/accel-agent.conf.d"
 
 
 def config_sources(config_files: list[str], config_dirs: list[str]) -> tuple[list[str], list[str]]:
-    """The files and directories oslo.config reads for these arguments."""
+    """The files and directories oslo.config reads for these arguments.
+
+    The default directory belongs to the default file: it is read after
+    ``accel-agent.conf`` (no ``--config-file``, or ``--config-file
+    /etc/accel-agent/accel-agent.conf`` as the systemd unit gives it), never
+    merged over another file an operator named (``check-config
+    --config-file candidate.conf`` checks that file, not that file with the
+    host's drop-ins over it); ``--config-dir`` replaces it."""
     files = list(config_files)
     if not files and not config_dirs and os.path.exists(DEFAULT_CONFIG_FILE):
         files = [DEFAULT_CONFIG_FILE]
     dirs = list(config_dirs)
-    if not dirs and os.path.isdir(DEFAULT_CONFIG_DIR):
+    if not dirs and _default_file_read(files) and os.path.isdir(DEFAULT_CONFIG_DIR):
         dirs = [DEFAULT_CONFIG_DIR]
     return files, dirs
+
+
+def _default_file_read(files: list[str]) -> bool:
+    """Whether ``files`` (the files read) are none, or name the default file."""
+    default = os.path.normpath(DEFAULT_CONFIG_FILE)
+    return not files or any(os.path.normpath(os.path.abspath(f)) == default for f in files)
 
 
 def _debug(message: str, *args: object) -> None:

@@ -9,13 +9,20 @@ means something else in every process's working directory.  This module
 says so, naming the file and the line:
 
 * :func:`check_files` (before parsing; every command and the daemon):
-  a directory given as a file, a file that is not UTF-8 -> InvalidConfig;
+  a directory given as a file, a config file that is no regular file (a
+  FIFO, a link to ``/dev/zero``) or too large, a config file or directory
+  someone other than root could change (accel_agent.safe_files), a file that
+  is not UTF-8 -> InvalidConfig; :func:`named_file_errors`: the same for the
+  files options name that the agent runs or trusts (``log_config_append``)
+  -> messages; :func:`check_unchanged` (after parsing): oslo.config read
+  the files that were checked;
 * :func:`check_paths` (after parsing): the values every command reads that
   oslo.config cannot convert (config_values), ``sysfs_root`` and
   ``state_dir`` empty or relative -> ConfigErrors;
 * :func:`lint` (``check-config`` and the daemon's start-up check): unknown
-  sections and options, indented section headers -> warnings (errors with
-  ``--strict``);
+  sections and options, indented section headers, an option or a section
+  written twice in one file, a private key others can read -> warnings
+  (errors with ``--strict``);
 * :func:`state_dir_problem`: a ``state_dir`` the agent could not write.
 
 Known options are those of the sample config: the ``oslo.config.opts``
@@ -34,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from accel_agent import exception
+from accel_agent import exception, safe_files
 from accel_agent.exception import printable
 
 if TYPE_CHECKING:
@@ -53,44 +60,193 @@ _INDENTED_HEADER = re.compile(r"[ \t]+\[[^\]]*\]\s*")
 
 def source_files(files: Sequence[str], dirs: Sequence[str]) -> list[str]:
     """The files oslo.config reads for these arguments: the files, then each
-    directory's ``*.conf`` in name order."""
+    directory's ``*.conf`` in name order (its glob skips names that start
+    with a dot)."""
     found = list(files)
     for directory in dirs:
         try:
-            names = sorted(n for n in os.listdir(directory) if n.endswith(".conf"))
+            names = sorted(
+                n for n in os.listdir(directory) if n.endswith(".conf") and not n.startswith(".")
+            )
         except OSError:
             continue
         found += [os.path.join(directory, n) for n in names]
     return found
 
 
-def check_files(files: Sequence[str], dirs: Sequence[str]) -> None:
-    """Refuse, with one clear line, what would make oslo.config fail with a
-    traceback: a directory given as a file, a file that is not UTF-8."""
+@dataclass(frozen=True)
+class SourceFile:
+    """A config file as :func:`check_files` read and checked it."""
+
+    path: str
+    text: str
+    # (device, inode, size, mtime in ns) of what was read.
+    identity: tuple[int, int, int, int]
+
+
+def _identity(found: os.stat_result) -> tuple[int, int, int, int]:
+    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
+
+
+def check_files(files: Sequence[str], dirs: Sequence[str]) -> list[SourceFile]:
+    """Refuse, with one clear line naming the path, what oslo.config must not
+    be given: a directory given as a file; a config file that is no regular
+    file (a FIFO would block the open for ever, a link to ``/dev/zero`` be
+    read until memory runs out) or larger than
+    :data:`safe_files.MAX_CONFIG_BYTES`; a config file or directory that
+    someone other than root could change (safe_files.trust_problem); a file
+    that is not UTF-8.  Returns what was read, for :func:`check_unchanged`
+    and :func:`named_file_errors`."""
     for path in files:
         if os.path.isdir(path):
             raise exception.InvalidConfig(
                 reason=f"--config-file {path} is a directory; give a directory of *.conf "
                 "files with --config-dir"
             )
+    for directory in dirs:
+        problem = safe_files.trust_problem(directory)
+        if problem is not None:
+            raise exception.InvalidConfig(
+                reason=safe_files.refusal("config directory", directory, problem)
+            )
+    read: list[SourceFile] = []
     for path in source_files(files, dirs):
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            data, found = safe_files.read_regular(path, "config file")
         except FileNotFoundError:
             continue  # oslo.config names the missing ones itself
+        except safe_files.Refused as exc:
+            raise exception.InvalidConfig(reason=str(exc)) from None
         except OSError as exc:
             raise exception.InvalidConfig(
                 reason=f"cannot read config file {path}: {exc.strerror}"
             ) from None
+        problem = safe_files.trust_problem(path)
+        if problem is not None:
+            raise exception.InvalidConfig(reason=safe_files.refusal("config file", path, problem))
         try:
-            data.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             line = data.count(b"\n", 0, exc.start) + 1
             raise exception.InvalidConfig(
                 reason=f"config file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} "
                 f"on line {line})"
             ) from None
+        read.append(SourceFile(path, text, _identity(found)))
+    return read
+
+
+def check_unchanged(read: Sequence[SourceFile]) -> None:
+    """After oslo.config parsed the files (it opens them again, by path):
+    each is still the file :func:`check_files` read.  Only root can have
+    changed one in between (check_files refused what anyone else can
+    change): an edit saved during a reload is refused, not half-checked."""
+    for source in read:
+        try:
+            now = _identity(os.stat(source.path))
+        except OSError:
+            now = None
+        if now != source.identity:
+            raise exception.InvalidConfig(
+                reason=f"config file {source.path} changed while it was being read; nothing "
+                "was applied: try again"
+            )
+
+
+# --- files the configuration names ------------------------------------------------------
+
+# Options naming a file the agent runs or trusts: (section, the names it may
+# be written as, what the file is, whether its value is a command line whose
+# program is the file).  Refused like a config file when someone other than
+# root could change the file (named_file_errors).
+NAMED_FILES: tuple[tuple[str, tuple[str, ...], str, bool], ...] = (
+    ("DEFAULT", ("log_config_append", "log_config"),
+     "the logging configuration (oslo.log runs what it names, as root)", False),
+    ("accel_agent_privileged", ("helper_command",),
+     "the privileged helper's program (run as root)", True),
+    ("accel_agent_net_privileged", ("helper_command",),
+     "the network helper's program (run as root)", True),
+    ("placement", ("cafile",),
+     "the CA bundle Placement and Keystone are checked against", False),
+    ("placement", ("certfile",), "the client certificate sent to Placement", False),
+    ("placement", ("keyfile",), "the client certificate's key", False),
+)
+
+
+def _section_key(section: str) -> str:
+    """A section's name as oslo.config looks it up (all but DEFAULT lower-cased)."""
+    return section if section == "DEFAULT" else section.lower()
+
+
+def named_files(entries: Sequence[Entry]) -> list[tuple[Entry, str, str]]:
+    """(the assignment oslo.config takes, the path, what the file is) of each
+    :data:`NAMED_FILES` option set in ``entries`` (the files in the order
+    oslo.config reads them: the last assignment wins).  A value with a
+    ``$``-substitution is left to the check where the value is used
+    (daemon.logs for ``log_config_append``)."""
+    import shlex
+
+    last: dict[tuple[str, str, bool], Entry] = {}
+    for entry in entries:
+        if entry.key is None:
+            continue
+        name = entry.key.replace("-", "_")
+        for section, names, what, is_command in NAMED_FILES:
+            if _section_key(entry.section) == section and name in names:
+                last[section, what, is_command] = entry
+    found = []
+    for (_section, what, is_command), entry in last.items():
+        value = "\n".join(entry.lines).strip()
+        if not value or "$" in value:
+            continue
+        if is_command:
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                continue  # not a command line the helper's start could run either
+            if not words or not os.path.isabs(words[0]):
+                continue  # found in root's PATH, like every other program
+            value = words[0]
+        found.append((entry, value, what))
+    return found
+
+
+def named_file_errors(read: Sequence[SourceFile]) -> list[str]:
+    """One line per file a :data:`NAMED_FILES` option names that is no
+    regular file, or that someone other than root could change, as
+    ``file:line: [section] option = value: why``."""
+    entries = [e for source in read for e in scan_text(source.path, source.text)[0]]
+    errors = []
+    for entry, path, what in named_files(entries):
+        where = f"{entry.path}:{entry.line}: [{entry.section}] {entry.key} = {printable(path)}"
+        try:
+            safe_files.require_regular(path, what)
+        except safe_files.Refused as exc:
+            errors.append(f"{where}: {exc}")
+            continue
+        problem = safe_files.trust_problem(path)
+        if problem is not None:
+            errors.append(f"{where}: {safe_files.refusal(what, path, problem)}")
+    return errors
+
+
+def _named_file_warnings(entries: Sequence[Entry]) -> list[str]:
+    """A private key others can read: not a way in, a secret given away."""
+    warnings = []
+    for entry, path, what in named_files(entries):
+        if entry.key is None or entry.key.replace("-", "_") != "keyfile":
+            continue
+        try:
+            found = os.stat(path)
+        except OSError:
+            continue
+        if safe_files.readable_by_others(found):
+            warnings.append(
+                f"{entry.path}:{entry.line}: [{entry.section}] {entry.key} = {printable(path)}: "
+                f"{what} is readable by others (mode {found.st_mode & 0o7777:04o}): "
+                "chmod 0600 it"
+            )
+    return warnings
 
 
 # --- after parsing -------------------------------------------------------------------------
@@ -169,17 +325,28 @@ class Entry:
     lines: tuple[str, ...] = field(default=(), compare=False)
 
 
+def _read_text(path: str) -> str | None:
+    """A config file's text (read as check_files reads it), None when it
+    cannot be: check_files has said why already."""
+    try:
+        return safe_files.read_regular(path, "config file")[0].decode("utf-8")
+    except (OSError, safe_files.Refused, UnicodeDecodeError):
+        return None
+
+
 def scan_file(path: str) -> tuple[list[Entry], list[str]]:
+    """:func:`scan_text` of the file at ``path``."""
+    text = _read_text(path)
+    return ([], []) if text is None else scan_text(path, text)
+
+
+def scan_text(path: str, text: str) -> tuple[list[Entry], list[str]]:
     """Section headers and assignments of one file the way oslo.config's
     parser reads it (blank lines, ``#``/``;`` comments, indented lines
     continue a value), plus a warning per indented section header."""
     entries: list[Entry] = []
     warnings: list[str] = []
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return entries, warnings  # check_files has said so already
+    lines = text.splitlines()
     section = "DEFAULT"
     value: list[str] | None = None  # the lines of the assignment being read
 
@@ -298,8 +465,11 @@ def _auth_plugin_options(entries: Iterable[Entry]) -> dict[str, Any]:
 
 def value_at(entry: Entry) -> str:
     """The value written on ``entry``'s line (its first line only)."""
-    with open(entry.path, encoding="utf-8") as handle:
-        line = handle.read().splitlines()[entry.line - 1]
+    text = _read_text(entry.path)
+    lines = [] if text is None else text.splitlines()
+    if len(lines) < entry.line:
+        return ""  # changed since it was scanned
+    line = lines[entry.line - 1]
     cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=len(line))
     return line[cut + 1 :].strip()
 
@@ -317,6 +487,8 @@ def lint(paths: Sequence[str]) -> list[str]:
         found, indented = scan_file(path)
         entries += found
         warnings += indented
+        warnings += _written_twice(found, entries)
+    warnings += _named_file_warnings(entries)
     for entry in entries:
         opts = _section_opts(entry.section, entries)
         where = f"{entry.path}:{entry.line}"
@@ -343,6 +515,39 @@ def lint(paths: Sequence[str]) -> list[str]:
             )
             continue
         warnings += _comment_warning(entry, opt)
+    return warnings
+
+
+def _written_twice(found: Sequence[Entry], entries: Sequence[Entry]) -> list[str]:
+    """A section, or an option of one section, written twice in one file
+    (``found``, its entries): oslo.config takes the last value without a
+    word, so the first one an operator reads is not the one in force.
+    Across files it is the point of ``accel-agent.conf.d``: not warned."""
+    warnings = []
+    headers: dict[str, Entry] = {}
+    options: dict[tuple[str, str], Entry] = {}
+    for entry in found:
+        section = _section_key(entry.section)
+        if entry.key is None:
+            first = headers.setdefault(section, entry)
+            if first is not entry:
+                warnings.append(
+                    f"{entry.path}:{entry.line}: section [{entry.section}] is written again "
+                    f"(also at {first.path}:{first.line}); oslo.config reads both as one, an "
+                    "option set in both takes the later value: write the section once"
+                )
+            continue
+        opt = (_section_opts(entry.section, entries) or {}).get(entry.key.replace("-", "_"))
+        if getattr(opt, "multi", False):
+            continue  # each line adds a value
+        name = opt.dest if opt is not None else entry.key.replace("-", "_")
+        first = options.setdefault((section, name), entry)
+        if first is not entry:
+            warnings.append(
+                f"{entry.path}:{entry.line}: [{entry.section}] {entry.key} is set again "
+                f"(also at {first.path}:{first.line}); this value wins and the one at "
+                f"{first.path}:{first.line} is ignored: set it once"
+            )
     return warnings
 
 
@@ -396,6 +601,9 @@ _FILE_ELSEWHERE = (
                r"on line (?P<line>\d+)\)$"),
     re.compile(_INVALID + r"--config-file (?P<file>.+) is a directory;"),
     re.compile(_INVALID + r"config file not found: \['(?P<file>[^']+)'\]$"),
+    re.compile(_INVALID + r"config (?:file|directory) (?P<file>.+?)(?: \(a link to .*\))? "
+               r"(?:is an? [A-Za-z ]+, not a regular file;|is larger than \d+ bytes;|"
+               r"could be changed by another user than root: |changed while it was being read;)"),
 )
 _SECTION = r"\[(?P<section>[^\]\s]+)\]"
 _OPTION = r"(?P<option>[A-Za-z_][A-Za-z0-9_-]*)"
@@ -405,7 +613,7 @@ _PLACES = (
     re.compile(rf"^{_OPTION} is set in {_SECTION}"),
     re.compile(rf"^unknown section {_SECTION}"),
     re.compile(rf"^the indented section header {_SECTION}"),
-    re.compile(rf"^section {_SECTION} is ignored"),
+    re.compile(rf"^section {_SECTION} is (?:ignored|written again)"),
     re.compile(rf"\(in {_SECTION} {_OPTION}[;)]"),
     re.compile(rf"{_SECTION} {_OPTION}\b"),
 )

@@ -95,7 +95,15 @@ def load_config(
     """Parse the oslo.config files into ``conf`` (the global CONF by default).
 
     Without ``--config-file`` the packaged location is read when present, so
-    an operator on a configured host can just run ``accelctl types``.
+    an operator on a configured host can just run ``accelctl types``
+    (config_cache.config_sources says which files and directories).
+
+    The files are checked before oslo.config is given them
+    (config_lint.check_files: regular files of a bounded size that no one but
+    root can change, UTF-8; the files their options name, such as
+    ``log_config_append``, likewise), and are still the same files after it
+    parsed them (config_lint.check_unchanged): oslo.config opens them again by
+    path, which only root can have changed in between.
     """
     from oslo_config import cfg
 
@@ -103,20 +111,28 @@ def load_config(
     from accel_agent import config_lint  # difflib: not for the plain listings
 
     conf = conf or agent_conf.CONF
+    files, dirs = config_sources(config_files, config_dirs)
     argv: list[str] = []
     for path in config_files:
         argv += ["--config-file", path]
-    for path in config_dirs:
+    # Every directory as --config-dir, after the files: oslo.config parses
+    # its default_config_dirs before the --config-file arguments, so the
+    # packaged directory given that way came first and the unit's explicit
+    # accel-agent.conf overrode its drop-ins (while accelctl, with no
+    # --config-file, read them last): the files, then the directories.
+    for path in dirs:
         argv += ["--config-dir", path]
-    files, dirs = config_sources(config_files, config_dirs)
-    config_lint.check_files(config_files or files, config_dirs or dirs)
+    checked = config_lint.check_files(config_files or files, dirs)
+    named = config_lint.named_file_errors(checked)
+    if named:
+        raise exception.ConfigErrors([exception.InvalidConfig(message=m) for m in named])
     try:
         conf(
             argv,
             project="accel-agent",
             prog=prog,
             default_config_files=[] if config_files else files,
-            default_config_dirs=[] if config_dirs else dirs,
+            default_config_dirs=[],
         )
     except cfg.ConfigFilesNotFoundError as exc:
         raise exception.InvalidConfig(reason=f"config file not found: {exc.config_files}") from exc
@@ -125,6 +141,7 @@ def load_config(
     except (OSError, UnicodeDecodeError) as exc:
         # check_files ran first; a file changed in between.
         raise exception.InvalidConfig(reason=f"cannot read the config files: {exc}") from exc
+    config_lint.check_unchanged(checked)
     config_lint.check_paths(conf)
     return conf
 

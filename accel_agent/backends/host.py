@@ -11,6 +11,7 @@ that callers can keep what they built from it.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +21,8 @@ from accel_agent.backends.base import DeviceBackend, Discoverer
 from accel_agent.sysfs import scanner
 from accel_agent.sysfs.model import HostSnapshot
 from accel_agent.sysfs.rescan import CounterFilter, Rescanner
+
+LOG = logging.getLogger(__name__)
 
 
 def _discoverers(
@@ -34,6 +37,23 @@ def _discoverers(
         if discoverer is not None:
             found.append(discoverer)
     return found
+
+
+# A discoverer's scan that met a device vanishing under it is run again, at
+# most this many times in all: a device removed during a scan is a normal
+# event (a VF disabled, an mdev released), not a failed scan.
+_SCAN_TRIES = 3
+
+
+def _scan(discoverer: Discoverer):
+    """``discoverer.scan()``; a FileNotFoundError (a device that vanished
+    between a listing and a read the discoverer did not guard) scans again."""
+    for _ in range(_SCAN_TRIES - 1):
+        try:
+            return discoverer.scan()
+        except FileNotFoundError as exc:
+            LOG.debug("a device vanished during a scan (%s); scanning again", exc)
+    return discoverer.scan()
 
 
 def _merge(snapshot: HostSnapshot, results: list, notes: list[str] | None = None) -> HostSnapshot:
@@ -87,7 +107,7 @@ def scan_host(
     listed = Rescanner.mdev_targets(sysfs_root) if os.path.isdir(sysfs_root) else None
     base = scanner.scan(sysfs_root, workers=workers)
     _keep_seed(base, listed)
-    found = [d.scan() for d in _discoverers(sysfs_root, backends, state_dir)]
+    found = [_scan(d) for d in _discoverers(sysfs_root, backends, state_dir)]
     return _merge(base, found, notes)
 
 
@@ -117,7 +137,7 @@ class HostRescanner:
         if not self._others:
             return base
         with self._lock:
-            results = [d.scan() for d in self._others]
+            results = [_scan(d) for d in self._others]
             last = self._last
             if last is not None and last[0] is base and last[1] == results:
                 return last[2]

@@ -13,6 +13,13 @@ options (the log file, journal, syslog, formats) take effect at the next
 start; a reload that changes one says so in a note, as it does for
 ``[api] socket_path``.
 
+``log_config_append`` names a file whose handlers oslo.log builds, and so
+runs code, as root: a file that is not a regular one, or that someone other
+than root could change, is refused (config_lint.named_file_errors, at the
+start, in every reload's check and in ``check-config``); :func:`setup` and
+:func:`apply_reload` check it again where it is used (a value whose
+``$``-substitution only oslo.config resolves, a file changed since).
+
 ``use_journal = true`` needs the systemd Python bindings (``systemd-python``,
 the ``journal`` extra); without them the daemon refuses to start saying so
 (config_values checks the value), instead of oslo.log's traceback.
@@ -41,10 +48,33 @@ def journal_available() -> bool:
         return False
 
 
+def log_config_problem(conf: cfg.ConfigOpts) -> str | None:
+    """Why the file ``log_config_append`` names must not be loaded (no
+    regular file, or one someone other than root could change); None when
+    it may be, or when none is named."""
+    from accel_agent import safe_files
+
+    path = _value(conf, "log_config_append")
+    if not path:
+        return None
+    what = "the logging configuration (log_config_append)"
+    try:
+        safe_files.require_regular(path, what)
+    except safe_files.Refused as exc:
+        return str(exc)
+    problem = safe_files.trust_problem(path)
+    return None if problem is None else safe_files.refusal(what, path, problem)
+
+
 def setup(conf: cfg.ConfigOpts) -> None:
-    """oslo.log's set-up for the daemon (after the values were checked)."""
+    """oslo.log's set-up for the daemon (after the values were checked);
+    refuses the start when the logging configuration must not be loaded."""
     from oslo_log import log as oslo_logging
 
+    problem = log_config_problem(conf)
+    if problem is not None:
+        # Before any logging exists: the one line on stderr, as every refusal.
+        raise SystemExit(f"error: refusing to start: {problem}")
     oslo_logging.setup(conf, PRODUCT, version=accel_agent.__version__)
 
 
@@ -75,7 +105,10 @@ def apply_reload(old: cfg.ConfigOpts, new: cfg.ConfigOpts) -> list[str]:
     if bool(_value(new, "debug")) != bool(_value(old, "debug")):
         # oslo.log's own rule (_refresh_root_level): DEBUG, or INFO.
         logging.getLogger().setLevel(logging.DEBUG if new.debug else logging.INFO)
-    if _value(new, "log_config_append"):
+    problem = log_config_problem(new)
+    if problem is not None:
+        notes.append(f"[DEFAULT] log_config_append: {problem}; the logging is unchanged")
+    elif _value(new, "log_config_append"):
         from oslo_log import log as oslo_logging
 
         try:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from accel_agent import exception
 from accel_agent.backends.base import DeviceBackend, DeviceRef
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, IntentKind, OwnerKind
+from accel_agent.devices.lock_file import private_lock_dir
 
 if TYPE_CHECKING:
     from accel_agent.devices.manager import DeviceManager
@@ -89,7 +90,8 @@ def operation(m: DeviceManager) -> Iterator[None]:
         with (
             m.thread_lock,
             lockutils.lock(
-                LOCK_NAME, external=True, lock_path=str(m.ledger.path.parent), do_log=False
+                LOCK_NAME, external=True, do_log=False,
+                lock_path=private_lock_dir(str(m.ledger.path.parent), LOCK_NAME),
             ),
         ):
             yield

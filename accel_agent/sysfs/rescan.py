@@ -419,6 +419,8 @@ class Rescanner:
                     mdevs[uuid] = cached
                 else:
                     mdev = walker.mdev_at(uuid, os.path.join(walker.root, target))
+                    if mdev is None:
+                        continue  # removed while it was read: not listed
                     mdevs[uuid] = cached if cached == mdev else mdev
                 targets[uuid] = target
             listed[path] = (mdevs, targets)
@@ -441,6 +443,8 @@ class Rescanner:
                 self._check_stop()
                 try:
                     target = os.readlink(name, dir_fd=bus_fd) if bus_fd is not None else ""
+                except FileNotFoundError:
+                    continue  # removed since the listing: not listed, not a warning
                 except OSError:
                     target = ""
                 cached = old.snapshot.mdevs.get(name)

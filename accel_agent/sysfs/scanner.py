@@ -175,8 +175,13 @@ class _Scan:
         return path == self.root or path.startswith(self.root + os.sep)
 
     def resolve(self, path: str) -> str | None:
-        """realpath of ``path`` when it exists inside the root, else None."""
-        real = os.path.realpath(path)
+        """realpath of ``path`` when it exists inside the root, else None
+        (also when a link on the way vanished while it was being resolved:
+        realpath's readlink of a link its lstat saw raises then)."""
+        try:
+            real = os.path.realpath(path)
+        except OSError:
+            return None
         if not self.inside_root(real) or not os.path.exists(real):
             return None
         return real
@@ -448,13 +453,23 @@ class _Scan:
                 for path in {parent.device_path for parent in parents.values()}
                 for uuid in self.child_mdevs(path)
             }
-            return {uuid: found[uuid] for uuid in sorted(found)}
+            return {uuid: mdev for uuid, mdev in sorted(found.items()) if mdev is not None}
         found: dict[str, Mdev] = {}
         for name in self.listdir(bus_dir):
             mdev = self.mdev(os.path.join(bus_dir, name))
             if mdev is not None:
                 found[mdev.uuid] = mdev
         return found
+
+    @staticmethod
+    def vanished(path: str) -> bool:
+        """Whether nothing is at ``path`` any more: an mdev removed (or a
+        parent unregistered) while this scan read it, a normal event that
+        the scan skips without a word (the next one does not list it)."""
+        if os.path.lexists(path):
+            return False
+        LOG.debug("sysfs scan: %s vanished while it was read; skipped", path)
+        return True
 
     def child_mdevs(self, device_path: str) -> list[str]:
         """The UUIDs of the mdevs under a parent's device directory
@@ -490,23 +505,30 @@ class _Scan:
             self.warn(f"mdev {name!r}: not a lowercase UUID; skipped")
             return None
         if not os.path.islink(link):
+            if self.vanished(link):
+                return None
             # The kernel lists mdevs as links to their device directories; a
             # file of that name is not one.
             self.warn(f"mdev {name}: not a link to a device directory; skipped")
             return None
         device = self.resolve(link)
         if device is None or not os.path.isdir(device):
+            if self.vanished(link):
+                return None
             self.warn(f"mdev {name}: link is dangling, leaves the root or is no directory; skipped")
             return None
         return self.mdev_at(name, device)
 
-    def mdev_at(self, name: str, device: str) -> Mdev:
+    def mdev_at(self, name: str, device: str) -> Mdev | None:
         """The mdev ``name`` whose device directory is ``device`` (a real
-        path inside the root): its parent is the directory holding it."""
+        path inside the root): its parent is the directory holding it; None
+        when it vanished while it was read."""
         mdev_type = None
         type_dir = self.resolve(os.path.join(device, "mdev_type"))
         if type_dir is not None:
             mdev_type = os.path.basename(type_dir)
+        elif self.vanished(device):
+            return None
         else:
             self.warn(f"mdev {name}: mdev_type link is missing or dangling")
         group_name = link_name_at(None, os.path.join(device, "iommu_group"))

@@ -164,9 +164,13 @@ def test_the_shipped_sample_passes_check_config_strict(tmp_path, paths):
 def test_an_option_set_below_the_sample_s_stand_in_is_named(tmp_path, paths):
     sample = (REPO / "etc" / "accel-agent.conf").read_text()
     config = write(tmp_path / "agent.conf", sample.replace(
-        "[mdev_$(mdev_type)]\n", "[mdev_$(mdev_type)]\nmax_instances = 2\n") + paths)
+        "[mdev_$(mdev_type)]\n", "[mdev_$(mdev_type)]\nmax_instances = 2\n"))
+    # The paths in a file of their own: the sample's [DEFAULT] written again
+    # in one file would be warned about too.
+    local = write(tmp_path / "paths.conf", paths)
     line = line_of(config, "max_instances = 2")
-    proc = accelctl("--config-file", str(config), "check-config", "--strict")
+    proc = accelctl("--config-file", str(config), "--config-file", str(local),
+                    "check-config", "--strict")
     assert proc.returncode == 1
     assert errors(proc) == [
         f"error: {config}:{line}: max_instances is set in [mdev_$(mdev_type)], the sample's "
@@ -221,8 +225,8 @@ def check_json(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
 
 
 def test_json_of_a_good_configuration(tmp_path, paths):
-    config = write(tmp_path / "agent.conf", paths + POOL
-                   + "[devices]\nenabled_mdev_types = mtty-2\n")
+    config = write(tmp_path / "agent.conf", paths + POOL.replace(
+        "[devices]\n", "[devices]\nenabled_mdev_types = mtty-2\n"))
     proc, document = check_json("--config-file", str(config))
     assert proc.returncode == 0
     assert document == {

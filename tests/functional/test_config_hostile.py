@@ -382,6 +382,60 @@ def test_a_refused_reload_names_the_file_and_line(live, tmp_path, bad):
     assert f"{config}:{line}: [DEFAULT] {name} = {value}: " in reason
 
 
+@pytest.mark.fuse
+@pytest.mark.privsep
+def test_a_reload_refuses_a_fifo_and_a_logging_configuration_others_can_write(live, tmp_path):
+    """Issue 33: a FIFO in the config directory hung SIGHUP's reload (and the
+    SIGTERM behind it) for ever; a logging configuration in a directory
+    anyone could write ran its code as root at the next SIGHUP.  Now each is
+    a refused reload naming the file; the daemon serves on and stops on
+    SIGTERM."""
+    from tests.functional.daemon_fixture import AgentDaemon, agent_config, short_dir, wait_for
+
+    body = "[devices]\nenabled_mdev_types = mtty-2\n"
+    conf_d = tmp_path / "conf.d"
+    conf_d.mkdir()
+    marker = tmp_path / "ran"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    ini = shared / "logging.ini"
+    ini.write_text(
+        "[loggers]\nkeys = root\n[handlers]\nkeys = h\n[formatters]\nkeys =\n"
+        "[logger_root]\nhandlers = h\n"
+        f"[handler_h]\nclass = __import__('pathlib').Path('{marker}').touch() or "
+        "StreamHandler\nargs = ()\n"
+    )
+    shared.chmod(0o777)  # any local user could have written it
+    with short_dir() as sockdir:
+        socket_path = str(sockdir / "api.sock")
+        config = tmp_path / "agent.conf"
+        agent_config(config, live.root, live.state_dir, socket_path, body)
+        daemon = AgentDaemon(config, socket_path, tmp_path)
+        with daemon.start("--config-dir", str(conf_d)):
+            fifo = conf_d / "50-local.conf"
+            os.mkfifo(fifo)
+            try:
+                daemon.sighup()
+                wait_for(lambda: str(fifo) in (daemon.health()["config"]["last_reload_error"]
+                                               or ""), what="the FIFO's refusal")
+            finally:
+                with contextlib.suppress(OSError):  # free a reader stuck in open()
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            assert "is a FIFO, not a regular file" in daemon.health()["config"][
+                "last_reload_error"]
+            fifo.unlink()
+            (conf_d / "50-local.conf").write_text(f"[DEFAULT]\nlog_config_append = {ini}\n")
+            daemon.sighup()
+            wait_for(lambda: str(ini) in (daemon.health()["config"]["last_reload_error"] or ""),
+                     what="the logging configuration's refusal")
+            assert f"{shared} (directory, mode 0777, owner root) is writable by others" in (
+                daemon.health()["config"]["last_reload_error"])
+            assert daemon.running
+            assert "Traceback" not in daemon.log()
+        assert daemon.proc is not None and daemon.proc.returncode == 0  # SIGTERM acted on
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("command", ["types", "inventory", "mdevs"])
 def test_a_value_every_command_reads_that_cannot_be_read_is_one_line(config, command):
     """sysfs_root, state_dir, host and [api] socket_path are read right after

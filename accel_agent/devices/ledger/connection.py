@@ -17,13 +17,14 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from accel_agent import exception
+from accel_agent import exception, safe_files
 from accel_agent.devices.ledger.schema import MIGRATIONS, Migration
 
 # The package's name, as before the split: what operators filter the
@@ -86,6 +87,9 @@ class LedgerConnection:
         self.write_error: str | None = None
         # Where the copy taken before this open migrated the file, if it did.
         self.backup_path: Path | None = None
+        # Before anything opens them: a FIFO at one of these paths blocks
+        # SQLite's open (or its first read) for ever.
+        _require_regular_files(self.path)
         if read_only:
             self.created = self.lost = False
         else:
@@ -99,6 +103,8 @@ class LedgerConnection:
             # Whether this open made the file.
             self.created = _create_private_file(self.path)
             self.lost = self.created and ran_before
+            _require_regular_files(self.path)  # made, or found, just now
+            _make_private(self.path)
         try:
             # mode=rw: SQLite never creates the file (it would, 0644 & ~umask,
             # had it vanished since); mode=ro: it never writes it.
@@ -387,6 +393,46 @@ def _create_private_file(path: Path) -> bool:
         return False  # another process made it meanwhile
     os.close(fd)
     return True
+
+
+def _companions(path: Path) -> tuple[Path, ...]:
+    """The ledger's file and SQLite's files beside it in WAL mode."""
+    return path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
+def _require_regular_files(path: Path) -> None:
+    """LedgerError naming the first of the ledger's files that exists and
+    is no regular file.  By stat alone: no descriptor of the ledger is ever
+    opened (and closed) here (LedgerConnection.__init__)."""
+    for companion in _companions(path):
+        try:
+            safe_files.require_regular(str(companion), "the mdev ledger's file")
+        except safe_files.Refused as exc:
+            raise exception.LedgerError(
+                reason=f"{exc}: move it aside (the agent refuses to start until it is one)"
+            ) from None
+
+
+def _make_private(path: Path) -> None:
+    """The ledger's files readable and writable by their owner only, whatever
+    made them so (a copy restored with another mode): SQLite gives its -wal
+    and -shm the main file's mode, and a file another user can read hands
+    them every instance's devices."""
+    for companion in _companions(path):
+        try:
+            mode = stat.S_IMODE(companion.stat().st_mode)
+        except FileNotFoundError:
+            continue
+        if not mode & 0o077:
+            continue
+        try:
+            companion.chmod(0o600)
+        except OSError as exc:  # not this user's file: say so, the open decides
+            LOG.warning("mdev ledger file %s is mode %04o, readable by others, and cannot "
+                        "be made 0600: %s", companion, mode, exc.strerror)
+            continue
+        LOG.warning("mdev ledger file %s was mode %04o, readable by others: made 0600",
+                    companion, mode)
 
 
 def _has_entries(path: Path) -> bool:
