@@ -157,27 +157,36 @@ def holders_of(records: Iterable[DeviceRecord]) -> tuple[dict[str, str | None], 
     return holders, frozenset(r.uuid for r in records if r.in_layout)
 
 
+Groups = dict[tuple[str, str], tuple[list[str], list[str]]]
+
+
 def _groups(
     snapshot: HostSnapshot,
     policy: MdevPolicy,
     holders: Mapping[str, str | None],
     members: Set[str],
-) -> tuple[dict[tuple[str, str], tuple[list[str], list[str]]], set[str]]:
+    made: Mapping[str, tuple[str, str]] | None = None,
+) -> tuple[Groups, set[str]]:
     """Per (GPU, its standing type): (devices instances or claims hold, the
     layout's own devices), each sorted; and the members of a layout on a GPU
-    that no longer wants their type."""
-    groups: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+    that no longer wants their type.  ``made``: uuid -> (parent, type) of
+    devices made since ``snapshot`` was read (the converge's own)."""
+    groups: Groups = {}
     unwanted: set[str] = set()
     for uuid, holder in holders.items():
         mdev = snapshot.mdevs.get(uuid)
-        if mdev is None:
+        if mdev is not None:
+            where: tuple[str, str | None] | None = (mdev.parent, mdev.mdev_type)
+        else:
+            where = (made or {}).get(uuid)
+        if where is None:
             continue  # not on the host: nothing to drain
         own = holder is None and uuid in members
         if holder is None and not own:
             continue  # free: the converge takes it into the layout or removes it now
-        parent = snapshot.parents.get(mdev.parent)
+        parent = snapshot.parents.get(where[0])
         found = policy.standing_for(parent) if parent is not None else None
-        if parent is None or found is None or found[0] != mdev.mdev_type:
+        if parent is None or found is None or found[0] != where[1]:
             if uuid in members:
                 unwanted.add(uuid)
             continue
@@ -187,6 +196,16 @@ def _groups(
         held.sort()
         layout_own.sort()
     return groups, unwanted
+
+
+def _draining(groups: Groups, unwanted: set[str], policy: MdevPolicy) -> frozenset[str]:
+    drained = set(unwanted)
+    for (_gpu, mdev_type), (held, layout_own) in groups.items():
+        config = policy.config_of(mdev_type)
+        extra = len(held) + len(layout_own) - (config.standing if config else 0)
+        if extra > 0:
+            drained.update((held + layout_own)[:extra])
+    return frozenset(drained)
 
 
 def draining_of(
@@ -214,13 +233,7 @@ def draining_of(
     A free device is never draining: the converge takes it into the layout
     or removes it at once.  A function of the ledger, the host and the
     configuration alone, so every reader names the same devices."""
-    groups, drained = _groups(snapshot, policy, holders, members)
-    for (_gpu, mdev_type), (held, layout_own) in groups.items():
-        config = policy.config_of(mdev_type)
-        extra = len(held) + len(layout_own) - (config.standing if config else 0)
-        if extra > 0:
-            drained.update((held + layout_own)[:extra])
-    return frozenset(drained)
+    return _draining(*_groups(snapshot, policy, holders, members), policy)
 
 
 def missing_gpus(snapshot: HostSnapshot, policy: MdevPolicy) -> tuple[str, ...]:
@@ -243,10 +256,14 @@ def state_of(
     policy: MdevPolicy,
     holders: Mapping[str, str | None],
     members: Set[str],
+    made: Mapping[str, tuple[str, str]] | None = None,
+    gone: Set[str] = frozenset(),
 ) -> LayoutState:
     """The layouts now: what drains (:func:`draining_of`), which GPUs on the
-    host are short of their N and why, which configured GPUs are missing."""
-    groups, _ = _groups(snapshot, policy, holders, members)
+    host are short of their N and why, which configured GPUs are missing.
+    ``made`` and ``gone``: the devices made and removed since ``snapshot``
+    was read (the converge says what it did rather than scan again)."""
+    groups, unwanted = _groups(snapshot, policy, holders, members, made)
     wanted: dict[str, tuple[str, int]] = {}
     for parent in snapshot.parents.values():
         found = policy.standing_for(parent)
@@ -260,21 +277,30 @@ def state_of(
             continue
         others = tuple(sorted(
             m.uuid for m in snapshot.mdevs.values()
-            if m.mdev_type != mdev_type
+            if m.mdev_type != mdev_type and m.uuid not in gone
             and (p := snapshot.parents.get(m.parent)) is not None and p.physical_gpu == gpu
         ))
         short[gpu] = Short(mdev_type, standing, present, BLOCKED if others else NO_ROOM, others)
     return LayoutState(
-        draining=draining_of(snapshot, policy, holders, members),
+        draining=_draining(groups, unwanted, policy),
         short=short,
         missing=missing_gpus(snapshot, policy),
     )
 
 
 def state_of_records(
-    snapshot: HostSnapshot, policy: MdevPolicy, records: Iterable[DeviceRecord]
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    records: Iterable[DeviceRecord],
+    made: Iterable[str] = (),
+    gone: Set[str] = frozenset(),
 ) -> LayoutState:
-    return state_of(snapshot, policy, *holders_of(records))
+    """:func:`state_of` from ledger records (``made``: UUIDs of devices made
+    since ``snapshot``, located by their records)."""
+    records = list(records)
+    made = set(made)
+    located = {r.uuid: (r.parent, r.mdev_type) for r in records if r.uuid in made}
+    return state_of(snapshot, policy, *holders_of(records), made=located, gone=gone)
 
 
 def has_layouts(m: DeviceManager) -> bool:
@@ -291,7 +317,6 @@ def converge(m: DeviceManager) -> LayoutReport:
         return report
     with protocol.operation(m):
         snapshot = m.scan()
-        mark = m.mutations
         providers, wanted_on = _wanted(m, snapshot)
         dropped = _drop_unwanted(m, snapshot, wanted_on, report)
         if _clear_the_way(m, snapshot, providers, report) or dropped:
@@ -317,9 +342,10 @@ def converge(m: DeviceManager) -> LayoutReport:
                 LOG.warning("standing layout: GPU %s: %s", provider.physical_gpu,
                             failure.message)
                 report.failed[provider.physical_gpu] = failure.message
-        if m.mutations != mark:
-            snapshot = m.scan()  # what was made and removed, for what is left
-        left = state_of_records(snapshot, m.policy, m.ledger.all())
+        # What is left, from the first scan and what this converge made and
+        # removed (a scan more would cost a start with a large layout seconds).
+        left = state_of_records(snapshot, m.policy, m.ledger.all(), report.created,
+                                set(report.removed))
         report.draining = sorted(left.draining)
         report.short = dict(left.short)
         report.missing = left.missing
