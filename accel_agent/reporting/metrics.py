@@ -339,7 +339,9 @@ class AgentMetrics:
         self.kept_in_use = Counter(
             f"{PREFIX}_mdevs_kept_in_use",
             "Removes not done because the mdev was in use (its VFIO group open, a libvirt "
-            "domain referencing it, or a remove that timed out): kept as free mdevs.",
+            "domain referencing it, or a remove that timed out): kept as free mdevs; counted "
+            "once per device and reason (a draining device tried at every converge counts "
+            "once until it is removed or taken).",
             registry=r,
         )
         self.reloads = Counter(
