@@ -101,7 +101,7 @@ def check_config(args: argparse.Namespace) -> int:
         return output.EXIT_ERROR
     print(
         f"configuration OK: {len(state.policy.types)} mdev type(s) enabled, "
-        f"{_providers(state)} provider(s) on {len(state.snapshot.parents)} mdev parent(s)"
+        f"{_providers(args, state)} provider(s) on {len(state.snapshot.parents)} mdev parent(s)"
     )
     return output.EXIT_OK
 
@@ -199,8 +199,16 @@ def _check_nova_conf(args: argparse.Namespace, state: Any) -> _NovaCheck:
     ])
 
 
-def _providers(state: Any) -> int:
-    return len(state.inventory().providers)
+def _providers(args: argparse.Namespace, state: Any) -> int:
+    """The providers the agent reports (``accelctl inventory``, GET
+    /v1/inventory, Placement; DeviceManager.reported_inventory): the GPUs'
+    but those of a type Nova reports (``reported_by = nova``), and one per PF
+    of a VF pool that has VFs."""
+    reported = [
+        p for p in state.inventory().providers if not state.policy.reported_by_nova(p.mdev_type)
+    ]
+    pools = wiring.build_vf_pools(loading.load_config(args), writer=None)
+    return len(reported) + (len(pools.inventory()) if pools is not None else 0)
 
 
 def _check_config_json(args: argparse.Namespace) -> int:
@@ -221,7 +229,7 @@ def _check_config_json(args: argparse.Namespace) -> int:
     if ok:
         summary = {
             "mdev_types": len(state.policy.types),
-            "providers": _providers(state),
+            "providers": _providers(args, state),
             "parents": len(state.snapshot.parents),
         }
     output.emit_json(

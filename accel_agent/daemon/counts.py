@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
-from accel_agent.reporting.metrics import MdevInfo
+from accel_agent.reporting.metrics import MDEV_STATES, MdevInfo
 
 if TYPE_CHECKING:
     from accel_agent.devices import inventory as inventory_mod
@@ -51,6 +51,9 @@ def record_state(record: DeviceRecord, present: bool) -> str:
         return "missing"
     if record.owner_kind is OwnerKind.CLAIM:
         return "claimed"
+    if record.owner_kind is OwnerKind.STANDING:
+        # A standing layout's, no instance holds it: ready, not in use by one.
+        return "standing"
     if record.owner is not None:
         return "assigned"
     return "free"
@@ -58,7 +61,7 @@ def record_state(record: DeviceRecord, present: bool) -> str:
 
 def count_mdevs(records: Iterable[DeviceRecord], snapshot: HostSnapshot) -> dict[str, int]:
     """The ``accel_agent_mdevs{state}`` gauge: every record and sysfs mdev once."""
-    counts = dict.fromkeys(("assigned", "claimed", "free", "foreign", "missing", "transient"), 0)
+    counts = dict.fromkeys(MDEV_STATES, 0)
     recorded = set()
     for record in records:
         recorded.add(record.uuid)
@@ -74,10 +77,13 @@ def mdev_infos(records: Iterable[DeviceRecord], snapshot: HostSnapshot) -> list[
     for mdev in snapshot.mdevs.values():
         record = by_uuid.get(mdev.uuid)
         parent = snapshot.parents.get(mdev.parent)
+        # An instance's or a claim's owner only: a standing layout's device
+        # has none (its ledger owner "layout" is no instance to join on).
+        holder = record.owner if record and record.owner_kind is not OwnerKind.STANDING else None
         rows.append(
             MdevInfo(
                 uuid=mdev.uuid,
-                instance=(record.owner or "") if record else "",
+                instance=holder or "",
                 parent=mdev.parent,
                 physical_gpu=parent.physical_gpu if parent else mdev.parent,
                 mdev_type=mdev.mdev_type or "",

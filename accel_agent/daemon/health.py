@@ -1,13 +1,23 @@
-"""``GET /v1/health``: ``ok`` or ``degraded``, with every problem an operator
-must act on, in one document (its shape is in openapi.json).
+"""``GET /v1/health``: ``ok``, ``converging`` or ``degraded``, with every
+problem an operator must act on, in one document (its shape is in
+openapi.json).
 
 Degraded while: Placement syncs fail, the last rescan or recovery failed,
 recorded devices are missing or wait for their parent, the last reload was
 refused, a privileged helper is restarting or cannot be started, the ledger
 cannot record new work (deleted or replaced under the agent, a failed write,
 a full filesystem), devices that look like the agent's were found while
-its ledger was missing, or a standing layout is not in place (draining,
-short of room, its GPU missing).
+its ledger was missing, or a standing layout is not in place (a GPU short of
+room or blocked by devices of another type, its GPU missing, a converge that
+failed, devices draining for longer than a day).
+
+Converging while the only note is a planned drain (a lowered N or another
+type: devices in use drain until free, ``layout_converging``), for up to a
+day (the limit of the alert AccelAgentLayoutDrainingLong); then degraded
+(``layout_draining_long``).  ``accel_agent_healthy`` is 1 for ``ok`` and
+``converging``: a planned drain is no failure for AccelAgentUnhealthy.  A
+client tells a state from a failure by the kind: every kind but those of
+``health_kinds.CONVERGING_KINDS`` is a failure.
 """
 
 from __future__ import annotations
@@ -70,19 +80,32 @@ def ledger_problems(ledger: Ledger, rescan: RescanView) -> list[Problem]:
     return problems
 
 
-def layout_problems(layout: LayoutView) -> list[Problem]:
+# How long a planned drain is a state before it is a problem: the ``for`` of
+# docs/prometheus-alerts.yml's AccelAgentLayoutDrainingLong.
+DRAINING_LIMIT = 24 * 3600.0
+
+
+def layout_problems(layout: LayoutView, now: float) -> list[Problem]:
     """The standing layouts not in place (devices/layout.py)."""
     problems: list[Problem] = []
-    if layout.draining or layout.short or layout.error:
-        parts = [f"{len(layout.draining)} draining"] if layout.draining else []
-        parts += [
-            f"{gpu} has {have} of {wanted} {mdev_type}"
-            for gpu, (mdev_type, wanted, have) in layout.short
-            if gpu not in layout.missing_gpus
-        ]
-        parts += [f"converge failed: {layout.error}"] if layout.error else []
-        if parts:
-            problems.append((kind.LAYOUT_CONVERGING, "layout converging, " + ", ".join(parts)))
+    if layout.draining:
+        since = layout.draining_since
+        if since is not None and now - since >= DRAINING_LIMIT:
+            problems.append((
+                kind.LAYOUT_DRAINING_LONG,
+                f"layout draining for more than a day: {len(layout.draining)} device(s) a "
+                f"changed layout no longer wants are still in use: {', '.join(layout.draining)}",
+            ))
+        else:
+            problems.append(
+                (kind.LAYOUT_CONVERGING, f"layout converging, {len(layout.draining)} draining")
+            )
+    short = [s.text(gpu) for gpu, s in layout.short if gpu not in layout.missing_gpus]
+    if short:
+        problems.append((kind.LAYOUT_GPUS_SHORT, "GPU(s) short of their standing layout: "
+                         + "; ".join(short)))
+    if layout.error:
+        problems.append((kind.LAYOUT_CONVERGE_FAILED, f"layout converge failed: {layout.error}"))
     if layout.missing_gpus:
         problems.append((
             kind.LAYOUT_GPUS_MISSING,
@@ -90,6 +113,16 @@ def layout_problems(layout: LayoutView) -> list[Problem]:
             f"nvidia-sriov.service): {', '.join(layout.missing_gpus)}",
         ))
     return problems
+
+
+def status_of(problems: list[Problem]) -> str:
+    """``ok`` without problems, ``converging`` with only planned drains,
+    else ``degraded``."""
+    if not problems:
+        return "ok"
+    if all(problem_kind in kind.CONVERGING_KINDS for problem_kind, _ in problems):
+        return "converging"
+    return "degraded"
 
 
 def in_use_section(rows: layout_in_use.InUse | None) -> dict[str, Any]:
@@ -142,9 +175,9 @@ def health(core: AgentCore) -> dict[str, Any]:
     ]
     problems += ledger_problems(core.devices.ledger, rescan)
     layout = core.rescans.layout
-    problems += layout_problems(layout)
+    problems += layout_problems(layout, core.rescans.now())
     return {
-        "status": "degraded" if problems else "ok",
+        "status": status_of(problems),
         "version": accel_agent.__version__,
         "host": core.host,
         "pid": os.getpid(),
@@ -169,9 +202,16 @@ def health(core: AgentCore) -> dict[str, Any]:
         },
         "layout": {
             "draining": list(layout.draining),
+            "draining_since": iso(layout.draining_since),
             "short": {
-                gpu: {"mdev_type": mdev_type, "standing": wanted, "present": have}
-                for gpu, (mdev_type, wanted, have) in layout.short
+                gpu: {
+                    "mdev_type": short.mdev_type,
+                    "standing": short.standing,
+                    "present": short.present,
+                    "reason": short.reason,
+                    "blocked_by": list(short.blocked_by),
+                }
+                for gpu, short in layout.short
             },
             "missing_gpus": list(layout.missing_gpus),
             "error": layout.error,

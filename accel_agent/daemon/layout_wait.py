@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from accel_agent.devices import layout
+
 if TYPE_CHECKING:
     from accel_agent.devices.manager import DeviceManager
 
@@ -27,18 +29,9 @@ POLL_SECONDS = 1.0
 
 def missing_gpus(m: DeviceManager) -> tuple[str, ...]:
     """The configured addresses of standing types that are neither an mdev
-    parent nor the PF of one (its VFs are not there)."""
-    snapshot = m.scan()
-    present = set(snapshot.parents)
-    present |= {p.pci_address for p in snapshot.parents.values() if p.pci_address}
-    present |= {p.physfn for p in snapshot.parents.values() if p.physfn}
-    return tuple(
-        address
-        for config in m.policy.types
-        if config.standing > 0
-        for address in config.device_addresses
-        if address not in present
-    )
+    parent nor the PF of one (its VFs are not there): what health names
+    after the wait too (devices/layout.py)."""
+    return layout.missing_gpus(m.scan(), m.policy)
 
 
 def wait_for_gpus(
@@ -60,8 +53,9 @@ def wait_for_gpus(
         sleep(POLL_SECONDS)
         missing = missing_gpus(m)
     if missing:
-        LOG.warning("standing layout: %s still missing after %g s; their layouts are placed "
-                    "when they appear", ", ".join(missing), timeout)
+        LOG.warning("standing layout: %s still missing after %g s; health is degraded "
+                    "(layout_gpus_missing) and their layouts are placed when they appear",
+                    ", ".join(missing), timeout)
     else:
         LOG.info("standing layout: every configured GPU is there")
     return True, missing

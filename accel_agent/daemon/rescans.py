@@ -46,14 +46,20 @@ LOG = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class LayoutView:
-    """The standing layouts as the last converge left them (health)."""
+    """The standing layouts as the last converge left them (health), in
+    devices/layout.py's own terms (layout.state_of)."""
 
     draining: tuple[str, ...] = ()
-    # (GPU, (type, wanted, have)) where the layout is incomplete.
-    short: tuple[tuple[str, tuple[str, int, int]], ...] = ()
-    # Configured GPUs whose VFs the start-up waited for in vain.
+    # (GPU, what it lacks) where the layout is incomplete on a GPU of the host.
+    short: tuple[tuple[str, layout.Short], ...] = ()
+    # Configured GPUs not on the host (their VFs not enabled): after the
+    # start-up's wait for them ([devices] standing_vf_wait), and at every
+    # converge after it.
     missing_gpus: tuple[str, ...] = ()
     error: str | None = None
+    # When the devices now draining started to (this process's clock);
+    # None while nothing drains.
+    draining_since: float | None = None
     # (type, GPU, devices held open) of the layout devices, counted by the
     # rescan after each converge (daemon/layout_in_use.py); None: not known
     # (/proc unreadable).
@@ -91,6 +97,10 @@ class Rescans:
         self._unrecorded: frozenset[str] = frozenset()
         # Wired by the core: the Placement loop is woken when the inventory changed.
         self.wake_placement: Callable[[], None] = lambda: None
+
+    def now(self) -> float:
+        """The clock the views are stamped with (health compares with it)."""
+        return self._clock()
 
     def views(self) -> tuple[RescanView, RecoveryView]:
         with self._lock:
@@ -136,8 +146,10 @@ class Rescans:
     # --- standing layouts ----------------------------------------------------------------
 
     def run_layout(self, missing_gpus: tuple[str, ...] = ()) -> LayoutView:
-        """Converge the standing layouts; what is left is kept for health.
-        ``missing_gpus``: configured GPUs whose VFs never appeared."""
+        """Converge the standing layouts; what is left is kept for health and
+        the metrics.  ``missing_gpus``: configured GPUs the start-up waited
+        for in vain, named whatever the converge could do (it names every
+        configured GPU it does not find itself)."""
         if not layout.has_layouts(self.devices) and not missing_gpus:
             view = LayoutView()
         else:
@@ -148,29 +160,53 @@ class Rescans:
                     LOG.error("standing layout: converge failed: %s", exc.message)
                 self._last_layout_error = exc.message
                 self.metrics.error(type(exc).__name__)
-                view = LayoutView(error=exc.message, missing_gpus=missing_gpus)
+                view = dataclasses.replace(self.layout, error=exc.message,
+                                           missing_gpus=self.layout.missing_gpus or missing_gpus)
             else:
                 self._last_layout_error = None
                 view = LayoutView(
                     draining=tuple(report.draining),
                     short=tuple(sorted(report.short.items())),
-                    missing_gpus=missing_gpus,
+                    missing_gpus=tuple(dict.fromkeys((*missing_gpus, *report.missing))),
                     error="; ".join(f"GPU {gpu}: {why}" for gpu, why in sorted(
                         report.failed.items())) or None,
                 )
+        return self._keep_layout(view)
+
+    def _keep_layout(self, view: LayoutView) -> LayoutView:
+        """``view`` for health and the gauges, with the last in-use count
+        (until the rescan that follows counts again) and since when what
+        drains has been draining."""
         with self._lock:
-            # The last count, until the rescan that follows counts again
-            # (count_in_use, after its scan).
-            view = dataclasses.replace(view, in_use=self.layout.in_use)
-            if not missing_gpus and self.layout.missing_gpus and view.error is None:
-                # A GPU missing at start stays named until a converge places its layout.
-                still = tuple(g for g in self.layout.missing_gpus if g in dict(view.short))
-                view = dataclasses.replace(view, missing_gpus=still)
+            since = self.layout.draining_since if self.layout.draining else None
+            if view.draining and since is None:
+                since = self._clock()
+            view = dataclasses.replace(
+                view, in_use=self.layout.in_use, draining_since=since if view.draining else None
+            )
             self.layout = view
         self.metrics.set_layout(
             len(view.draining), len({gpu for gpu, _ in view.short} | set(view.missing_gpus))
         )
         return view
+
+    def after_converge(self, records: list[DeviceRecord], snapshot: HostSnapshot) -> None:
+        """What a rescan tells health and the metrics after its converge, from
+        its own ledger read and scan: the layouts (:meth:`keep_state`) and
+        the layout's devices a consumer holds open (:meth:`count_in_use`)."""
+        self.keep_state(records, snapshot)
+        self.count_in_use(records, snapshot)
+
+    def keep_state(self, records: list[DeviceRecord], snapshot: HostSnapshot) -> None:
+        """The layouts as ``records`` and ``snapshot`` show them
+        (layout.state_of: the definition the listings use too)."""
+        state = layout.state_of_records(snapshot, self.devices.policy, records)
+        self._keep_layout(dataclasses.replace(
+            self.layout,
+            draining=tuple(sorted(state.draining)),
+            short=tuple(sorted(state.short.items())),
+            missing_gpus=state.missing,
+        ))
 
     def count_in_use(self, records: list[DeviceRecord], snapshot: HostSnapshot) -> None:
         """The layout's devices a consumer holds open, in health and the
@@ -291,7 +327,7 @@ class Rescans:
             self.run_layout()
             records = self._records()
             snapshot = devices.scan()
-            self.count_in_use(records, snapshot)
+            self.after_converge(records, snapshot)
         return self._publish(records, snapshot, recoverable, waiting)
 
     def _publish(

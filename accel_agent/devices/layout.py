@@ -19,8 +19,9 @@ back to the layout, even with ``--remove`` (allocations.py).
 2. still short: devices are made, as many as the GPU has room for; free
    devices of another type there go first, to make that room (a GPU moved
    to another type, one device at a time); what cannot fit is reported;
-3. more than N (a lower N): the layout's extras are removed, those an
-   instance holds *drain*: they go when released.
+3. more than N (a lower N): the devices :func:`draining_of` names drain:
+   those the layout holds are removed, those an instance holds go when
+   released.
 
 And everywhere: a device the layout holds that its GPU's configuration no
 longer wants (another type, ``standing = 0``) is removed.  A removal never
@@ -28,6 +29,14 @@ touches a device in use: the privileged write probes its VFIO group first
 (privileged/inuse.py) and refuses; such a device stays the layout's and is
 listed as draining until a later converge (each rescan, reload and release)
 finds it free.
+
+**Draining** has one definition, :func:`draining_of`, which the listings
+(``draining``), health (``layout.draining``, the gauge), the converge (what
+it removes) and a release (what goes back to the layout, what is removed)
+all use: a device named draining stays named until it is free, then it is
+removed, and no other device of the layout is.  Whatever is short of a
+layout (no room, devices of another type in the way, the GPU missing) is
+:func:`state_of`'s too, for health and the metrics.
 
 The start-up runs it after recovery and before READY, so a consumer ordered
 after the agent never sees a GPU without its layout (a reboot or a driver
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -49,6 +59,7 @@ from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 if TYPE_CHECKING:
     from accel_agent.devices import inventory as inventory_mod
     from accel_agent.devices.manager import DeviceManager
+    from accel_agent.devices.policy import MdevPolicy
     from accel_agent.sysfs.model import HostSnapshot
 
 LOG = logging.getLogger(__name__)
@@ -57,9 +68,46 @@ LOG = logging.getLogger(__name__)
 LAYOUT_OWNER = "layout"
 
 
+# Why a GPU is short of its layout (Short.reason).
+NO_ROOM = "no room"  # the GPU offers no more of the type
+BLOCKED = "blocked"  # devices of another type on it stand in the way
+
+
+@dataclass(frozen=True, slots=True)
+class Short:
+    """A GPU with fewer devices than its layout's N."""
+
+    mdev_type: str
+    standing: int
+    present: int
+    reason: str  # NO_ROOM or BLOCKED
+    # BLOCKED: the devices of another type on the GPU (draining, foreign, ...).
+    blocked_by: tuple[str, ...] = ()
+
+    def text(self, gpu: str) -> str:
+        said = f"{gpu} has {self.present} of {self.standing} {self.mdev_type}"
+        if self.reason == BLOCKED:
+            return (f"{said} (blocked by {len(self.blocked_by)} device(s) of another type: "
+                    f"{', '.join(self.blocked_by)})")
+        return f"{said} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class LayoutState:
+    """The standing layouts on the host now (:func:`state_of`)."""
+
+    draining: frozenset[str] = frozenset()
+    # GPU -> what it lacks, for the GPUs on the host short of their layout.
+    short: Mapping[str, Short] = field(default_factory=dict)
+    # Configured GPUs of a standing type that are not on the host (their
+    # VFs not enabled, or no such card).
+    missing: tuple[str, ...] = ()
+
+
 @dataclass
 class LayoutReport:
-    """What one converge did and what is left to do."""
+    """What one converge did and what is left to do (the layouts' state
+    after it: :func:`state_of`)."""
 
     adopted: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
@@ -67,15 +115,17 @@ class LayoutReport:
     # Devices the layout no longer wants that are still in use (or held by
     # an instance): removed once free.
     draining: list[str] = field(default_factory=list)
-    # GPU -> (type, wanted, have) where the layout is not complete.
-    short: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    # GPU -> what it lacks, where the layout is not complete.
+    short: dict[str, Short] = field(default_factory=dict)
+    # Configured GPUs not on the host.
+    missing: tuple[str, ...] = ()
     # GPU -> why its converge failed (the others went on: one wedged GPU
     # must not keep every GPU after it without its layout).
     failed: dict[str, str] = field(default_factory=dict)
 
     @property
     def converged(self) -> bool:
-        return not self.draining and not self.short and not self.failed
+        return not self.draining and not self.short and not self.failed and not self.missing
 
     def summary(self) -> str:
         parts = [
@@ -86,12 +136,171 @@ class LayoutReport:
             )
             if items
         ]
-        parts += [
-            f"{gpu} has {have} of {wanted} {mdev_type}"
-            for gpu, (mdev_type, wanted, have) in sorted(self.short.items())
-        ]
+        parts += [short.text(gpu) for gpu, short in sorted(self.short.items())]
+        parts += [f"{gpu} missing" for gpu in self.missing]
         parts += [f"{gpu} failed: {why}" for gpu, why in sorted(self.failed.items())]
         return ", ".join(parts) or "in place"
+
+
+# --- the one definition of draining, and what a layout lacks ------------------------------
+
+
+def holders_of(records: Iterable[DeviceRecord]) -> tuple[dict[str, str | None], frozenset[str]]:
+    """:func:`draining_of`'s inputs from ledger records: uuid -> the instance
+    or claim holding it (None: the layout, or nobody), of the settled
+    devices; and the layout's members (``DeviceRecord.in_layout``)."""
+    records = list(records)
+    holders = {
+        r.uuid: None if r.owner_kind is OwnerKind.STANDING else r.owner
+        for r in records if r.state is DeviceState.PRESENT
+    }
+    return holders, frozenset(r.uuid for r in records if r.in_layout)
+
+
+Groups = dict[tuple[str, str], tuple[list[str], list[str]]]
+
+
+def _groups(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    holders: Mapping[str, str | None],
+    members: Set[str],
+    made: Mapping[str, tuple[str, str]] | None = None,
+) -> tuple[Groups, set[str]]:
+    """Per (GPU, its standing type): (devices instances or claims hold, the
+    layout's own devices), each sorted; and the members of a layout on a GPU
+    that no longer wants their type.  ``made``: uuid -> (parent, type) of
+    devices made since ``snapshot`` was read (the converge's own)."""
+    groups: Groups = {}
+    unwanted: set[str] = set()
+    for uuid, holder in holders.items():
+        mdev = snapshot.mdevs.get(uuid)
+        if mdev is not None:
+            where: tuple[str, str | None] | None = (mdev.parent, mdev.mdev_type)
+        else:
+            where = (made or {}).get(uuid)
+        if where is None:
+            continue  # not on the host: nothing to drain
+        own = holder is None and uuid in members
+        if holder is None and not own:
+            continue  # free: the converge takes it into the layout or removes it now
+        parent = snapshot.parents.get(where[0])
+        found = policy.standing_for(parent) if parent is not None else None
+        if parent is None or found is None or found[0] != where[1]:
+            if uuid in members:
+                unwanted.add(uuid)
+            continue
+        held, layout_own = groups.setdefault((parent.physical_gpu, found[0]), ([], []))
+        (layout_own if own else held).append(uuid)
+    for held, layout_own in groups.values():
+        held.sort()
+        layout_own.sort()
+    return groups, unwanted
+
+
+def _draining(groups: Groups, unwanted: set[str], policy: MdevPolicy) -> frozenset[str]:
+    drained = set(unwanted)
+    for (_gpu, mdev_type), (held, layout_own) in groups.items():
+        config = policy.config_of(mdev_type)
+        extra = len(held) + len(layout_own) - (config.standing if config else 0)
+        if extra > 0:
+            drained.update((held + layout_own)[:extra])
+    return frozenset(drained)
+
+
+def draining_of(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    holders: Mapping[str, str | None],
+    members: Set[str],
+) -> frozenset[str]:
+    """The devices a standing layout no longer wants, removed once free.
+
+    ``holders``: the agent's settled devices, uuid -> the instance or claim
+    holding it (None: the layout holds it, or nobody); ``members``: the
+    layouts' devices (held by the layout, or taken from it by an instance).
+
+    * A member on a GPU whose configuration no longer gives its type a
+      layout (another type, ``standing = 0``) drains.
+    * A GPU with more devices of its standing type than N (a lowered N):
+      the extras drain, those instances (or claims) hold first, then the
+      layout's own, each in UUID order.  Instances first: their devices are
+      the ones that go when released, and the device an instance gives
+      back is never named in place of one already named (it joins the
+      layout after every instance's), so a device named draining stays
+      named until it is free.
+
+    A free device is never draining: the converge takes it into the layout
+    or removes it at once.  A function of the ledger, the host and the
+    configuration alone, so every reader names the same devices."""
+    return _draining(*_groups(snapshot, policy, holders, members), policy)
+
+
+def missing_gpus(snapshot: HostSnapshot, policy: MdevPolicy) -> tuple[str, ...]:
+    """The configured addresses of standing types that are neither an mdev
+    parent nor the PF of one (their VFs are not there)."""
+    present = set(snapshot.parents)
+    present |= {p.pci_address for p in snapshot.parents.values() if p.pci_address}
+    present |= {p.physfn for p in snapshot.parents.values() if p.physfn}
+    return tuple(
+        address
+        for config in policy.types
+        if config.standing > 0
+        for address in config.device_addresses
+        if address not in present
+    )
+
+
+def state_of(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    holders: Mapping[str, str | None],
+    members: Set[str],
+    made: Mapping[str, tuple[str, str]] | None = None,
+    gone: Set[str] = frozenset(),
+) -> LayoutState:
+    """The layouts now: what drains (:func:`draining_of`), which GPUs on the
+    host are short of their N and why, which configured GPUs are missing.
+    ``made`` and ``gone``: the devices made and removed since ``snapshot``
+    was read (the converge says what it did rather than scan again)."""
+    groups, unwanted = _groups(snapshot, policy, holders, members, made)
+    wanted: dict[str, tuple[str, int]] = {}
+    for parent in snapshot.parents.values():
+        found = policy.standing_for(parent)
+        if found is not None:
+            wanted.setdefault(parent.physical_gpu, found)
+    short: dict[str, Short] = {}
+    for gpu, (mdev_type, standing) in sorted(wanted.items()):
+        held, layout_own = groups.get((gpu, mdev_type), ([], []))
+        present = len(held) + len(layout_own)
+        if present >= standing:
+            continue
+        others = tuple(sorted(
+            m.uuid for m in snapshot.mdevs.values()
+            if m.mdev_type != mdev_type and m.uuid not in gone
+            and (p := snapshot.parents.get(m.parent)) is not None and p.physical_gpu == gpu
+        ))
+        short[gpu] = Short(mdev_type, standing, present, BLOCKED if others else NO_ROOM, others)
+    return LayoutState(
+        draining=_draining(groups, unwanted, policy),
+        short=short,
+        missing=missing_gpus(snapshot, policy),
+    )
+
+
+def state_of_records(
+    snapshot: HostSnapshot,
+    policy: MdevPolicy,
+    records: Iterable[DeviceRecord],
+    made: Iterable[str] = (),
+    gone: Set[str] = frozenset(),
+) -> LayoutState:
+    """:func:`state_of` from ledger records (``made``: UUIDs of devices made
+    since ``snapshot``, located by their records)."""
+    records = list(records)
+    made = set(made)
+    located = {r.uuid: (r.parent, r.mdev_type) for r in records if r.uuid in made}
+    return state_of(snapshot, policy, *holders_of(records), made=located, gone=gone)
 
 
 def has_layouts(m: DeviceManager) -> bool:
@@ -133,6 +342,13 @@ def converge(m: DeviceManager) -> LayoutReport:
                 LOG.warning("standing layout: GPU %s: %s", provider.physical_gpu,
                             failure.message)
                 report.failed[provider.physical_gpu] = failure.message
+        # What is left, from the first scan and what this converge made and
+        # removed (a scan more would cost a start with a large layout seconds).
+        left = state_of_records(snapshot, m.policy, m.ledger.all(), report.created,
+                                set(report.removed))
+        report.draining = sorted(left.draining)
+        report.short = dict(left.short)
+        report.missing = left.missing
     if report.created or report.removed or report.adopted:
         LOG.info("standing layout: %s", report.summary())
     elif not report.converged:
@@ -211,6 +427,10 @@ def _drop_unwanted(
 
 
 def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutReport) -> bool:
+    """Remove a device the layout holds; one in use (a VM holds it) stays the
+    layout's, draining, and nothing changed (no rescan asked for: it is
+    tried again at the next converge)."""
+    mark = m.mutations
     with m.ledger.transaction():
         m.ledger.release(record.uuid)
     protocol.step(m, "layout.released")
@@ -223,12 +443,13 @@ def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutRe
     if gone:
         report.removed.append(record.uuid)
         return True
-    # In use (a VM holds it): the layout keeps it until it is free.
     with m.ledger.transaction():
         current = m.ledger.get(record.uuid)
-        if current is not None and current.free:
+        back = current is not None and current.free
+        if back:
             m.ledger.assign(record.uuid, LAYOUT_OWNER, owner_kind=OwnerKind.STANDING)
-    report.draining.append(record.uuid)
+    if back:
+        m.forget_changes_since(mark)  # the layout's again, as it was
     return False
 
 
@@ -258,25 +479,14 @@ def _converge_gpu(
         if protocol.remove_owned(m, record.uuid):
             report.removed.append(record.uuid)
     have = len(held) + len(joining)
-    # 3. more than N: the layout's own extras go; an instance's drain.
+    # 3. more than N: what drains (draining_of) and the layout holds goes;
+    # one a VM holds stays, draining, until a later converge finds it free;
+    # an instance's go when released (split_release).
     if have > standing:
-        extra = have - standing
-        layouts = [r for r in held if r.owner_kind is OwnerKind.STANDING]
-        kept: list[str] = []
-        for record in layouts:
-            if extra == 0:
-                break
-            # One a VM holds stays (the write refuses it): the next one goes
-            # instead, so the GPU keeps N and no more whenever it can.
-            if _remove_from_layout(m, record, report):
-                extra -= 1
-            else:
-                kept.append(record.uuid)
-        report.draining = [u for u in report.draining if u not in kept]
-        if extra:
-            report.draining += kept[:extra]
-            instances = [r.uuid for r in held if r.owner_kind is not OwnerKind.STANDING]
-            report.draining += instances[: max(0, extra - len(kept))]
+        drain = draining_of(snapshot, m.policy, *holders_of(m.ledger.all()))
+        for record in sorted(held, key=lambda r: r.uuid):
+            if record.owner_kind is OwnerKind.STANDING and record.uuid in drain:
+                _remove_from_layout(m, record, report)
         return
     if have == standing:
         return
@@ -316,17 +526,16 @@ def split_release(
     m: DeviceManager, records: list[DeviceRecord]
 ) -> tuple[list[str], list[str]]:
     """Of devices an owner releases: (those the standing layout takes back,
-    those beyond its N, to remove).  Devices of no standing layout are in
-    neither.  Counted per GPU: the layout takes back while the GPU has
-    fewer than N devices of the type besides those it took."""
+    those that drain, to remove).  Devices of no standing layout are in
+    neither.  What drains is what the listings and health named draining
+    (:func:`draining_of`, before the release): a device named draining is
+    removed once free, every other device of the type goes back."""
     if not any(t.standing > 0 for t in m.policy.types) and not any(r.layout for r in records):
         return [], []
     snapshot = m.scan()
-    releasing = {r.uuid for r in records}
-    present = _present(m, snapshot)
+    drain = draining_of(snapshot, m.policy, *holders_of(m.ledger.all()))
     back: list[str] = []
     surplus: list[str] = []
-    kept_on: Counter[tuple[str, str]] = Counter()
     for record in records:
         parent = snapshot.parents.get(record.parent)
         found = m.policy.standing_for(parent) if parent is not None else None
@@ -334,17 +543,7 @@ def split_release(
             if record.layout:
                 surplus.append(record.uuid)  # a layout's device it no longer wants
             continue
-        gpu = parent.physical_gpu
-        staying = sum(
-            1 for r in present
-            if r.uuid not in releasing and r.mdev_type == record.mdev_type
-            and (p := snapshot.parents.get(r.parent)) is not None and p.physical_gpu == gpu
-        )
-        if staying + kept_on[(gpu, record.mdev_type)] < found[1]:
-            kept_on[(gpu, record.mdev_type)] += 1
-            back.append(record.uuid)
-        else:
-            surplus.append(record.uuid)
+        (surplus if record.uuid in drain else back).append(record.uuid)
     return back, surplus
 
 

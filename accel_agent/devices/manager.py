@@ -68,6 +68,9 @@ class DeviceManager:
         self.policy = policy
         self.host = host
         self.ledger = ledger
+        # Every privileged write goes through the counting writer (mutations).
+        self._writes = 0
+        self._forgotten = 0
         self.writer = writer
         self.domains = domains or NoDomains()
         # libvirt's mdev definitions: given (tests), or those at the domains'
@@ -79,12 +82,16 @@ class DeviceManager:
         # Operations run so far (protocol.operation): what the listings'
         # copy of libvirt's definitions is checked against.
         self.operations = 0
+        # uuid -> why its last remove was refused (in use), as logged: a
+        # refusal is logged once per device and reason (protocol._kept_in_use).
+        self.refused_removes: dict[str, str] = {}
         self.remove_timeout = remove_timeout
         # Crash tests hook here to kill the process between two steps.
         self.on_step = on_step or (lambda step: None)
         # Told the UUID of every device a remove kept because it is in use (metrics).
         self.on_kept_in_use = on_kept_in_use or (lambda uuid: None)
-        # Told after every operation, whatever its outcome: the daemon rescans.
+        # Told after an operation that changed something (mutations moved),
+        # whatever its outcome: the daemon rescans.
         self.on_changed: Callable[[], None] = lambda: None
         # The thread half of the operation's lock (protocol.operation).
         self.thread_lock = threading.RLock()
@@ -92,6 +99,29 @@ class DeviceManager:
         self._rescanner = HostRescanner(
             sysfs_root, self.backends, str(ledger.path.parent), persist=True
         )
+
+    @property
+    def writer(self) -> DeviceWriter:
+        return self._writer
+
+    @writer.setter
+    def writer(self, value: DeviceWriter) -> None:
+        self._writer = _CountingWriter(self, value)
+
+    @property
+    def mutations(self) -> int:
+        """Changes this process made so far: the ledger's committed writes and
+        every privileged write attempted (done or not: the host may have
+        changed), less what :meth:`forget_changes_since` took back.  An
+        operation that left it where it was changed nothing
+        (protocol.operation asks for no rescan then)."""
+        return self.ledger.commits + self._writes - self._forgotten
+
+    def forget_changes_since(self, mark: int) -> None:
+        """What happened since ``mark`` (a :attr:`mutations` value) left
+        everything as it was: a remove refused because the device is in use
+        (its intent recorded, the write refused, the intent cancelled)."""
+        self._forgotten += max(0, self.mutations - mark)
 
     @property
     def nodedevs(self) -> nodedevs_mod.NodeDevices:
@@ -285,3 +315,30 @@ class DeviceManager:
 
     def unrecorded(self, snapshot: HostSnapshot, foreign: list[str]) -> list[str]:
         return recovery.unrecorded(self, snapshot, foreign)
+
+
+class _CountingWriter:
+    """The manager's writer, counting every privileged write it is asked for
+    (:attr:`DeviceManager.mutations`); anything else is the writer's own."""
+
+    # The writes of accel_agent.backends.base.DeviceWriter.
+    WRITES = frozenset({
+        "create", "remove", "set_vgpu_type", "clear_vgpu_type", "set_num_vfs", "bind_vfio",
+        "unbind_vfio",
+    })
+
+    def __init__(self, manager: DeviceManager, writer: DeviceWriter) -> None:
+        self._manager = manager
+        self.inner = writer.inner if isinstance(writer, _CountingWriter) else writer
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.inner, name)
+        if name not in self.WRITES:
+            return found
+        manager = self._manager
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            manager._writes += 1  # attempted: done or not, the host may have changed
+            return found(*args, **kwargs)
+
+        return counted

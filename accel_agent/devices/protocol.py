@@ -83,9 +83,18 @@ def device_ref(record: DeviceRecord) -> DeviceRef:
 @contextlib.contextmanager
 def operation(m: DeviceManager) -> Iterator[None]:
     """The manager's lock: a thread lock plus a file lock in ``state_dir``, so
-    that an offline ``accelctl`` and the daemon never interleave."""
+    that an offline ``accelctl`` and the daemon never interleave.
+
+    ``m.on_changed`` (the daemon: a rescan) is told after an operation that
+    changed something, whatever its outcome: a ledger write it committed or
+    a privileged write it attempted (``m.mutations`` moved, read under the
+    lock).  One that changed nothing (a converge with the layout in place,
+    a remove refused because the device is in use, a refused request) asks
+    for nothing: a rescan that converges would otherwise ask for the next,
+    for ever."""
     from oslo_concurrency import lockutils
 
+    changed = False
     try:
         with (
             m.thread_lock,
@@ -94,12 +103,15 @@ def operation(m: DeviceManager) -> Iterator[None]:
                 lock_path=private_lock_dir(str(m.ledger.path.parent), LOCK_NAME),
             ),
         ):
-            yield
+            before = m.mutations
+            try:
+                yield
+            finally:
+                changed = m.mutations != before
     finally:
-        # Whatever it did or failed to do, the host (and libvirt's
-        # definitions) may have changed.
         m.operations += 1
-        m.on_changed()
+        if changed:
+            m.on_changed()
 
 
 def step(m: DeviceManager, name: str) -> None:
@@ -148,6 +160,7 @@ def make_and_assign(
         _log_assigned(owner, owner_kind, reused)  # type: ignore[arg-type]
         return reused  # type: ignore[return-value]
     kind = IntentKind.CLAIM if owner_kind is OwnerKind.CLAIM else IntentKind.ALLOCATE
+    mark = m.mutations
     intent, chosen, to_create = _record_intent(m, snapshot, owner, items, kind)
     step(m, "allocate.intent")
     created: list[str] = []
@@ -174,7 +187,11 @@ def make_and_assign(
                   "recovery settles it", intent, owner)
         raise
     except BaseException:
-        roll_back(m, intent, created)
+        if roll_back(m, intent, created):
+            # Everything as it was (the write was refused, what it made is
+            # gone): nothing changed, no rescan asked for (a layout whose
+            # GPU refuses a write would otherwise converge for ever).
+            m.forget_changes_since(mark)
         raise
     _log_assigned(owner, owner_kind, [uuid for uuid, _ in chosen])
     return [uuid for uuid, _ in chosen]
@@ -225,6 +242,8 @@ def take_from_layout(m: DeviceManager, uuid: str) -> None:
     if record is not None and record.owner_kind is OwnerKind.STANDING:
         m.ledger.set_layout(uuid)  # still the layout's: its release gives it back
         m.ledger.release(uuid)
+    # A new holder: a later refusal to remove it is news again.
+    m.refused_removes.pop(uuid, None)
 
 
 def _assign(
@@ -256,25 +275,26 @@ def _log_assigned(owner: str, owner_kind: OwnerKind, uuids: list[str | None]) ->
     )
 
 
-def roll_back(m: DeviceManager, intent: int, created: list[str]) -> None:
+def roll_back(m: DeviceManager, intent: int, created: list[str]) -> bool:
     """Undo a failed make: remove what it created, free what it reserved.
+    True when everything is as it was before the make.
 
     A privileged helper that fails meanwhile stops the rollback where it is:
     the intent stays with the rows left, for recovery."""
     try:
-        _undo(m, intent, created)
+        return _undo(m, intent, created)
     except exception.PrivilegedHelperUnavailable as exc:
         failure = exc.message
-    else:
-        return
     # Logged outside the except clause (as every warning or error of this
     # module that quotes its exception): oslo.log appends the exception
     # being handled to such a line, which would say it twice.
     LOG.error("rollback of operation %d interrupted (%s); recovery settles the rest",
               intent, failure)
+    return False
 
 
-def _undo(m: DeviceManager, intent: int, created: list[str]) -> None:
+def _undo(m: DeviceManager, intent: int, created: list[str]) -> bool:
+    undone = True
     for record in m.ledger.all():
         if record.intent_id != intent:
             continue
@@ -283,16 +303,20 @@ def _undo(m: DeviceManager, intent: int, created: list[str]) -> None:
                 # Its make failed part-way (a VF's settings set, the
                 # hand-over refused): undo whatever step it reached.
                 _unmake_quietly(m, record.uuid)
+                undone = False  # what it reached may stay (logged): a rescan looks
             m.ledger.forget(record.uuid)  # the create write never succeeded
     for uuid in created:
         failure: exception.AccelAgentException | None = None
         try:
-            remove_owned(m, uuid)
+            gone = remove_owned(m, uuid)
         except exception.PrivilegedHelperUnavailable:
             raise
         except exception.AccelAgentException as exc:
             failure = exc
+        else:
+            undone &= gone and m.ledger.get(uuid) is None
         if failure is not None:
+            undone = False
             # It stays recorded (free, owned): reusable, never leaked.
             LOG.error("rollback could not remove mdev %s: %s", uuid, failure)
             record = m.ledger.get(uuid)
@@ -301,6 +325,7 @@ def _undo(m: DeviceManager, intent: int, created: list[str]) -> None:
             elif record is not None and record.state is DeviceState.CREATING:
                 m.ledger.settle_created(uuid)
     m.ledger.finish_intent(intent)
+    return undone
 
 
 # --- unmake -------------------------------------------------------------------------------
@@ -332,7 +357,11 @@ def remove_owned(m: DeviceManager, uuid: str) -> bool:
     and libvirt's definition of it.
 
     False when it is in use (its VFIO group is held, or the remove timed
-    out): it stays recorded as a free, owned device, never leaked."""
+    out): it stays recorded as a free, owned device, never leaked, and
+    nothing changed (``m.mutations`` is taken back to where it was, so
+    the operation asks for no rescan)."""
+    mark = m.mutations
+    before = m.ledger.get(uuid)
     m.ledger.record_remove_intent(uuid)
     try:
         with contextlib.suppress(exception.MdevNotFound):
@@ -340,15 +369,26 @@ def remove_owned(m: DeviceManager, uuid: str) -> bool:
     except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
         held = exc
     else:
+        m.refused_removes.pop(uuid, None)
         if undefine_or_keep(m, uuid):
             m.ledger.forget(uuid)
         return True
     m.ledger.cancel_remove(uuid)
+    if before is not None and before.state is DeviceState.PRESENT:
+        # Back as it was (a row recovery found ``removing`` did change).
+        m.forget_changes_since(mark)
     _kept_in_use(m, uuid, held)
     return False
 
 
 def _kept_in_use(m: DeviceManager, uuid: str, exc: exception.AccelAgentException) -> None:
+    """Said (and counted) once per device and reason: a device a VM holds
+    is tried again at every converge until it is free, and one line per
+    try would fill the journal."""
+    if m.refused_removes.get(uuid) == exc.message:
+        LOG.debug("mdev %s still kept instead of removed: %s", uuid, exc.message)
+        return
+    m.refused_removes[uuid] = exc.message
     LOG.warning("mdev %s kept as a free mdev instead of removed: %s", uuid, exc.message)
     m.on_kept_in_use(uuid)
 
@@ -399,6 +439,7 @@ def _remove_all(m: DeviceManager, uuids: list[str]) -> tuple[list[str], list[str
             with contextlib.suppress(exception.MdevNotFound):
                 destroy(m, uuid)
             gone.append(uuid)
+            m.refused_removes.pop(uuid, None)
         except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
             in_use = exc
         if in_use is not None:

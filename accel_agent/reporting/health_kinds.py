@@ -25,10 +25,17 @@ LEDGER_REPLACED = "ledger_replaced"
 LEDGER_WRITE_FAILED = "ledger_write_failed"
 LEDGER_NO_SPACE = "ledger_no_space"
 UNRECORDED_MDEVS = "unrecorded_mdevs"
-# Standing layouts ([mdev_<type>] standing): devices draining, or a GPU short
-# of its layout; a configured GPU whose VFs never appeared.
+# Standing layouts ([mdev_<type>] standing): devices draining after a planned
+# change (a state, not a failure: see CONVERGING_KINDS); a configured GPU
+# that is not on the host (its VFs not enabled).
 LAYOUT_CONVERGING = "layout_converging"
 LAYOUT_GPUS_MISSING = "layout_gpus_missing"
+# A GPU on the host short of its layout: no room, or blocked by devices of
+# another type; a converge that failed; devices draining for longer than
+# the drain alert's limit (AccelAgentLayoutDrainingLong, a day).
+LAYOUT_GPUS_SHORT = "layout_gpus_short"
+LAYOUT_CONVERGE_FAILED = "layout_converge_failed"
+LAYOUT_DRAINING_LONG = "layout_draining_long"
 
 PROBLEM_KINDS = (
     PLACEMENT_SYNC_FAILING,
@@ -44,5 +51,12 @@ PROBLEM_KINDS = (
     UNRECORDED_MDEVS,
     LAYOUT_CONVERGING,
     LAYOUT_GPUS_MISSING,
+    LAYOUT_GPUS_SHORT,
+    LAYOUT_CONVERGE_FAILED,
+    LAYOUT_DRAINING_LONG,
 )
 LEDGER_UNWRITABLE = (LEDGER_REPLACED, LEDGER_WRITE_FAILED, LEDGER_NO_SPACE)
+# The kinds that are a state the agent is working through, not a failure:
+# alone, they make the status "converging" (accel_agent_healthy 1) instead of
+# "degraded".  Every other kind is a problem an operator must act on.
+CONVERGING_KINDS = (LAYOUT_CONVERGING,)

@@ -3,7 +3,11 @@
 
 Read from the health document itself at each scrape (a collector, not
 gauges set here and there), so the metric and ``/v1/health`` cannot
-disagree: healthy is 1 exactly when the document's status is ``ok``, and
+disagree: healthy is 1 exactly when the document's status is one of
+:data:`HEALTHY_STATUSES` (``ok``, and ``converging``: a planned drain of a
+standing layout is a state, not a failure, and must not page through
+AccelAgentUnhealthy; its own alert, AccelAgentLayoutDrainingLong, says when
+it lasts, and after a day the status is ``degraded``), and
 ``accel_agent_health_problem{problem=<kind>}`` is 1 exactly for the kinds in
 its ``problem_kinds``.  Every kind has a series, 0 while it is not reported,
 so that an alert on one kind sees it appear as a change of value rather
@@ -26,9 +30,13 @@ LOG = logging.getLogger(__name__)
 
 HealthSource = Callable[[], Mapping[str, Any]]
 
+# The statuses of GET /v1/health that are no failure (accel_agent_healthy 1).
+HEALTHY_STATUSES = ("ok", "converging")
+
 _HEALTHY_HELP = (
-    "1 when GET /v1/health says ok, 0 when it says degraded (or cannot be computed); no "
-    "sample before the daemon's core is built."
+    "1 when GET /v1/health says ok or converging (a standing layout draining after a "
+    "planned change, for up to a day), 0 when it says degraded (or cannot be computed); "
+    "no sample before the daemon's core is built."
 )
 _PROBLEM_HELP = (
     "1 for each kind of problem GET /v1/health reports now (its problem_kinds), 0 for the "
@@ -64,7 +72,7 @@ class HealthCollector:
         if source is not None:
             try:
                 document = source()
-                ok = document.get("status") == "ok"
+                ok = document.get("status") in HEALTHY_STATUSES
                 kinds = set(document.get("problem_kinds") or ())
             except Exception:  # a scrape must still answer: say unhealthy, log why
                 LOG.exception("cannot compute the health for the metrics")

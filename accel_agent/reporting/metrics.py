@@ -58,7 +58,7 @@ PREFIX = "accel_agent"
 # The classic text format every Prometheus understands (generate_latest writes it).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-MDEV_STATES = ("assigned", "claimed", "free", "foreign", "missing", "transient")
+MDEV_STATES = ("assigned", "claimed", "free", "foreign", "missing", "transient", "standing")
 SYNC_STATES = ("disabled", "ok", "failing")
 HELPERS = ("sysfs", "net")  # the privsep contexts (accel_agent.privileged.guard)
 # What asks for a rescan (accel_agent.events, daemon.core, daemon.reloads).
@@ -130,11 +130,11 @@ class MdevInfo:
     """One ``accel_agent_mdev_info`` series (value 1)."""
 
     uuid: str
-    instance: str  # the owning instance; empty when free or foreign
+    instance: str  # the owning instance; empty when free, foreign or a layout's
     parent: str
     physical_gpu: str
     mdev_type: str
-    state: str  # assigned, claimed, free, foreign, transient
+    state: str  # one of MDEV_STATES
 
     def labels(self, hostname: str) -> list[str]:
         return [
@@ -151,8 +151,8 @@ class MdevInfo:
 
 _MDEV_INFO_HELP = (
     "One series per mdev on the host at the last rescan (value 1): its instance_id (empty "
-    "when free or foreign), parent, physical GPU (and its pci_bus_id as DCGM writes it), "
-    "type, state, and the node's Hostname as dcgm-exporter labels it."
+    "when free, foreign or a standing layout's), parent, physical GPU (and its pci_bus_id "
+    "as DCGM writes it), type, state, and the node's Hostname as dcgm-exporter labels it."
 )
 
 
@@ -268,7 +268,8 @@ class AgentMetrics:
             f"{PREFIX}_mdevs",
             "Mediated devices at the last rescan, by state: assigned (to an instance), "
             "claimed (migration claim), free (owned, reusable), foreign (not the agent's), "
-            "missing (recorded but absent from sysfs), transient (being created/removed).",
+            "missing (recorded but absent from sysfs), transient (being created/removed), "
+            "standing (a standing layout's, no instance holds it).",
             ["state"],
             registry=r,
         )
@@ -280,8 +281,9 @@ class AgentMetrics:
         )
         self.layout_gpus_short = Gauge(
             f"{PREFIX}_layout_gpus_short",
-            "Physical GPUs with fewer devices than their standing layout (no room, or their "
-            "VFs missing).",
+            "Physical GPUs with fewer devices than their standing layout: no room, blocked "
+            "by devices of another type, or not on the host (VFs not enabled), counted from "
+            "the end of the start-up's wait for them ([devices] standing_vf_wait).",
             registry=r,
         )
         self.layout_in_use = Gauge(
@@ -337,7 +339,9 @@ class AgentMetrics:
         self.kept_in_use = Counter(
             f"{PREFIX}_mdevs_kept_in_use",
             "Removes not done because the mdev was in use (its VFIO group open, a libvirt "
-            "domain referencing it, or a remove that timed out): kept as free mdevs.",
+            "domain referencing it, or a remove that timed out): kept as free mdevs; counted "
+            "once per device and reason (a draining device tried at every converge counts "
+            "once until it is removed or taken).",
             registry=r,
         )
         self.reloads = Counter(

@@ -104,14 +104,14 @@ def _layout_marks(
     owned: set[str],
     members: set[str],
     owners: Mapping[str, str | None],
-) -> tuple[set[str], set[str]]:
+) -> tuple[set[str], frozenset[str]]:
     """(the agent's devices that belong to their GPU's standing layout, those
-    it no longer wants and removes once free).  A layout's device of
-    another type than its GPU's standing one (or on a GPU with none now)
-    drains; so do an instance's devices beyond the N of a lowered layout."""
+    it no longer wants and removes once free).  Draining is
+    devices/layout.py's one definition, the one health and the converge
+    use: a layout's device of another type than its GPU's standing one (or
+    on a GPU with none now), and a GPU's devices beyond the N of a lowered
+    layout (those instances hold first)."""
     standing: set[str] = set()
-    draining: set[str] = set()
-    by_gpu: dict[tuple[str, str], list[str]] = {}
     for mdev in snapshot.mdevs.values():
         if mdev.uuid not in owned:
             continue
@@ -119,16 +119,12 @@ def _layout_marks(
         found = policy.standing_for(parent) if parent is not None else None
         if found is not None and found[0] == mdev.mdev_type:
             standing.add(mdev.uuid)
-            by_gpu.setdefault((parent.physical_gpu, found[0]), []).append(mdev.uuid)
-        elif mdev.uuid in members:
-            draining.add(mdev.uuid)
-    for (gpu, _type), uuids in by_gpu.items():
-        parent = next(p for p in snapshot.parents.values() if p.physical_gpu == gpu)
-        found = policy.standing_for(parent)
-        extra = len(uuids) - (found[1] if found else 0)
-        if extra > 0:
-            draining.update(sorted(u for u in uuids if owners.get(u) is not None)[:extra])
-    return standing, draining
+    if not members and not standing:
+        return standing, frozenset()  # no layout: nothing of it to import
+    from accel_agent.devices import layout
+
+    holders = {uuid: owners.get(uuid) for uuid in owned}
+    return standing, layout.draining_of(snapshot, policy, holders, members)
 
 
 def _libvirt(

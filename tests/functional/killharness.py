@@ -79,6 +79,8 @@ GPUS = 3
 INSTANCES = tuple(f"vm-{n}" for n in range(4))
 CLAIMS = tuple(f"mig-{n}" for n in range(2))
 MAX_FOREIGN = 2
+# Periodic rescans the idle-layout check runs after a layout change.
+IDLE_PERIODS = 3
 OPERATIONS = (
     "allocate", "release", "release --remove", "claim", "commit", "abort", "adopt", "recover",
 )
@@ -748,6 +750,8 @@ class KillHarness:
         self._check(outcome, before)
         if self.device_model.standing:
             self._check_layout(outcome, held_type)
+            if operation == "layout":
+                self._check_idle_layout(outcome)
         self._check_idempotent(outcome)
         self._let_go()
         self.log(
@@ -844,11 +848,12 @@ class KillHarness:
                 told[uuid] = owner
 
     def _check_layout(self, outcome: Outcome, held_type: int | None) -> None:
-        """After recover (which converges the layouts): each GPU carries
-        exactly N of the agent's typed VFs, more only while instances (or a
-        VM) hold them; the VF a VM held kept its type; every typed VF is the
-        ledger's or foreign (checked in _check), so none is left that no
-        record or layout explains."""
+        """After recover (which converges the layouts): each GPU carries at
+        least N of the agent's typed VFs, the layout's own among them never
+        more than N (but one a VM holds, draining): beyond N only instances'
+        devices, which drain when released; the VF a VM held kept its type;
+        every typed VF is the ledger's or foreign (checked in _check), so
+        none is left that no record or layout explains."""
         if self.vm_held is not None and typed_vfs(self.host.root).get(self.vm_held) != held_type:
             self._violation(f"VF {self.vm_held}, held by a VM, was retyped or untyped",
                             outcome)
@@ -858,11 +863,37 @@ class KillHarness:
             per_gpu[row.parent[:8] + "00.0"].append(row)
         for gpu in sorted({vf[:8] + "00.0" for vf in typed_vfs(self.host.root)}):
             mine = [r for r in per_gpu.get(gpu, []) if r.mdev_type == self.device_model.mdev_type]
-            pinned = sum(1 for r in mine if r.owner_kind != "standing" or r.parent == self.vm_held)
-            if len(mine) != max(self.standing, pinned) or pinned > len(mine):
+            own = [r for r in mine if r.owner_kind == "standing"]
+            vm = sum(1 for r in own if r.parent == self.vm_held)
+            if len(mine) < self.standing or len(own) > self.standing + vm:
                 self._violation(
-                    f"GPU {gpu} carries {len(mine)} of the agent's {self.device_model.mdev_type} "
-                    f"(standing {self.standing}, {pinned} held by instances or a VM)", outcome)
+                    f"GPU {gpu} carries {len(mine)} of the agent's {self.device_model.mdev_type}, "
+                    f"{len(own)} of them the layout's (standing {self.standing}, {vm} held by "
+                    "a VM)", outcome)
+
+    def _check_idle_layout(self, outcome: Outcome) -> None:
+        """The idle-layout check (issue 33): after a layout change, with a VM
+        perhaps holding one of its devices (draining, its remove refused at
+        each converge), the daemon's periodic rescans ask for no rescan
+        while nothing changes.  The daemon's core in process: one rescan
+        settles what the change left, IDLE_PERIODS more must ask nothing."""
+        from accel_agent.daemon.core import AgentCore
+        from tests.configutil import make_conf
+
+        conf = make_conf(self.device_model.conf_with(self.standing)
+                         + f"\n[DEFAULT]\nstate_dir = {self.host.state_dir}\n",
+                         sysfs_root=self.host.root)
+        with self._manager() as manager:
+            core = AgentCore(conf, manager=manager)
+            asked: list[str] = []
+            core.request_rescan = asked.append
+            core.rescan(("periodic",))
+            asked.clear()
+            for _ in range(IDLE_PERIODS):
+                core.rescan(("periodic",))
+        if asked:
+            self._violation(f"an idle layout asked for {len(asked)} rescan(s) in "
+                            f"{IDLE_PERIODS} periods with nothing changed", outcome)
 
     def _check_vf_settings(self, outcome: Outcome, recorded: dict[str, Row]) -> None:
         """What the PF's "driver" holds for each VF: the recorded settings for

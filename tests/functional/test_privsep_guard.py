@@ -151,3 +151,18 @@ def test_restarts_leave_no_descriptor_behind(env) -> None:
 def _call_in_flight() -> bool:
     channel = privileged.sysfs_admin.channel
     return channel is not None and bool(channel.outstanding_msgs)
+
+
+def test_a_remove_slow_to_let_go_gets_its_own_wait_before_the_deadline(env) -> None:
+    """A remove waits up to its ``remove_timeout`` in the helper (a device a
+    VM is slow to let go): its call's deadline is the call timeout (2 s
+    here) plus that wait, so the helper answers MdevRemoveTimeout (the
+    device kept) instead of being killed as if it were wedged (issue 33)."""
+    daemon, _root = env
+    guard = privileged.guard_of(privileged.sysfs_admin)
+    restarts = guard.health().restarts  # the guard outlives each test's helper
+    remove_timeout = 5.0  # beyond the call timeout: a deadline without it kills
+    error = _outcome(lambda: privileged.remove_mdev(U_FIFO, remove_timeout))
+    assert isinstance(error, exception.MdevRemoveTimeout), error
+    health = guard.health()
+    assert (health.restarts, health.pid, health.state) == (restarts, daemon.pid, "ok")

@@ -509,3 +509,36 @@ def test_an_assigned_device_of_a_dropped_type_refuses_recovery(
     finally:
         after.manager.ledger.close()
 
+
+
+# --- check-config's summary counts what the agent reports ----------------------------------
+
+# The vGPU type Nova reports ([mdev_<type>] reported_by = nova, with its layout),
+# with and without the VF pool; CONF: the agent reports the GPU and the pool.
+NOVA_REPORTS = CONF.replace(
+    f"[mdev_{VGPU_TYPE}]\ndevice_addresses = {GPU}\n",
+    f"[mdev_{VGPU_TYPE}]\ndevice_addresses = {GPU}\nstanding = 1\nreported_by = nova\n",
+)
+NOVA_NO_POOL = NOVA_REPORTS.replace("enabled_vf_pools = nic_a\n", "").split("[vf_pool_nic_a]")[0] \
+    + "[libvirt]\nuri =\n"
+
+
+@pytest.mark.parametrize("conf", [CONF, NOVA_NO_POOL, NOVA_REPORTS],
+                         ids=["vf-pool", "reported-by-nova", "both"])
+def test_check_config_counts_the_providers_the_agent_reports(sim: SimHost, conf: str) -> None:
+    """Issue 34: check-config's summary counts exactly the providers the
+    agent's inventory reports (GET /v1/inventory, what ``accelctl inventory
+    --json`` prints through the daemon): none for a GPU whose type Nova
+    reports, one per PF of a VF pool."""
+    sim.reset()
+    for name in ("vfnet.json", "vfnet.json.lock"):
+        (sim.work / name).unlink(missing_ok=True)
+    env = Env(sim, conf)  # the pool's VFs made, as the daemon's start makes them
+    try:
+        status, _, inventory = api(env)("GET", "/v1/inventory")
+    finally:
+        env.manager.ledger.close()
+    assert status == 200
+    config = sim.config(conf + f"\n[api]\nsocket_path = {sim.work / 'no-daemon.sock'}\n")
+    summary = json.loads(ctl(config, "check-config", "--json").stdout)["summary"]
+    assert summary["providers"] == len(inventory["providers"]), inventory["providers"]

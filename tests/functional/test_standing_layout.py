@@ -7,7 +7,9 @@ Every outcome is read from two independent sources: the simulated sysfs
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -19,8 +21,10 @@ import pytest
 from accel_agent import exception
 from accel_agent.daemon.core import AgentCore
 from accel_agent.daemon.reloads import refusal_reason
+from accel_agent.devices import policy as policy_mod
 from accel_agent.devices import writers
 from tests import ledger_sql
+from tests.configutil import make_conf
 from tests.functional.daemon_fixture import (
     AgentDaemon,
     agent_config,
@@ -479,3 +483,239 @@ def test_a_configuration_that_hands_an_instance_s_vf_to_another_owner_is_refused
                     refusal_reason(refused.value)]
     assert_said_by_all(said, check, agent_check)
     assert owners(sim)[held] == ("vm-a", "instance")  # nothing changed
+# --- in process: the daemon's core over the simulated host (no threads) ---------------------
+
+
+class Periods:
+    """The daemon's rescan scheduler as a test drives it: a period is one
+    periodic rescan, then the rescans it asked for (``request_rescan``), as
+    the scheduler would run them, at most ROUNDS of them: a layout that
+    asks for a rescan at every converge never ends them."""
+
+    ROUNDS = 5
+
+    def __init__(self, core) -> None:
+        self.core = core
+        self.pending: set[str] = set()
+        core.request_rescan = self.pending.add
+
+    def run(self, periods: int = 1) -> None:
+        for _ in range(periods):
+            self.core.rescan(("periodic",))
+            for _ in range(self.ROUNDS):
+                if not self.pending:
+                    break
+                reasons = frozenset(self.pending)
+                self.pending.clear()
+                self.core.rescan(reasons)
+
+    def asked(self) -> float:
+        """Rescans run because an operation asked for one (reason "api")."""
+        return self.core.metrics.value("accel_agent_rescans_total", {"reason": "api"})
+
+
+@contextlib.contextmanager
+def in_process(host, ini: str):
+    """The daemon's core (health, listings, metrics, rescans) over a manager
+    on the simulated host, with a DirectWriter (the privileged writes in
+    this process, the same in-use probe)."""
+    from accel_agent.daemon.core import AgentCore
+
+    manager = host.manager(ini)
+    conf = make_conf(ini + f"\n[DEFAULT]\nstate_dir = {host.state_dir}\n", sysfs_root=host.root)
+    try:
+        yield AgentCore(conf, manager=manager)
+    finally:
+        manager.ledger.close()
+
+
+def configure(core, ini: str) -> None:
+    """A new configuration in place (what an applied reload changes)."""
+    conf = make_conf(ini, sysfs_root=core.devices.sysfs_root)
+    core.devices.set_policy(policy_mod.build_policy(conf))
+
+
+def listed(core) -> dict[str, dict]:
+    return {m["uuid"]: m for m in json.loads(core.listings.mdevs_json())["mdevs"]}
+
+
+def draining_listed(core) -> set[str]:
+    return {uuid for uuid, m in listed(core).items() if m["draining"]}
+
+
+@contextlib.contextmanager
+def held_open(host, device: dict):
+    """A VM holds ``device`` (its VFIO group node open, as QEMU does)."""
+    fd = os.open(os.path.join(host.root, "vfio", str(device["iommu_group"])), os.O_RDONLY)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def kept_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if "kept as a free mdev instead of removed" in r.getMessage()]
+
+
+def test_an_idle_layout_asks_for_no_rescan_and_says_a_refused_remove_once(sim, caplog):
+    """Issue 33 (1): a converge that changes nothing asks for no rescan (the
+    converge runs in every rescan: asking would make the next, for ever),
+    nor does a remove refused because a VM holds the device, which is
+    logged once, not at every converge.  Issue 34: the layout's devices
+    are ``standing`` in the metrics, never an instance called "layout"."""
+    sim.reset()
+    with in_process(sim, body(1)) as core:
+        periods = Periods(core)
+        periods.run()  # places the layout: a change, one rescan asked for
+        placed = periods.asked()
+        periods.run(3)
+        assert periods.asked() == placed, "an idle layout asked for rescans"
+        assert core.metrics.value("accel_agent_mdevs", {"state": "standing"}) == 2
+        assert core.metrics.value("accel_agent_mdevs", {"state": "assigned"}) == 0
+        exposition = core.metrics.render()[0].decode()
+        assert 'instance_id="layout"' not in exposition
+        assert exposition.count('state="standing"') == 3  # the gauge and both devices' info
+        # A VM holds GPU1's device; the layout goes (standing = 0): GPU2's is
+        # removed, GPU1's drains, tried again at each converge until free.
+        device = next(m for m in listed(core).values() if m["physical_gpu"] == GPU1)
+        with held_open(sim, device), caplog.at_level(logging.DEBUG, "accel_agent.devices"):
+            configure(core, body(0))
+            periods.run()
+            assert typed_per_gpu(sim) == {GPU1: 1, GPU2: 0}
+            changed = periods.asked()
+            periods.run(3)
+            assert periods.asked() == changed, "a refused remove asked for rescans"
+            assert len(kept_lines(caplog)) == 1, kept_lines(caplog)
+            # Draining, both ways: the listing and health name it ...
+            assert draining_listed(core) == set(core.health()["layout"]["draining"]) == {
+                device["uuid"]}
+        # ... and it is what goes once free.
+        periods.run()
+        assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0} and owners(sim) == {}
+        assert core.health()["layout"]["draining"] == []
+
+
+def test_draining_is_one_set_for_the_listing_health_and_the_release(sim):
+    """Issue 33 (9): a lowered layout's extra devices an instance holds are
+    named draining by the listing and health alike (one definition,
+    devices/layout.py); the named one is removed when released, the other
+    instance's goes back to the layout at once (no converge needed), and
+    the name does not move meanwhile.  Issue 34: a planned drain is the
+    status ``converging``, accel_agent_healthy 1."""
+    sim.reset()
+    with in_process(sim, body(2)) as core:
+        periods = Periods(core)
+        periods.run()
+        devices = core.devices
+        a = devices.allocate("vm-a", 1, parent=GPU1, mdev_type=TYPE).uuids[0]
+        b = devices.allocate("vm-b", 1, parent=GPU1, mdev_type=TYPE).uuids[0]
+        configure(core, body(1))  # 2 -> 1: GPU1 holds two instances' devices
+        periods.run()
+        named = draining_listed(core)
+        health = core.health()
+        assert set(health["layout"]["draining"]) == named
+        assert len(named) == 1 and named <= {a, b}, named  # an instance's extra drains
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 1}  # GPU2's own extra is gone
+        assert (health["status"], health["problem_kinds"]) == ("converging", ["layout_converging"])
+        assert core.metrics.value("accel_agent_healthy") == 1
+        assert core.metrics.value("accel_agent_layout_draining") == 1
+        (drained,) = named
+        kept = ({a, b} - named).pop()
+        first, last = ("vm-a", "vm-b") if drained == b else ("vm-b", "vm-a")
+        # The instance whose device is not named lets go first: the layout's
+        # again at once, the same devices on the GPU.
+        devices.release(first, remove=True)
+        assert owners(sim)[kept] == ("layout", "standing")
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 1}
+        periods.run()
+        assert draining_listed(core) == set(core.health()["layout"]["draining"]) == named
+        # The named one goes when released.
+        devices.release(last)
+        assert drained not in owners(sim) and drained not in listed(core)
+        assert owners(sim)[kept] == ("layout", "standing")
+        assert typed_per_gpu(sim) == {GPU1: 1, GPU2: 1}
+        periods.run()
+        health = core.health()
+        assert (health["status"], health["layout"]["draining"]) == ("ok", [])
+        assert core.metrics.value("accel_agent_layout_draining") == 0
+
+
+def test_a_type_nova_reports_is_never_handed_out_by_class_nor_as_any_type(sim):
+    """Issue 33 (14): a ``reported_by = nova`` type is Nova's to assign: an
+    attach by its resource class and an allocate of any type are refused,
+    and the layout keeps every device."""
+    from accel_agent.devices.requests import DeviceRequest
+
+    sim.reset()
+    manager = sim.manager(body(1, "nova"))
+    try:
+        manager.converge_layout()
+        before = owners(sim)
+        assert set(before.values()) == {("layout", "standing")} and len(before) == 2
+        (resource_class,) = {p.resource_class for p in manager.inventory().providers}
+        with pytest.raises(exception.InsufficientCapacity):
+            manager.attach("vm-x", [DeviceRequest(1, resource_class=resource_class)])
+        with pytest.raises(exception.InsufficientCapacity):
+            manager.allocate("vm-x", 1)
+        assert owners(sim) == before
+    finally:
+        manager.ledger.close()
+
+
+def test_vfs_disabled_at_boot_make_health_degraded_naming_the_gpus_after_the_wait(sim):
+    """Issue 34: a layout GPU missing once ``standing_vf_wait`` expired is a
+    problem in health (degraded, the GPUs named) and counted by
+    accel_agent_layout_gpus_short (what AccelAgentLayoutGpusShort fires on),
+    from the end of the wait until its VFs come and its layout is placed."""
+    sim.reset()
+    sim.sim.reboot(vfs_disabled=True)
+    with in_process(sim, body(2, wait=1)) as core:
+        core.startup()
+        health = core.health()
+        assert health["status"] == "degraded"
+        assert health["layout"]["missing_gpus"] == [GPU1, GPU2]
+        assert "layout_gpus_missing" in health["problem_kinds"]
+        assert core.metrics.value("accel_agent_layout_gpus_short") == 2
+        assert core.metrics.value("accel_agent_health_problem",
+                                  {"problem": "layout_gpus_missing"}) == 1
+        periods = Periods(core)
+        periods.run()  # still missing: still said
+        assert core.health()["layout"]["missing_gpus"] == [GPU1, GPU2]
+        assert core.metrics.value("accel_agent_layout_gpus_short") == 2
+        sim.sim.enable_vfs("ALL")
+        periods.run()
+        health = core.health()
+        assert (health["status"], health["layout"]["missing_gpus"]) == ("ok", [])
+        assert typed_per_gpu(sim) == {GPU1: 2, GPU2: 2}
+        assert core.metrics.value("accel_agent_layout_gpus_short") == 0
+
+
+def test_a_gpu_blocked_by_a_draining_device_of_its_old_type_is_short_in_health(sim):
+    """Issue 34: a GPU moved to another type while a VM holds a device of the
+    old one offers nothing of the new (one vGPU size per card): it is short
+    of its layout, blocked, in health (degraded, the GPU and the device
+    named) and in accel_agent_layout_gpus_short, until the VM lets go."""
+    three_q = "nvidia-1149"
+    sim.reset()
+    with in_process(sim, moved((TYPE, 1), (TYPE, 1))) as core:
+        periods = Periods(core)
+        periods.run()
+        device = next(m for m in listed(core).values() if m["physical_gpu"] == GPU1)
+        with held_open(sim, device):
+            configure(core, moved((three_q, 1), (TYPE, 1)))
+            periods.run()
+            health = core.health()
+            assert health["layout"]["short"] == {GPU1: {
+                "mdev_type": three_q, "standing": 1, "present": 0, "reason": "blocked",
+                "blocked_by": [device["uuid"]],
+            }}
+            assert health["layout"]["draining"] == [device["uuid"]]
+            assert health["status"] == "degraded"
+            assert "layout_gpus_short" in health["problem_kinds"]
+            assert core.metrics.value("accel_agent_layout_gpus_short") == 1
+        periods.run()
+        assert types_per_gpu(sim) == {GPU1: [1149], GPU2: [1150]}
+        health = core.health()
+        assert (health["status"], health["layout"]["short"]) == ("ok", {})
+        assert core.metrics.value("accel_agent_layout_gpus_short") == 0

@@ -44,8 +44,13 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
                         lambda: [SimpleNamespace(health=lambda h=h: h) for h in (down, well)])
 
     from accel_agent.daemon.rescans import LayoutView
+    from accel_agent.devices.layout import BLOCKED, Short
 
-    core.rescans.layout = LayoutView(draining=("d1",), missing_gpus=("0000:c1:00.0",))
+    core.rescans.layout = LayoutView(
+        draining=("d1",), missing_gpus=("0000:c1:00.0",),
+        short=(("0000:c2:00.0", Short("nvidia-1150", 2, 0, BLOCKED, ("d1",))),),
+        error="GPU 0000:c3:00.0: EIO",
+    )
     health = core.health()
     expected = [
         (kind.PLACEMENT_SYNC_FAILING, "Placement sync failing"),
@@ -60,16 +65,21 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
         (kind.LEDGER_NO_SPACE, "no space left"),
         (kind.UNRECORDED_MDEVS, "u1"),
         (kind.LAYOUT_CONVERGING, "layout converging, 1 draining"),
+        (kind.LAYOUT_GPUS_SHORT, "0000:c2:00.0 has 0 of 2 nvidia-1150 (blocked by 1 device(s) "
+                                 "of another type: d1)"),
+        (kind.LAYOUT_CONVERGE_FAILED, "layout converge failed: GPU 0000:c3:00.0: EIO"),
         (kind.LAYOUT_GPUS_MISSING, "0000:c1:00.0"),
     ]
     assert health["problem_kinds"] == [k for k, _ in expected]
     assert len(health["problems"]) == len(expected)
     for message, (_, says) in zip(health["problems"], expected, strict=True):
         assert says in message
-    # Every kind is used, and the metrics show exactly the reported ones.
-    assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS)
+    # Every kind is used (but a drain's second, after a day: the next test),
+    # and the metrics show exactly the reported ones.
+    assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS) - {kind.LAYOUT_DRAINING_LONG}
+    assert health["status"] == "degraded"
     assert core.metrics.value("accel_agent_healthy") == 0
-    assert set(problem_values(core).values()) == {1}
+    assert {k for k, v in problem_values(core).items() if v == 1} == set(health["problem_kinds"])
 
     # One problem left: its kind alone is 1.
     core.reporter.state = "ok"
@@ -84,3 +94,39 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     assert health["problem_kinds"] == [kind.LEDGER_NO_SPACE]
     assert {k for k, v in problem_values(core).items() if v == 1} == {kind.LEDGER_NO_SPACE}
     assert core.metrics.value("accel_agent_healthy") == 0
+
+
+def test_a_planned_drain_is_converging_for_a_day_then_degraded(core):  # noqa: F811
+    """Issue 34: a planned drain (a lowered N, another type) is a state: the
+    status ``converging`` with its note (kind layout_converging, the one
+    kind of health_kinds.CONVERGING_KINDS), accel_agent_healthy 1 (no
+    AccelAgentUnhealthy), until the drain alert's own limit (a day); then
+    degraded, another kind."""
+    from accel_agent.daemon.rescans import LayoutView
+
+    now = [1_000_000.0]
+    core.rescans._clock = lambda: now[0]
+    core.rescans._keep_layout(LayoutView(draining=("d1", "d2")))
+    health = core.health()
+    assert health["status"] == "converging"
+    assert health["problem_kinds"] == [kind.LAYOUT_CONVERGING]
+    assert health["problems"] == ["layout converging, 2 draining"]
+    assert health["layout"]["draining_since"] is not None
+    assert core.metrics.value("accel_agent_healthy") == 1
+    assert core.metrics.value("accel_agent_layout_draining") == 2
+    # The same drain seen again later keeps its start.
+    now[0] += health_mod.DRAINING_LIMIT - 1
+    core.rescans._keep_layout(LayoutView(draining=("d1",)))
+    assert core.health()["status"] == "converging"
+    now[0] += 1
+    health = core.health()
+    assert health["status"] == "degraded"
+    assert health["problem_kinds"] == [kind.LAYOUT_DRAINING_LONG]
+    assert "more than a day" in health["problems"][0] and "d1" in health["problems"][0]
+    assert core.metrics.value("accel_agent_healthy") == 0
+    # Any other problem beside a drain is degraded at once.
+    core.rescans._keep_layout(LayoutView())
+    core.rescans._keep_layout(LayoutView(draining=("d1",), missing_gpus=("0000:c1:00.0",)))
+    health = core.health()
+    assert health["status"] == "degraded"
+    assert health["problem_kinds"] == [kind.LAYOUT_CONVERGING, kind.LAYOUT_GPUS_MISSING]

@@ -12,7 +12,7 @@ import pytest
 
 from accel_agent import service
 from accel_agent.daemon.core import AgentCore
-from accel_agent.daemon.counts import count_mdevs, placement_signature
+from accel_agent.daemon.counts import count_mdevs, mdev_infos, placement_signature
 from accel_agent.daemon.reloads import orphaned
 from accel_agent.devices.inventory import Inventory, Provider
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
@@ -97,14 +97,16 @@ def test_orphaned_names_a_device_of_a_type_nova_would_report_and_skips_the_layou
 
 
 def test_count_mdevs_puts_each_mdev_in_one_state():
+    layout_held = "66666666-6666-4666-8666-666666666666"
     records = [
         rec(U1, "vm-1"),
         rec(U2),
         rec(U3, "claim-1", kind=OwnerKind.CLAIM),
         rec(U4, "vm-4"),  # missing from sysfs
         rec("55555555-5555-4555-8555-555555555555", state=DeviceState.CREATING, intent=3),
+        rec(layout_held, "layout", kind=OwnerKind.STANDING),  # no instance holds it
     ]
-    counts = count_mdevs(records, snapshot(U1, U2, U3, FOREIGN))
+    counts = count_mdevs(records, snapshot(U1, U2, U3, FOREIGN, layout_held))
     assert counts == {
         "assigned": 1,
         "claimed": 1,
@@ -112,7 +114,11 @@ def test_count_mdevs_puts_each_mdev_in_one_state():
         "foreign": 1,
         "missing": 1,
         "transient": 1,
+        "standing": 1,
     }
+    # A standing layout's device is no instance: no instance_id to join on.
+    (info,) = [i for i in mdev_infos(records, snapshot(layout_held)) if i.uuid == layout_held]
+    assert (info.instance, info.state) == ("", "standing")
 
 
 def provider(name: str, total: int, used: int) -> Provider:

@@ -85,6 +85,9 @@ class LedgerConnection:
         self._depth = 0
         # Why the last write failed (disk full, I/O error); None once one succeeds.
         self.write_error: str | None = None
+        # Transactions committed that changed a row: what tells the device
+        # manager whether an operation changed anything (DeviceManager.mutations).
+        self.commits = 0
         # Where the copy taken before this open migrated the file, if it did.
         self.backup_path: Path | None = None
         # Before anything opens them: a FIFO at one of these paths blocks
@@ -311,6 +314,7 @@ class LedgerConnection:
     def _transaction_body(self, savepoint: str | None) -> Iterator[None]:
         """The transaction itself; the caller holds the ledger's lock."""
         self._execute(f"SAVEPOINT {savepoint}" if savepoint else "BEGIN IMMEDIATE")
+        changes = self._conn.total_changes
         self._depth += 1
         try:
             yield
@@ -334,6 +338,8 @@ class LedgerConnection:
             raise
         if not savepoint:
             self.write_error = None
+            if self._conn.total_changes != changes:
+                self.commits += 1
 
     def _execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         try:
