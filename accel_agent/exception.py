@@ -507,7 +507,7 @@ class AgentAlreadyRunning(AccelAgentException):
 
 
 class AgentLockHeld(AccelAgentException):
-    # One agent per host (accel_agent.daemon.host_lock): refused before the
+    # One agent per host (accel_agent.host_lock): refused before the
     # second one touches anything.
     msg_fmt = (
         "refusing to start: another accel-agent (%(holder)s) already uses %(what)s "

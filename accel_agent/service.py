@@ -100,7 +100,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
         self._started_privsep = False
         self._reload_lock = threading.Lock()
         self._scans_interrupted = False
-        self._locks: Any = None  # daemon.host_lock.AgentLocks, from prepare()
+        self._locks: Any = None  # host_lock.AgentLocks, from prepare()
         self._serving: list[threading.Thread] = []  # the API and metrics servers
 
     # --- life cycle ------------------------------------------------------------------
@@ -113,14 +113,14 @@ class AgentService(_service_base()):  # type: ignore[misc]
 
         Everything that can refuse the start is taken or checked before the
         host is touched (issue 33: a refused start changes nothing): the
-        host-wide locks (one agent per host, daemon/host_lock.py), the API
+        host-wide locks (one agent per host, accel_agent/host_lock.py), the API
         socket and ``[api] socket_group``, the ``[metrics] listen`` port,
         Placement's auth options, the privileged helper.  Only then does
         the core open the ledger (which may upgrade its schema), and the
         API serves health and the listings while recovery, the wait for a
         standing layout's VFs and the first scan run (daemon/starting.py)."""
+        from accel_agent import host_lock
         from accel_agent.api.server import bind_socket, socket_identity
-        from accel_agent.daemon import host_lock
         from accel_agent.reporting import metrics_server, placement_opts
         from accel_agent.reporting.metrics import AgentMetrics
         from accel_agent.reporting.placement import PlacementReporter

@@ -6,6 +6,9 @@
 check is one the start takes.  Each check calls the very function the start's
 own action calls, so the two cannot disagree, and say the same words:
 
+* another agent: the host-wide locks of the sysfs root and the state
+  directory (``host_lock.held_locks``: the refusal of the start's first
+  action, ``host_lock.take``, read from ``/proc/locks`` without locking);
 * logging: ``log_config_append`` or the log file's directory
   (:func:`logging_problems`, which the start calls before oslo.log opens
   them);
@@ -62,7 +65,10 @@ def start_problems(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
     from oslo_config import cfg
 
     errors: list[str] = []
-    for check in (_logging, _api_socket, _privileged_helper, _placement_auth, _metrics_address):
+    for check in (
+        _agent_locks, _logging, _api_socket, _privileged_helper, _placement_auth,
+        _metrics_address,
+    ):
         try:
             errors += check(conf, running)
         except (ValueError, cfg.Error):
@@ -80,6 +86,19 @@ def serving_pid(socket_path: str) -> int | None:
     except exception.AccelAgentException:
         return None
     return pid if state == "served" else None
+
+
+def _agent_locks(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
+    """Another agent on this host (its lock of the sysfs root or the state
+    directory, accel_agent/host_lock.py): what the start's first action
+    refuses, with its words and the other agent's pid and config; the
+    running agent's own locks are not in the way."""
+    from accel_agent import host_lock
+
+    return [
+        held.message for pid, held in host_lock.held_locks(conf.sysfs_root, conf.state_dir)
+        if pid != running
+    ]
 
 
 def _root() -> bool:

@@ -130,7 +130,7 @@ def test_stale_socket_after_sigkill_is_replaced_and_a_second_agent_refused(setup
     try:
         assert second.spawn().wait(60) == 1
         # One agent per host: refused by the host-wide lock, before the
-        # socket, naming the agent that runs (daemon/host_lock.py).
+        # socket, naming the agent that runs (accel_agent/host_lock.py).
         assert (f"another accel-agent (pid {daemon.pid}, config {setup.config}) already uses "
                 f"the sysfs root {os.path.realpath(setup.host.root)}") in second.log()
     finally:

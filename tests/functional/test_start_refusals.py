@@ -308,3 +308,33 @@ def test_a_socket_directory_the_start_makes_or_cannot_make(place, root):
     assert any("does not exist, nor its parent" in line for line in said), said
     assert_said_by_all(said, check, agent_check)
     assert not (place.sockdir / "no").exists()
+
+
+def test_another_agent_on_the_host_is_named_by_the_check_as_by_the_start(place, root):
+    """One agent per host: another process holding the host-wide locks of
+    this sysfs root and state directory (accel_agent/host_lock.py) refuses
+    the start with its pid and config; check-config and ``--check`` read the
+    same from /proc/locks, without taking the locks."""
+    config = place.write(GOOD)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""\
+            import sys
+            from accel_agent import host_lock
+            host_lock.take_agent_locks({root!r}, {str(place.state_dir)!r},
+                                       ["/etc/other.conf"], "/run/other.sock")
+            print("held", flush=True)
+            sys.stdin.read()
+            """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        check, agent_check = check_and_agent_check(config)
+        said = start(config, root, writer="direct")
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    assert any(f"another accel-agent (pid {holder.pid}, config /etc/other.conf)" in line
+               for line in said), said
+    assert_said_by_all(said, check, agent_check)

@@ -1,5 +1,5 @@
 """One agent per host (issue 33 item 5): the locks an agent takes before it
-touches anything (accel_agent.daemon.host_lock).  The daemons themselves:
+touches anything (accel_agent.host_lock).  The daemons themselves:
 test_standing_layout.py (a second agent on one simulated host) and
 test_daemon_lifecycle.py."""
 
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import exception
-from accel_agent.daemon import host_lock
+from accel_agent import exception, host_lock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +37,7 @@ def test_a_second_agent_on_the_same_sysfs_root_is_refused_naming_the_first(tmp_p
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""\
             import sys
-            from accel_agent.daemon import host_lock
+            from accel_agent import host_lock
             host_lock.take_agent_locks({str(root)!r}, {str(state)!r},
                                        ["/etc/first.conf", "/etc/first.d"], "/run/first.sock",
                                        directory={lock_dir!r})
@@ -50,8 +49,17 @@ def test_a_second_agent_on_the_same_sysfs_root_is_refused_naming_the_first(tmp_p
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        # The start's check reads who holds them from /proc/locks, in the words
+        # the start's take refuses with, and takes nothing itself.
+        probed = host_lock.held_locks(str(root), str(state), directory=lock_dir)
+        assert [pid for pid, _ in probed] == [holder.pid, holder.pid]
+        assert not any(f" {os.getpid()} " in line for line in Path("/proc/locks").read_text()
+                       .splitlines() if " FLOCK " in line)
+        assert host_lock.held_locks(str(tmp_path / "free"), str(tmp_path / "free-state"),
+                                    directory=lock_dir) == []
         with pytest.raises(exception.AgentLockHeld) as refused:
             take(lock_dir, root, tmp_path / "state-2")
+        assert refused.value.message == probed[0][1].message
         assert refused.value.message == (
             f"refusing to start: another accel-agent (pid {holder.pid}, config "
             f"/etc/first.conf /etc/first.d) already uses the sysfs root {root} (lock "

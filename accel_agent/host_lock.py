@@ -241,3 +241,68 @@ def take_agent_locks(
         AgentLocks(taken).release()
         raise
     return AgentLocks(taken)
+
+
+# --- the start's check: who holds a lock, without taking it -------------------------------
+
+PROC_LOCKS = "/proc/locks"
+
+
+def _flock_holders(proc_locks: str = PROC_LOCKS) -> dict[tuple[int, int, int], int]:
+    """(major, minor, inode) -> pid of every FLOCK lock the kernel lists
+    (``/proc/locks``: ``1: FLOCK  ADVISORY  WRITE 4242 fd:01:12345 0 EOF``,
+    the device's major and minor in hex)."""
+    holders: dict[tuple[int, int, int], int] = {}
+    try:
+        with open(proc_locks, encoding="ascii", errors="replace") as listing:
+            lines = listing.read(1 << 20).splitlines()
+    except OSError:
+        return holders
+    for line in lines:
+        fields = line.split()
+        # A lock that waits for another is listed with "->" before its fields.
+        if fields[1:2] == ["->"]:
+            fields = fields[:1] + fields[2:]
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            holders[(int(major, 16), int(minor, 16), int(inode))] = int(fields[4])
+        except ValueError:
+            continue
+    return holders
+
+
+def held_locks(
+    sysfs_root: str, state_dir: str, directory: str | None = None,
+    proc_locks: str = PROC_LOCKS,
+) -> list[tuple[int, exception.AgentLockHeld]]:
+    """The agent locks held now: (the holder's pid as the kernel lists it,
+    the refusal the start's :func:`take` would raise); read-only (never locks, never creates:
+    a probe that locked even for an instant could refuse a real start).  What
+    it cannot read (no lock directory yet, /proc not mounted) is no lock."""
+    directory = directory or LOCK_DIR
+    holders = _flock_holders(proc_locks)
+    found = []
+    for kind, path, what in (
+        ("sysfs", sysfs_root, f"the sysfs root {os.path.realpath(sysfs_root)}"),
+        ("state", state_dir, f"the state directory {os.path.realpath(state_dir)}"),
+    ):
+        lock = lock_path(kind, path, directory)
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            key = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+            pid = holders.get(key)
+            if pid is None:
+                continue
+            text = os.pread(fd, _MAX_HOLDER, 0).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+        found.append((pid, exception.AgentLockHeld(holder=describe(text), what=what, lock=lock)))
+    return found
