@@ -29,6 +29,8 @@ UNRECORDED_MDEVS = "unrecorded_mdevs"
 # of its layout; a configured GPU whose VFs never appeared.
 LAYOUT_CONVERGING = "layout_converging"
 LAYOUT_GPUS_MISSING = "layout_gpus_missing"
+# libvirt accepted a call and did not answer it within [libvirt] call_timeout.
+LIBVIRT_STALLED = "libvirt_stalled"
 
 PROBLEM_KINDS = (
     PLACEMENT_SYNC_FAILING,
@@ -44,5 +46,6 @@ PROBLEM_KINDS = (
     UNRECORDED_MDEVS,
     LAYOUT_CONVERGING,
     LAYOUT_GPUS_MISSING,
+    LIBVIRT_STALLED,
 )
 LEDGER_UNWRITABLE = (LEDGER_REPLACED, LEDGER_WRITE_FAILED, LEDGER_NO_SPACE)

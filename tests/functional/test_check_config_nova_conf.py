@@ -254,3 +254,20 @@ def test_a_garbled_line_does_not_hide_a_gpu_counted_twice(tmp_path, root):
         "double quotes)",
         f"error: {nova}:3: {message(GPUS[1], VFS[GPUS[1]][:1])}",
     ]
+
+
+def test_libvirt_errors_are_said_once_in_the_agents_words(root, tmp_path):
+    """Issue 34: libvirt's C library printed its own ``libvirt: XML-RPC
+    error : ...`` line on stderr besides the agent's (its default error
+    handler), from nova-pci-config and adopt --from-libvirt."""
+    config = agent_conf(tmp_path, root)
+    absent = f"qemu+unix:///system?socket={tmp_path}/no-libvirt-sock"
+    config.write_text(config.read_text().replace("[libvirt]\nuri =\n",
+                                                 f"[libvirt]\nuri = {absent}\n"))
+    lines = ctl(config, "nova-pci-config", rc=0)
+    assert lines.stderr == ""
+    assert "cannot be asked its versions (Failed to connect socket" in lines.stdout
+    adopt = ctl(config, "adopt", "--from-libvirt", "--dry-run", rc=1)
+    assert adopt.stderr.startswith(f"error: cannot list the libvirt domains at {absent}: "
+                                   "Failed to connect socket"), adopt.stderr
+    assert len(adopt.stderr.splitlines()) == 1, adopt.stderr

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from accel_agent.daemon import health as health_mod
 from accel_agent.daemon.counts import RecoveryView, RescanView
+from accel_agent.devices import libvirt_calls
 from accel_agent.privileged.guard import HelperHealth
 from accel_agent.reporting import health_kinds as kind
 from tests.unit.test_service import core  # noqa: F401  (the fixture)
@@ -46,6 +47,10 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     from accel_agent.daemon.rescans import LayoutView
 
     core.rescans.layout = LayoutView(draining=("d1",), missing_gpus=("0000:c1:00.0",))
+    core.devices.domains = SimpleNamespace(uri="qemu:///system")
+    stalled = libvirt_calls.Status("qemu:///system", libvirt_calls.STALLED, 0.0,
+                                   "listing the domains' mdevs did not answer within 20 s", 20, 1)
+    monkeypatch.setattr(libvirt_calls, "status_of", lambda uri: stalled)
     health = core.health()
     expected = [
         (kind.PLACEMENT_SYNC_FAILING, "Placement sync failing"),
@@ -61,6 +66,7 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
         (kind.UNRECORDED_MDEVS, "u1"),
         (kind.LAYOUT_CONVERGING, "layout converging, 1 draining"),
         (kind.LAYOUT_GPUS_MISSING, "0000:c1:00.0"),
+        (kind.LIBVIRT_STALLED, "libvirt at qemu:///system is not answering since"),
     ]
     assert health["problem_kinds"] == [k for k, _ in expected]
     assert len(health["problems"]) == len(expected)
@@ -69,7 +75,8 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     # Every kind is used, and the metrics show exactly the reported ones.
     assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS)
     assert core.metrics.value("accel_agent_healthy") == 0
-    assert set(problem_values(core).values()) == {1}
+    assert {k for k, v in problem_values(core).items() if v == 1} == set(health["problem_kinds"])
+    monkeypatch.setattr(libvirt_calls, "status_of", lambda uri: None)
 
     # One problem left: its kind alone is 1.
     core.reporter.state = "ok"
@@ -84,3 +91,4 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     assert health["problem_kinds"] == [kind.LEDGER_NO_SPACE]
     assert {k for k, v in problem_values(core).items() if v == 1} == {kind.LEDGER_NO_SPACE}
     assert core.metrics.value("accel_agent_healthy") == 0
+
