@@ -7,8 +7,8 @@ refused, a privileged helper is restarting or cannot be started, the ledger
 cannot record new work (deleted or replaced under the agent, a failed write,
 a full filesystem), devices that look like the agent's were found while
 its ledger was missing, a standing layout is not in place (draining,
-short of room, its GPU missing), or libvirt does not answer within its
-deadline.
+short of room, its GPU missing), libvirt does not answer within its
+deadline, or a Placement sync runs past its own.
 """
 
 from __future__ import annotations
@@ -126,9 +126,17 @@ def libvirt_section(core: AgentCore) -> tuple[dict[str, Any], list[Problem]]:
 
 
 def reporting_problems(reporting: dict[str, Any]) -> list[Problem]:
-    """A Placement sync failing."""
+    """A Placement sync failing, or running past its deadline."""
     if reporting["state"] == "failing":
         return [(kind.PLACEMENT_SYNC_FAILING, f"Placement sync failing: {reporting['last_error']}")]
+    if reporting["state"] == "syncing":
+        return [(
+            kind.PLACEMENT_SYNC_STUCK,
+            f"Placement sync running since {reporting.get('syncing_since')}, past its "
+            f"{reporting.get('sync_deadline')} s ([placement] sync_interval or timeout): "
+            "Placement answers slowly; reporting is behind "
+            f"(last success {reporting.get('last_success')})",
+        )]
     return []
 
 

@@ -31,6 +31,8 @@ LAYOUT_CONVERGING = "layout_converging"
 LAYOUT_GPUS_MISSING = "layout_gpus_missing"
 # libvirt accepted a call and did not answer it within [libvirt] call_timeout.
 LIBVIRT_STALLED = "libvirt_stalled"
+# A Placement sync still running past its deadline (reporting.state "syncing").
+PLACEMENT_SYNC_STUCK = "placement_sync_stuck"
 
 PROBLEM_KINDS = (
     PLACEMENT_SYNC_FAILING,
@@ -47,5 +49,6 @@ PROBLEM_KINDS = (
     LAYOUT_CONVERGING,
     LAYOUT_GPUS_MISSING,
     LIBVIRT_STALLED,
+    PLACEMENT_SYNC_STUCK,
 )
 LEDGER_UNWRITABLE = (LEDGER_REPLACED, LEDGER_WRITE_FAILED, LEDGER_NO_SPACE)

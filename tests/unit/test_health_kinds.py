@@ -72,8 +72,10 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     assert len(health["problems"]) == len(expected)
     for message, (_, says) in zip(health["problems"], expected, strict=True):
         assert says in message
-    # Every kind is used, and the metrics show exactly the reported ones.
-    assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS)
+    # Every kind is used (but the sync's other state: one sync is failing or
+    # running past its deadline, test_a_sync_past_its_deadline_is_a_problem),
+    # and the metrics show exactly the reported ones.
+    assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS) - {kind.PLACEMENT_SYNC_STUCK}
     assert core.metrics.value("accel_agent_healthy") == 0
     assert {k for k, v in problem_values(core).items() if v == 1} == set(health["problem_kinds"])
     monkeypatch.setattr(libvirt_calls, "status_of", lambda uri: None)
@@ -92,3 +94,13 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
     assert {k for k, v in problem_values(core).items() if v == 1} == {kind.LEDGER_NO_SPACE}
     assert core.metrics.value("accel_agent_healthy") == 0
 
+
+def test_a_sync_past_its_deadline_is_a_problem(core):  # noqa: F811
+    """reporting.state "syncing" (a sync still running past its deadline) is
+    degraded, with its own kind."""
+    core.reporter.state = "syncing"
+    health = core.health()
+    assert health["problem_kinds"] == [kind.PLACEMENT_SYNC_STUCK]
+    assert "Placement sync running since" in health["problems"][0]
+    assert core.metrics.value("accel_agent_health_problem",
+                              {"problem": kind.PLACEMENT_SYNC_STUCK}) == 1
