@@ -196,8 +196,10 @@ def watch(adapter: Any) -> None:
     ``adapter``'s session (a keystoneauth Adapter or Session over requests);
     idempotent.  Nothing to do for a session that is not requests'."""
     ks_session = getattr(adapter, "session", adapter)
-    http = getattr(ks_session, "session", None)
-    for mounted in getattr(http, "adapters", {}).values():
+    mounts = getattr(getattr(ks_session, "session", None), "adapters", None)
+    if not isinstance(mounts, dict):
+        return  # not requests' session (a test's stand-in): nothing to watch
+    for mounted in mounts.values():
         manager = getattr(mounted, "poolmanager", None)
         if manager is None or getattr(mounted, "_accel_watched", False):
             continue
