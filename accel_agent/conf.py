@@ -265,6 +265,20 @@ libvirt_opts = [
         "-d` show them, as they show Nova's. Removing an mdev undefines it, whatever this "
         "option says; recovery defines what a crash left undefined. Needs [libvirt] uri.",
     ),
+    FiniteFloatOpt(
+        "call_timeout",
+        default=20.0,
+        min=1.0,
+        max=3600.0,
+        help="Seconds every call to libvirt may take (a domain or node-device listing, an "
+        "undefine, a define). libvirt's own calls have no timeout: a libvirtd that accepts "
+        "and never answers would hold the caller for ever. A call past it is abandoned and "
+        "libvirt is 'stalled' in /v1/health (degraded): every later call fails at once until "
+        "libvirt answers again (probed once per this many seconds). Meanwhile the mdev "
+        "listing shows its libvirt fields null with libvirt_error saying why, a release "
+        "that removes mdevs leaves their undefine to recovery, and a takeover (accelctl "
+        "adopt --from-libvirt) is refused.",
+    ),
 ]
 
 

@@ -568,6 +568,13 @@ class NodeDeviceWriteFailed(AccelAgentException):
     msg_fmt = "libvirt at %(uri)s refused to %(action)s mdev %(uuid)s: %(reason)s"
 
 
+class LibvirtStalled(NodeDevicesUnavailable, LibvirtUnavailable):
+    # A call missed [libvirt] call_timeout, or libvirt has not answered since one
+    # did (devices/libvirt_calls.py).  Both classes above, so that whoever
+    # handles "libvirt cannot be asked now" handles this too.
+    msg_fmt = "libvirt at %(uri)s is not answering: %(reason)s"
+
+
 # --- SR-IOV VFs: network settings and PCI hand-over (appended) ----------------------------
 
 

@@ -184,7 +184,6 @@ def build_manager(
     from accel_agent.devices import domains, ledger, manager, writers
 
     policy = policy_mod.build_policy(conf)
-    uri = conf.libvirt.uri
     writer = writer or writers.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir)
     book = ledger.Ledger(conf.state_dir, upgrade=upgrade_ledger)
     try:
@@ -194,7 +193,7 @@ def build_manager(
             host=conf.host,
             ledger=book,
             writer=writer,
-            domains=domains.LibvirtDomains(uri) if uri else domains.NoDomains(),
+            domains=domains.for_conf(conf),
             remove_timeout=conf.remove_timeout,
             on_step=on_step,
             backends=_backends(build_vf_pools(conf, writer, net)),

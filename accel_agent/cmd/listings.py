@@ -28,14 +28,14 @@ def _types(state: wiring.HostState) -> dict[str, Any]:
 
 
 def _mdevs(state: wiring.HostState) -> dict[str, Any]:
+    from accel_agent.devices import nodedevs
     from accel_agent.reporting import views
 
-    libvirt = None
-    if state.libvirt_uri:  # an empty uri imports nothing of libvirt's
-        from accel_agent.devices import nodedevs
-
-        # Quiet: a listing without libvirt says null, not a warning.
-        libvirt = nodedevs.listing_view(nodedevs.for_uri(state.libvirt_uri), quiet=True)
+    # Quiet: a listing without libvirt says null (and libvirt_error why), not
+    # a warning.  An empty uri imports nothing of libvirt's.
+    libvirt, libvirt_error = nodedevs.listing_definitions(
+        nodedevs.for_uri(state.libvirt_uri), quiet=True
+    )
     held = None
     if state.ledger.layout_members:
         from accel_agent.sysfs import vfio_holders
@@ -43,7 +43,7 @@ def _mdevs(state: wiring.HostState) -> dict[str, Any]:
         held = vfio_holders.held_groups(vfio_holders.vfio_dev_dir(state.snapshot.root))
     return views.mdevs_document(
         state.snapshot, state.policy, state.host, state.ledger.owners, state.ledger.owned,
-        libvirt, state.ledger.layout_members, held,
+        libvirt, state.ledger.layout_members, held, libvirt_error=libvirt_error,
     )
 
 

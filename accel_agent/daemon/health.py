@@ -9,7 +9,8 @@ cannot record new work (deleted or replaced under the agent, a failed write,
 a full filesystem), devices that look like the agent's were found while
 its ledger was missing, or a standing layout is not in place (a GPU short of
 room or blocked by devices of another type, its GPU missing, a converge that
-failed, devices draining for longer than a day).
+failed, devices draining for longer than a day), libvirt does not answer
+within its deadline, or a Placement sync runs past its own.
 
 Converging while the only note is a planned drain (a lowered N or another
 type: devices in use drain until free, ``layout_converging``), for up to a
@@ -136,15 +137,47 @@ def in_use_section(rows: layout_in_use.InUse | None) -> dict[str, Any]:
     }
 
 
+def libvirt_section(core: AgentCore) -> tuple[dict[str, Any], list[Problem]]:
+    """libvirt at the running ``[libvirt] uri``, as its calls found it
+    (devices/libvirt_calls.py): a problem while it is stalled."""
+    from accel_agent.devices import libvirt_calls
+
+    uri = getattr(getattr(core.devices, "domains", None), "uri", "")
+    status = libvirt_calls.status_of(uri)
+    if status is None:
+        return {"state": "not_configured", "uri": "", "since": None, "last_error": None,
+                "call_timeout": None, "blocked_calls": 0}, []
+    section = status.to_dict(iso)
+    if status.state != libvirt_calls.STALLED:
+        return section, []
+    return section, [(
+        kind.LIBVIRT_STALLED,
+        f"libvirt at {uri} is not answering since {section['since']} ({status.last_error}): "
+        "mdev listings show its fields null, removes leave libvirt's definitions to recovery, "
+        "takeovers are refused",
+    )]
+
+
+def reporting_problems(reporting: dict[str, Any]) -> list[Problem]:
+    """A Placement sync failing, or running past its deadline."""
+    if reporting["state"] == "failing":
+        return [(kind.PLACEMENT_SYNC_FAILING, f"Placement sync failing: {reporting['last_error']}")]
+    if reporting["state"] == "syncing":
+        return [(
+            kind.PLACEMENT_SYNC_STUCK,
+            f"Placement sync running since {reporting.get('syncing_since')}, past its "
+            f"{reporting.get('sync_deadline')} s ([placement] sync_interval or timeout): "
+            "Placement answers slowly; reporting is behind "
+            f"(last success {reporting.get('last_success')})",
+        )]
+    return []
+
+
 def health(core: AgentCore) -> dict[str, Any]:
     rescan, recovery = core.rescans.views()
     reload = core.reloads.current()
     reporting = core.reporter.health()
-    problems: list[Problem] = []
-    if reporting["state"] == "failing":
-        problems.append((
-            kind.PLACEMENT_SYNC_FAILING, f"Placement sync failing: {reporting['last_error']}"
-        ))
+    problems: list[Problem] = reporting_problems(reporting)
     if rescan.error:
         problems.append((kind.RESCAN_FAILED, f"last rescan failed: {rescan.error}"))
     if recovery.error:
@@ -176,6 +209,8 @@ def health(core: AgentCore) -> dict[str, Any]:
     problems += ledger_problems(core.devices.ledger, rescan)
     layout = core.rescans.layout
     problems += layout_problems(layout, core.rescans.now())
+    libvirt, libvirt_problems = libvirt_section(core)
+    problems += libvirt_problems
     return {
         "status": status_of(problems),
         "version": accel_agent.__version__,
@@ -219,6 +254,7 @@ def health(core: AgentCore) -> dict[str, Any]:
             **in_use_section(layout.in_use),
         },
         "privileged_helpers": {h.name: h.to_dict() for h in helpers},
+        "libvirt": libvirt,
         "problems": [message for _, message in problems],
         # One kind per problem, in the same order (accel_agent.reporting.health_kinds):
         # what a client or an alert matches on instead of the free-text message.

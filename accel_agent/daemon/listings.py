@@ -36,10 +36,11 @@ class Listings:
         self._lock = threading.Lock()
         # listing name -> (the inputs it was built from, its JSON body)
         self._bodies: dict[str, tuple[tuple[Any, ...], bytes]] = {}
-        # libvirt's mdev definitions, kept with the snapshot they were read
-        # for: asked again only when a rescan gives a new snapshot or an
-        # operation ran, never on every request.
-        self._libvirt: tuple[Any, int, str, Any] | None = None
+        # libvirt's mdev definitions (and why they are not known), kept with
+        # the snapshot they were read for: asked again only when a rescan
+        # gives a new snapshot, an operation ran or libvirt's state changed
+        # (stalled, answering again), never on every request.
+        self._libvirt: tuple[Any, int, str, int, Any] | None = None
         # The VFIO groups held open: one /proc walk for the listings asking
         # at once, never an answer older than the request (shared_walk.py).
         self._held = SharedWalk()
@@ -64,7 +65,7 @@ class Listings:
         snapshot = devices.scan_all()
         policy = devices.policy
         owners = ledger.owners
-        libvirt = self._definitions(snapshot)
+        libvirt, libvirt_error = self._definitions(snapshot)
         held = None
         if ledger.layout_members:
             from accel_agent.daemon import layout_in_use
@@ -72,20 +73,27 @@ class Listings:
             held = self._held.held(layout_in_use.group_dir(devices))
         return self._body(
             "mdevs",
-            (snapshot, policy, owners, libvirt, ledger.layout_members, held),
+            (snapshot, policy, owners, libvirt, ledger.layout_members, held, libvirt_error),
             lambda: views.mdevs_document(
                 snapshot, policy, devices.host, owners, owners, libvirt, ledger.layout_members,
-                held,
+                held, libvirt_error=libvirt_error,
             ),
         )
 
-    def _definitions(self, snapshot: Any) -> dict[str, tuple[bool, bool]] | None:
-        """libvirt's definitions for this snapshot (read once per snapshot,
-        per operation and per [libvirt] uri)."""
+    def _definitions(
+        self, snapshot: Any
+    ) -> tuple[dict[str, tuple[bool, bool]] | None, str | None]:
+        """libvirt's definitions for this snapshot, or why they are not known
+        (read once per snapshot, per operation, per [libvirt] uri and per
+        state of its libvirt).  A libvirt that does not answer costs one
+        request at most its deadline ([libvirt] call_timeout), the ones after
+        it nothing (devices/libvirt_calls.py)."""
         from accel_agent.devices import nodedevs
 
         devices = self.devices
         source = devices.nodedevs
+        channel = getattr(source, "channel", None)
+        generation = channel.generation if channel is not None else 0
         with self._lock:
             kept = self._libvirt
         if (
@@ -93,12 +101,15 @@ class Listings:
             and kept[0] is snapshot
             and kept[1] == devices.operations
             and kept[2] == source.uri
+            and kept[3] == generation
         ):
-            return kept[3]
-        view = nodedevs.listing_view(source) if source.uri else None
+            return kept[4]
+        found = nodedevs.listing_definitions(source)
+        if channel is not None:
+            generation = channel.generation  # what this answer found (a stall bumps it)
         with self._lock:
-            self._libvirt = (snapshot, devices.operations, source.uri, view)
-        return view
+            self._libvirt = (snapshot, devices.operations, source.uri, generation, found)
+        return found
 
     def inventory_json(self) -> bytes:
         devices = self.devices

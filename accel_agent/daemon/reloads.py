@@ -120,8 +120,7 @@ def load_new_config(
 def _domains(conf: cfg.ConfigOpts) -> Any:
     from accel_agent.devices import domains
 
-    uri = conf.libvirt.uri
-    return domains.LibvirtDomains(uri) if uri else domains.NoDomains()
+    return domains.for_conf(conf)
 
 
 class Reloads:
@@ -213,7 +212,6 @@ class Reloads:
             reporter = PlacementReporter.from_conf(new_conf)
         except exception.AccelAgentException as exc:
             raise exception.ReloadRefused(reason=exc.message) from None
-        domains = _domains(new_conf)
         # NOTE: the check and the switch happen under the manager's lock, so
         # that no allocation made with the old policy slips in between.
         with devices.locked():
@@ -229,7 +227,9 @@ class Reloads:
             if orphans:
                 raise exception.ReloadRefused(reason="; ".join(orphans))
             devices.set_policy(policy)
-            devices.domains = domains
+            # Built here, not before: it sets the URI's [libvirt] call_timeout,
+            # which a refused reload must leave as it was.
+            devices.domains = _domains(new_conf)
             devices.define_mdevs = new_conf.libvirt.define_mdevs
             devices.remove_timeout = new_conf.remove_timeout
         core.conf = new_conf

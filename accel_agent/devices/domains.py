@@ -8,6 +8,10 @@ libvirt (every domain, running or not) before it removes anything.
 A takeover from Nova (``accelctl adopt --from-libvirt``) asks the same
 question the other way round: which domain uses which mdev
 (:meth:`LibvirtDomains.mdev_domains`).
+
+Each question has a deadline (``[libvirt] call_timeout``): a libvirt that
+does not answer is "unknown" to the remove's check (the VFIO in-use probe
+still guards) and refuses a takeover (devices/libvirt_calls.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from accel_agent import exception
+from accel_agent.devices import libvirt_calls
 
 LOG = logging.getLogger(__name__)
 
@@ -54,29 +59,18 @@ class NoDomains:
 
 
 class LibvirtDomains:
-    def __init__(self, uri: str) -> None:
+    """The domains at ``uri``, each question asked through the URI's channel
+    (devices/libvirt_calls.py): one deadline, ``timeout`` (``[libvirt]
+    call_timeout``), for the whole question."""
+
+    def __init__(self, uri: str, timeout: float | None = None) -> None:
         self.uri = uri
+        self.channel = libvirt_calls.channel_for(uri, timeout)
 
     def referenced_uuids(self) -> set[str] | None:
-        try:
-            import libvirt  # imported here: only removes need it
-        except ImportError:
-            LOG.warning("libvirt-python is not installed; cannot check domains")
-            return None
-        try:
-            conn = libvirt.openReadOnly(self.uri)
-        except libvirt.libvirtError as exc:
-            failure = exc
-        else:
-            return self._referenced(libvirt, conn)
-        # Outside the except clause: oslo.log would append the exception again.
-        LOG.warning("libvirt at %s is not reachable (%s); domain check skipped", self.uri, failure)
-        return None
-
-    def _referenced(self, libvirt: Any, conn: Any) -> set[str] | None:
         from accel_agent.libvirt_xml import list_mdev_uuids
 
-        try:
+        def run(libvirt: Any, conn: Any) -> set[str]:
             uuids: set[str] = set()
             for domain in conn.listAllDomains(0):
                 # Inactive XML too: a stopped domain still owns its mdevs.
@@ -84,11 +78,17 @@ class LibvirtDomains:
                 if domain.isActive():
                     uuids.update(list_mdev_uuids(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)))
             return uuids
-        except libvirt.libvirtError as exc:
-            failure = exc
-        finally:
-            conn.close()
-        LOG.warning("listing libvirt domains at %s failed: %s", self.uri, failure)
+
+        try:
+            return self.channel.call("listing the domains' mdevs", run)  # type: ignore[no-any-return]
+        except libvirt_calls.Unreachable as exc:
+            failure: str = f"libvirt at {self.uri} is not reachable ({exc})"
+        except exception.LibvirtStalled as exc:
+            failure = exc.message
+        except Exception as exc:  # libvirt's own error (libvirtError), whatever its module
+            failure = f"listing libvirt domains at {self.uri} failed: {exc}"
+        # Outside the except clause: oslo.log would append the exception again.
+        LOG.warning("%s; domain check skipped", failure)
         return None
 
     def mdev_domains(self) -> list[DomainMdevs]:
@@ -96,30 +96,32 @@ class LibvirtDomains:
 
         Unlike :meth:`referenced_uuids`, which degrades to "unknown", a takeover
         must see every domain or do nothing: any failure raises
-        LibvirtUnavailable."""
-        try:
-            import libvirt
-        except ImportError:
-            raise exception.LibvirtUnavailable(
-                uri=self.uri, reason="libvirt-python is not installed"
-            ) from None
+        LibvirtUnavailable (LibvirtStalled when libvirt does not answer)."""
         from accel_agent.libvirt_xml import list_mdev_uuids
 
-        try:
-            conn = libvirt.openReadOnly(self.uri)
-        except libvirt.libvirtError as exc:
-            raise exception.LibvirtUnavailable(uri=self.uri, reason=str(exc)) from None
-        try:
+        def run(libvirt: Any, conn: Any) -> list[DomainMdevs]:
             found = []
-            for domain in conn.listAllDomains(0):
-                uuids = list(list_mdev_uuids(domain.XMLDesc(0)))
-                if domain.isActive():
-                    uuids += list_mdev_uuids(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-                unique = tuple(dict.fromkeys(u.lower() for u in uuids))
-                if unique:
-                    found.append(DomainMdevs(domain.UUIDString(), domain.name(), unique))
+            try:
+                for domain in conn.listAllDomains(0):
+                    uuids = list(list_mdev_uuids(domain.XMLDesc(0)))
+                    if domain.isActive():
+                        uuids += list_mdev_uuids(domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+                    unique = tuple(dict.fromkeys(u.lower() for u in uuids))
+                    if unique:
+                        found.append(DomainMdevs(domain.UUIDString(), domain.name(), unique))
+            except libvirt.libvirtError as exc:
+                raise exception.LibvirtUnavailable(uri=self.uri, reason=str(exc)) from None
             return sorted(found, key=lambda d: d.uuid)
-        except libvirt.libvirtError as exc:
-            raise exception.LibvirtUnavailable(uri=self.uri, reason=str(exc)) from None
-        finally:
-            conn.close()
+
+        try:
+            return self.channel.call("listing the domains' mdevs", run)  # type: ignore[no-any-return]
+        except libvirt_calls.Unreachable as exc:
+            failure = exc
+        raise exception.LibvirtUnavailable(uri=self.uri, reason=str(failure))
+
+
+def for_conf(conf: Any) -> DomainReferences:
+    """The domains ``[libvirt]`` names: its ``uri`` (empty: :class:`NoDomains`),
+    each call within its ``call_timeout``."""
+    uri = conf.libvirt.uri
+    return LibvirtDomains(uri, conf.libvirt.call_timeout) if uri else NoDomains()

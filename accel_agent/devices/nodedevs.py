@@ -9,22 +9,24 @@ removes it (libvirt must not bring back at boot what the agent re-creates or
 removed), and, with ``[libvirt] define_mdevs``, defines its own devices with
 autostart off.
 
-A thin adaptor: one connection per call, libvirt imported on the first call
-(accelctl's listings must not pay for it), every libvirt failure raised as
-one exception class per meaning.  ``[libvirt] uri`` empty: :class:`NoNodeDevices`,
-for which everything is unknown and nothing is written.
+A thin adaptor: one connection per call, each call with a deadline
+(``[libvirt] call_timeout``, through the URI's channel: devices/libvirt_calls.py),
+libvirt imported on the first call (accelctl's listings must not pay for
+it), every libvirt failure raised as one exception class per meaning (a
+stalled libvirt: LibvirtStalled, a NodeDevicesUnavailable).  ``[libvirt] uri``
+empty: :class:`NoNodeDevices`, for which everything is unknown and nothing is
+written.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Protocol
 
 from accel_agent import exception
+from accel_agent.devices import libvirt_calls
 
 LOG = logging.getLogger(__name__)
 
@@ -83,15 +85,6 @@ class NoNodeDevices:
 
     def define_xml(self, xml: str, autostart: bool) -> None:
         return None
-
-
-def _import_libvirt() -> ModuleType:
-    import libvirt  # imported here: the CLI's listings must not pay for it
-
-    # libvirt's default handler prints every error to stderr; each one is
-    # raised as an exception here and said once by whoever handles it.
-    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-    return libvirt
 
 
 def _unsupported(libvirt: Any) -> tuple[int, ...]:
@@ -153,49 +146,50 @@ def parent_nodedev_name(parent: str) -> str:
 
 class LibvirtNodeDevices:
     """The node devices at ``uri``.  ``opener`` (tests) returns a
-    libvirt-python-shaped module; the default imports libvirt."""
+    libvirt-python-shaped module, called through a channel of its own; the
+    default imports libvirt and shares the URI's channel (its deadline
+    ``timeout`` and its state) with every other user of that URI."""
 
-    def __init__(self, uri: str, opener: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, uri: str, opener: Callable[[], Any] | None = None, timeout: float | None = None
+    ) -> None:
         self.uri = uri
-        self._opener = opener or _import_libvirt
+        if opener is None:
+            self.channel = libvirt_calls.channel_for(uri, timeout)
+        else:
+            self.channel = libvirt_calls.LibvirtChannel(
+                uri, timeout or libvirt_calls.DEFAULT_TIMEOUT, opener=opener
+            )
 
-    def _libvirt(self) -> Any:
+    def _call(self, what: str, run: Callable[[Any, Any], Any], write: bool = False) -> Any:
+        """``run(libvirt, conn)`` through the channel; a connection that cannot
+        be opened is NodeDevicesUnavailable, a stalled libvirt LibvirtStalled."""
         try:
-            return self._opener()
-        except ImportError:
-            raise exception.NodeDevicesUnavailable(
-                uri=self.uri, reason="libvirt-python is not installed"
-            ) from None
-
-    @contextlib.contextmanager
-    def _connection(self, write: bool) -> Iterator[tuple[Any, Any]]:
-        libvirt = self._libvirt()
-        try:
-            conn = libvirt.open(self.uri) if write else libvirt.openReadOnly(self.uri)
-        except libvirt.libvirtError as exc:
-            raise exception.NodeDevicesUnavailable(uri=self.uri, reason=str(exc)) from None
-        try:
-            yield libvirt, conn
-        finally:
-            with contextlib.suppress(libvirt.libvirtError):
-                conn.close()
+            return self.channel.call(what, run, write=write)
+        except libvirt_calls.Unreachable as exc:
+            failure = exc
+        raise exception.NodeDevicesUnavailable(uri=self.uri, reason=str(failure))
 
     def mdevs(self, quiet: bool = False) -> Mapping[str, MdevNodeDevice] | None:
         try:
             return self.require()
         except exception.NodeDevicesUnavailable as exc:
             failure = exc
-        if not quiet:
+        # A stall was said once, when it began (libvirt_calls).
+        if not quiet and not isinstance(failure, exception.LibvirtStalled):
             LOG.warning("%s; libvirt's mdev definitions are not known", failure.message)
         return None
 
     def require(self) -> Mapping[str, MdevNodeDevice]:
-        with self._connection(write=False) as (libvirt, conn):
+        def run(libvirt: Any, conn: Any) -> dict[str, MdevNodeDevice]:
             try:
                 return self._read(libvirt, conn)
             except libvirt.libvirtError as exc:
                 failure = exc
-        raise exception.NodeDevicesUnavailable(uri=self.uri, reason=str(failure))
+            raise exception.NodeDevicesUnavailable(uri=self.uri, reason=str(failure))
+
+        found: dict[str, MdevNodeDevice] = self._call("listing the mdev node devices", run)
+        return found
 
     @staticmethod
     def _all_mdevs(libvirt: Any, conn: Any) -> list[Any]:
@@ -282,15 +276,17 @@ class LibvirtNodeDevices:
         return None
 
     def _write(self, what: str, uuid: str, action: Callable[[Any, Any], None]) -> None:
-        with self._connection(write=True) as (libvirt, conn):
+        def run(libvirt: Any, conn: Any) -> None:
             try:
                 action(libvirt, conn)
                 return
             except libvirt.libvirtError as exc:
                 failure = exc
-        raise exception.NodeDeviceWriteFailed(
-            uri=self.uri, action=what, uuid=uuid, reason=str(failure)
-        )
+            raise exception.NodeDeviceWriteFailed(
+                uri=self.uri, action=what, uuid=uuid, reason=str(failure)
+            )
+
+        self._call(f"{what} mdev {uuid}", run, write=True)
 
     def undefine(self, uuid: str) -> None:
         """Drop libvirt's definition of ``uuid`` (the mdev itself stays);
@@ -338,7 +334,8 @@ class LibvirtNodeDevices:
         by the sysfs path's last part."""
         if ":" in parent:
             return parent_nodedev_name(parent)
-        with self._connection(write=False) as (libvirt, conn):
+
+        def run(libvirt: Any, conn: Any) -> str | None:
             try:
                 for dev in conn.listAllDevices(
                     libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV_TYPES
@@ -350,22 +347,46 @@ class LibvirtNodeDevices:
                         return str(dev.name())
             except libvirt.libvirtError as exc:
                 raise exception.NodeDevicesUnavailable(uri=self.uri, reason=str(exc)) from None
+            return None
+
+        name: str | None = self._call(f"finding the node device of {parent}", run)
+        if name is not None:
+            return name
         raise exception.NodeDeviceWriteFailed(
             uri=self.uri, action="define", uuid="?",
             reason=f"libvirt has no node device for parent {parent}",
         )
 
 
+NO_URI = "[libvirt] uri is empty: no libvirt on this host"
+
+
+def listing_definitions(
+    nodedevs: NodeDevices, quiet: bool = False
+) -> tuple[dict[str, tuple[bool, bool]] | None, str | None]:
+    """What the mdev listings show: (uuid -> (defined, autostart) of every
+    mdev libvirt defines, None); (None, why) when that is not known: no
+    [libvirt] uri, libvirt unreachable or stalled (within its deadline)."""
+    if not nodedevs.uri:
+        return None, NO_URI
+    try:
+        found = nodedevs.require()
+    except exception.NodeDevicesUnavailable as exc:
+        failure = exc
+    else:
+        return {u: (d.defined, d.autostart) for u, d in found.items() if d.defined}, None
+    if not quiet and not isinstance(failure, exception.LibvirtStalled):
+        LOG.warning("%s; libvirt's mdev definitions are not known", failure.message)
+    return None, failure.message
+
+
 def listing_view(
     nodedevs: NodeDevices, quiet: bool = False
 ) -> dict[str, tuple[bool, bool]] | None:
-    """What the mdev listings show: uuid -> (defined, autostart) of every
-    mdev libvirt defines; None when not known."""
-    found = nodedevs.mdevs(quiet=quiet)
-    if found is None:
-        return None
-    return {u: (d.defined, d.autostart) for u, d in found.items() if d.defined}
+    """:func:`listing_definitions` without the why."""
+    return listing_definitions(nodedevs, quiet)[0]
 
 
-def for_uri(uri: str) -> NodeDevices:
-    return LibvirtNodeDevices(uri) if uri else NoNodeDevices()
+def for_uri(uri: str, timeout: float | None = None) -> NodeDevices:
+    """``timeout``: ``[libvirt] call_timeout`` (None: the URI's channel keeps its own)."""
+    return LibvirtNodeDevices(uri, timeout=timeout) if uri else NoNodeDevices()

@@ -30,7 +30,9 @@ defines what it created (best effort: recovery defines what is missing).
 
 A privileged helper that fails in the middle (PrivilegedHelperUnavailable:
 the write may or may not have happened) stops a run where it is: the intent
-stays, exactly as after a crash, and recovery settles it.
+stays, exactly as after a crash, and recovery settles it.  So does a libvirt
+that does not answer within ``[libvirt] call_timeout`` (LibvirtStalled): a
+remove's sysfs writes are done, the undefine is left to recovery.
 """
 
 from __future__ import annotations
@@ -402,7 +404,13 @@ def release_and_remove(
     devices kept because they were in use (recorded free)."""
     # libvirt's definitions, read before anything changes: a removed mdev
     # that libvirt defines would come back at the next boot (autostart).
-    defined = m.nodedevs.mdevs() if any(_is_mdev(m, u) for u in removable) else None
+    defined: Mapping[str, Any] | None = None
+    stalled: exception.LibvirtStalled | None = None
+    if any(_is_mdev(m, u) for u in removable):
+        try:
+            defined = definitions(m)
+        except exception.LibvirtStalled as exc:
+            stalled = exc  # the removes go ahead; their undefine is recovery's
     # With removes to follow, the closing commit is the durable one.
     with m.ledger.transaction(durable=not removable):
         intent = m.ledger.begin_intent(IntentKind.RELEASE, owner)
@@ -415,6 +423,11 @@ def release_and_remove(
     if not removable:
         return []
     gone, held = _remove_all(m, list(removable))
+    if stalled is not None and any(_is_mdev(m, u) for u in gone):
+        # libvirt is there but does not answer within [libvirt] call_timeout:
+        # whether it defines them is not known.  As a failed helper does, the
+        # run stops here with the intent kept; recovery undefines and forgets.
+        raise stalled
     # A failure here leaves the intent with every row removing, as a crash
     # would: recovery undefines what is left and forgets the rows.
     undefine_removed(m, gone, defined)
@@ -467,6 +480,21 @@ def undefine_removed(
             step(m, "release.undefined")
 
 
+def definitions(m: DeviceManager) -> Mapping[str, Any] | None:
+    """libvirt's mdev definitions; None when libvirt cannot be reached
+    (nothing known: nothing is undefined, as always).  Raises LibvirtStalled
+    when libvirt is there but did not answer within its deadline: a removed
+    device's definition is then left to recovery, its remove intent kept."""
+    try:
+        return m.nodedevs.require()
+    except exception.LibvirtStalled:
+        raise
+    except exception.NodeDevicesUnavailable as exc:
+        failure = exc
+    LOG.warning("%s; libvirt's mdev definitions are not known", failure.message)
+    return None
+
+
 def _is_mdev(m: DeviceManager, uuid: str) -> bool:
     """Only mediated devices have libvirt definitions (mdevctl's)."""
     record = m.ledger.get(uuid)
@@ -481,12 +509,12 @@ def undefine_or_keep(m: DeviceManager, uuid: str) -> bool:
         return True  # a VF: libvirt keeps no definition of it
     failure: exception.AccelAgentException | None = None
     try:
-        undefine_removed(m, [uuid], m.nodedevs.mdevs())
-    except exception.AccelAgentException as exc:
+        undefine_removed(m, [uuid], definitions(m))
+    except exception.AccelAgentException as exc:  # LibvirtStalled included
         failure = exc
     if failure is None:
         return True
-    LOG.warning("mdev %s is removed but libvirt still defines it (%s); the next "
+    LOG.warning("mdev %s is removed but libvirt may still define it (%s); the next "
                 "recovery undefines it", uuid, failure)
     return False
 

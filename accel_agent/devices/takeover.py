@@ -15,7 +15,9 @@ inactive definition to start.  Undefined, not merely autostart off: Nova's
 ``init_host`` starts every *inactive* defined mdev, autostart or not.  The
 undefines come before the ledger's commit; a failure at any point defines
 again, with its XML and autostart flag, what this call undefined, and the
-ledger is not changed.  libvirt unreachable: refused, nothing changed.
+ledger is not changed.  libvirt unreachable, or not answering within
+``[libvirt] call_timeout`` (LibvirtStalled, a dry run too): refused, nothing
+changed.
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ def takeover(m: DeviceManager, adopt_unused: bool = False, dry_run: bool = False
     domains or owned by another instance) raises TakeoverRefused and
     changes nothing.  ``dry_run`` returns the plan, problems included,
     and changes nothing.  Idempotent: a second run finds nothing to do."""
-    domains = m.domains.mdev_domains()  # LibvirtUnavailable: nothing done
-    defined = m.nodedevs.require()  # NodeDevicesUnavailable: nothing done
+    try:
+        domains = m.domains.mdev_domains()  # LibvirtUnavailable: nothing done
+        defined = m.nodedevs.require()  # NodeDevicesUnavailable: nothing done
+    except exception.LibvirtStalled as exc:
+        raise _refused(exc, dry_run) from None
     with protocol.operation(m):
         snapshot = m.scan()
         plan = _plan_takeover(m, snapshot, domains, adopt_unused, dry_run, defined)
@@ -91,6 +96,18 @@ def takeover(m: DeviceManager, adopt_unused: bool = False, dry_run: bool = False
         plan.applied = True
     _log_takeover(plan)
     return plan
+
+
+def _refused(stall: exception.LibvirtStalled, dry_run: bool) -> exception.LibvirtStalled:
+    """A takeover needs every domain and definition: one libvirt does not
+    give within its deadline refuses it (a dry run too), saying so."""
+    run = " (dry run)" if dry_run else ""
+    return exception.LibvirtStalled(
+        f"takeover from libvirt{run} refused, nothing changed: {stall.message}; run it "
+        "again once libvirt answers "
+        "(GET /v1/health: libvirt.state)",
+        **stall.kwargs,
+    )
 
 
 def _to_undefine(plan: TakeoverPlan) -> list[str]:

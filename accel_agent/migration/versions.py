@@ -66,14 +66,20 @@ def probe(conn: Any) -> HostVersions:
     )
 
 
-def probe_uri(uri: str) -> HostVersions:
-    import libvirt  # only migration needs it
+def probe_uri(uri: str, timeout: float | None = None) -> HostVersions:
+    """:func:`probe` on a connection to ``uri``, within ``[libvirt]
+    call_timeout`` (devices/libvirt_calls.py: LibvirtStalled when libvirt
+    does not answer, LibvirtUnavailable when it cannot be reached)."""
+    from accel_agent.devices import libvirt_calls  # only migration needs it
 
-    conn = libvirt.openReadOnly(uri)
     try:
-        return probe(conn)
-    finally:
-        conn.close()
+        return libvirt_calls.channel_for(uri, timeout).call(
+            "asking its libvirt and QEMU versions", lambda _libvirt, conn: probe(conn)
+        )
+    except libvirt_calls.Unreachable as exc:
+        failure = exc
+    # libvirt's own words (they name the socket): the callers say what was asked.
+    raise exception.LibvirtUnavailable(str(failure), uri=uri, reason=str(failure))
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,10 @@ LAYOUT_GPUS_MISSING = "layout_gpus_missing"
 LAYOUT_GPUS_SHORT = "layout_gpus_short"
 LAYOUT_CONVERGE_FAILED = "layout_converge_failed"
 LAYOUT_DRAINING_LONG = "layout_draining_long"
+# libvirt accepted a call and did not answer it within [libvirt] call_timeout.
+LIBVIRT_STALLED = "libvirt_stalled"
+# A Placement sync still running past its deadline (reporting.state "syncing").
+PLACEMENT_SYNC_STUCK = "placement_sync_stuck"
 
 PROBLEM_KINDS = (
     PLACEMENT_SYNC_FAILING,
@@ -54,6 +58,8 @@ PROBLEM_KINDS = (
     LAYOUT_GPUS_SHORT,
     LAYOUT_CONVERGE_FAILED,
     LAYOUT_DRAINING_LONG,
+    LIBVIRT_STALLED,
+    PLACEMENT_SYNC_STUCK,
 )
 LEDGER_UNWRITABLE = (LEDGER_REPLACED, LEDGER_WRITE_FAILED, LEDGER_NO_SPACE)
 # The kinds that are a state the agent is working through, not a failure:

@@ -59,13 +59,16 @@ def mdevs_document(
     libvirt: Mapping[str, tuple[bool, bool]] | None = None,
     layout_members: Iterable[str] = (),
     held_groups: frozenset[str] | None = None,
+    *,
+    libvirt_error: str | None = None,
 ) -> dict[str, Any]:
     """Every mdev on the host.  ``owned``: UUIDs the agent created or adopted;
     ``owners``: uuid -> instance.  Foreign mdevs are listed too: they use
     capacity even though the agent never touches them.  ``libvirt``: uuid ->
     (defined, autostart) of every mdev libvirt defines; None when that is
-    not known (no [libvirt] uri, libvirt unreachable): each mdev's
-    ``libvirt`` is then null.  ``held_groups``: the VFIO groups processes
+    not known (no [libvirt] uri, libvirt unreachable or not answering
+    within its deadline): each mdev's ``libvirt`` is then null, and
+    ``libvirt_error`` says why.  ``held_groups``: the VFIO groups processes
     hold open (sysfs/vfio_holders.py), None when not looked at."""
     owned_set = set(owned)
     owners = owners or {}
@@ -95,7 +98,12 @@ def mdevs_document(
                 else str(mdev.iommu_group) in held_groups,
             }
         )
-    return {"host": host, "mdevs": mdevs}
+    return {
+        "host": host,
+        "mdevs": mdevs,
+        # Why every "libvirt" above is null; null when libvirt answered.
+        "libvirt_error": libvirt_error if libvirt is None else None,
+    }
 
 
 def _layout_marks(

@@ -24,7 +24,13 @@ processes too.  Each step draws one of:
 * a VM holding one of the agent's mdevs (its VFIO group open: the
   simulator's hold) or letting go; a libvirt domain (libvirt's test driver,
   a node file the daemon reads at every check) referencing one, or
-  undefined.
+  undefined;
+* a wedged libvirtd (a socket that accepts and never answers,
+  tests/wedged_libvirt.py) reloaded in as ``[libvirt] uri``: more listings
+  at once than the API has workers, and a mutation, must all be answered,
+  health must say libvirt is stalled and answer, as ``/metrics`` does; then
+  libvirt is back and the daemon settles what the stall left (a release's
+  undefine is recovery's).
 
 The promises are checked from two sources apart from the agent: the
 ledger's rows with plain SQL and sysfs (``killharness.read_ledger`` /
@@ -108,7 +114,12 @@ STEPS = {
     "hold": 5,
     "domain": 5,
     "recover": 3,
+    "wedged libvirt": 3,
 }
+# [libvirt] call_timeout: what a libvirt that accepts and never answers costs.
+LIBVIRT_CALL_TIMEOUT = 1.0
+# Listings at once beside a wedged libvirt: more than the API's 16 workers.
+WEDGED_LISTINGS = 20
 
 
 def _base_config(state_dir: str, sysfs_root: str, socket_path: str, uri: str) -> str:
@@ -126,6 +137,7 @@ def _base_config(state_dir: str, sysfs_root: str, socket_path: str, uri: str) ->
         shutdown_timeout = 10
         [libvirt]
         uri = {uri}
+        call_timeout = {LIBVIRT_CALL_TIMEOUT}
         [migration]
         claim_timeout = 86400
         min_libvirt_version = 0.0.1
@@ -528,6 +540,67 @@ class DaemonHarness:
                 self.domains[self.rng.choice(present)] = f"instance-{self.rng.randrange(3)}"
         self._write_domains()
 
+    def _switch_libvirt(self, uri: str, step: str) -> None:
+        """``[libvirt] uri`` reloaded to ``uri`` (a reload must apply it)."""
+        self.uri = uri
+        self._write(VALID[self.variant])
+        before = self.client().health()["config"]["last_reload"]
+        self.daemon.sighup()
+        deadline = time.monotonic() + TIMEOUT
+        while (config := self.client().health()["config"])["last_reload"] == before:
+            if time.monotonic() > deadline or not self.daemon.running:
+                self._violation(f"no reload result for [libvirt] uri = {uri}", step)
+                return
+            time.sleep(0.05)
+        if config["last_reload_result"] != "applied":
+            self._violation(f"[libvirt] uri = {uri} was {config['last_reload_result']}", step)
+
+    def _wedged_libvirt(self) -> None:
+        """libvirt accepts and never answers: nothing the daemon serves may
+        wait for it longer than [libvirt] call_timeout, and health says so."""
+        from tests.wedged_libvirt import WedgedLibvirtd
+
+        step = "wedged libvirt"
+        home = self.uri
+        with WedgedLibvirtd() as wedged:
+            self._switch_libvirt(wedged.uri, step)
+            answers: list[str] = []
+
+            def listing() -> None:
+                try:
+                    found = self.client().mdevs()
+                except exception.ApiError as exc:
+                    answers.append(f"{exc.kwargs['status']} {exc.kwargs['code']}")
+                except (exception.AgentUnreachable, exception.AgentNotRunning) as exc:
+                    answers.append(f"no answer: {exc.message}")
+                else:
+                    stalled = found.get("libvirt_error") and all(
+                        m["libvirt"] is None for m in found["mdevs"])
+                    answers.append("ok" if stalled else f"libvirt shown: {found}")
+
+            readers = [threading.Thread(target=listing, daemon=True)
+                       for _ in range(WEDGED_LISTINGS)]
+            for reader in readers:
+                reader.start()
+            call = self._mutate()
+            for reader in readers:
+                reader.join(TIMEOUT)
+            if any(reader.is_alive() for reader in readers) or call.status is None:
+                self._violation(f"unanswered beside a wedged libvirt: {call.answer}", step)
+            if set(answers) != {"ok"}:
+                self._violation(f"listings beside a wedged libvirt: {sorted(set(answers))}",
+                                step)
+            if call.status is not None and call.status >= 500 and call.code != "LibvirtStalled":
+                self._violation(f"{call.op} beside a wedged libvirt: {call.code}", step)
+            libvirt = self.client().health()["libvirt"]
+            self.log(f"wedged libvirt: {len(answers)} listings {sorted(set(answers))}, "
+                     f"health libvirt {libvirt['state']} ({libvirt['last_error']})")
+            if libvirt["state"] != "stalled":
+                self._violation(f"health's libvirt beside a wedged one: {libvirt}", step)
+            if "accel_agent_healthy" not in str(self.client().call("GET", "/metrics")):
+                self._violation("no metrics beside a wedged libvirt", step)
+        self._switch_libvirt(home, step)
+
     # --- the promises ------------------------------------------------------------------
 
     def _settle(self) -> bool:
@@ -635,6 +708,8 @@ class DaemonHarness:
             self._domain()
         elif kind == "recover":
             self._recover_check()
+        elif kind == "wedged libvirt":
+            self._wedged_libvirt()
         self.check(kind)
 
     def run(self, kills: int, stop_on_violation: bool = False) -> Stats:

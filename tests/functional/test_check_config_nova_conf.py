@@ -289,3 +289,20 @@ def test_a_gpu_named_by_its_pf_address_reads_alike_in_both_commands(tmp_path, ro
                                    str(nova), rc=1))]
     assert [e.split(": ", 2)[2] for e in twice] == [d[len("error: "):] for d in drift]
     assert len(drift) == len(GPUS) and all(TWICE in d for d in drift)
+
+
+def test_libvirt_errors_are_said_once_in_the_agents_words(root, tmp_path):
+    """Issue 34: libvirt's C library printed its own ``libvirt: XML-RPC
+    error : ...`` line on stderr besides the agent's (its default error
+    handler), from nova-pci-config and adopt --from-libvirt."""
+    config = agent_conf(tmp_path, root)
+    absent = f"qemu+unix:///system?socket={tmp_path}/no-libvirt-sock"
+    config.write_text(config.read_text().replace("[libvirt]\nuri =\n",
+                                                 f"[libvirt]\nuri = {absent}\n"))
+    lines = ctl(config, "nova-pci-config", rc=0)
+    assert lines.stderr == ""
+    assert "cannot be asked its versions (Failed to connect socket" in lines.stdout
+    adopt = ctl(config, "adopt", "--from-libvirt", "--dry-run", rc=1)
+    assert adopt.stderr.startswith(f"error: cannot list the libvirt domains at {absent}: "
+                                   "Failed to connect socket"), adopt.stderr
+    assert len(adopt.stderr.splitlines()) == 1, adopt.stderr

@@ -9,8 +9,12 @@ domains come from the real test driver (as in test_takeover.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -20,6 +24,7 @@ from accel_agent.devices.nodedevs import LibvirtNodeDevices
 from tests.fake_nodedevs import Definition, FakeLibvirt
 from tests.functional.simhost import simulated_host
 from tests.functional.test_takeover import libvirt_node
+from tests.wedged_libvirt import GUARD, WedgedLibvirtd, guarded, wait_for
 
 pytestmark = pytest.mark.fuse
 
@@ -28,6 +33,7 @@ CONF = "[devices]\nenabled_mdev_types = nvidia-35\n"
 VM1 = "8e0c4a52-6f0e-4d7b-9a43-0d1c2b3a4f01"
 M1 = "a0000000-0000-4000-8000-000000000001"
 M2 = "a0000000-0000-4000-8000-000000000002"
+VM2 = "8e0c4a52-6f0e-4d7b-9a43-0d1c2b3a4f02"
 SPARE = "a0000000-0000-4000-8000-0000000000f1"
 
 
@@ -237,3 +243,113 @@ def test_daemon_listing_reads_libvirt_once_per_snapshot_and_after_an_operation(h
     fake.fail["list"] = True
     manager.recover()  # an operation: read again
     assert set(shown().values()) == {None}
+
+
+# --- a wedged libvirtd (issue 33 item 2): every call with a deadline ------------------------
+
+DEADLINE = 1.0  # [libvirt] call_timeout of these tests
+
+
+@pytest.fixture
+def wedged():
+    with WedgedLibvirtd() as server:
+        yield server
+
+
+def wedged_manager(host, wedged: WedgedLibvirtd):
+    """A manager whose libvirt (domains and node devices: one URI, one
+    channel) accepts and never answers."""
+    manager = host.manager(CONF)
+    manager.domains = domains_mod.LibvirtDomains(wedged.uri, timeout=DEADLINE)
+    return manager
+
+
+def test_a_listing_beside_a_wedged_libvirt_answers_with_libvirt_null_saying_why(host, wedged):
+    from accel_agent.daemon.listings import Listings
+
+    manager = wedged_manager(host, wedged)
+    manager.allocate(VM1, 1)
+    listings = Listings(manager)
+    body, error = guarded(listings.mdevs_json)
+    assert error is None, error
+    document = json.loads(body)
+    assert document["mdevs"] and all(m["libvirt"] is None for m in document["mdevs"])
+    assert "is not answering" in document["libvirt_error"]
+    assert "did not answer within 1 s" in document["libvirt_error"]
+    # A new snapshot asks again: not tried while libvirt is stalled.
+    host.create_foreign(GPU, "nvidia-35", SPARE)
+    body, error = guarded(listings.mdevs_json)
+    assert "was not tried" in json.loads(body)["libvirt_error"]
+
+
+def test_an_allocate_beside_a_release_stuck_on_libvirt_completes(host, wedged, tmp_path):
+    """The release holds the manager's lock while it asks libvirt: at most
+    the deadline.  Its removes are done; the undefine is left to recovery
+    with the remove intent kept, as when a helper fails."""
+    from accel_agent.daemon.core import AgentCore
+    from accel_agent.reporting.placement import PlacementReporter
+    from tests.configutil import make_conf
+
+    manager = wedged_manager(host, wedged)
+    held = manager.allocate(VM1, 2).uuids
+    release: dict[str, BaseException | None] = {}
+
+    def release_vm1() -> None:
+        release["error"] = guarded(lambda: manager.release(VM1, remove=True))[1]
+
+    releasing = threading.Thread(target=release_vm1, daemon=True)
+    releasing.start()
+    wait_for(lambda: wedged.accepted >= 1, "the release asks libvirt, under the lock")
+    allocated, error = guarded(lambda: manager.allocate(VM2, 1))
+    assert error is None and len(allocated.uuids) == 1
+    releasing.join(GUARD)
+    assert isinstance(release["error"], exception.LibvirtStalled), release
+    # Nothing holds the manager's lock past the deadline.
+    assert manager.thread_lock.acquire(blocking=False)
+    manager.thread_lock.release()
+    # Removed from sysfs; the rows and the intent wait for recovery.
+    assert not set(held) & set(sysfs(host))
+    assert {r.uuid: r.state.value for r in manager.ledger.all() if r.uuid in held} == {
+        u: "removing" for u in held
+    }
+    assert manager.ledger.pending_intents()
+    # Health says so.
+    core = AgentCore(make_conf(CONF, sysfs_root=host.root), manager=manager,
+                     reporter=PlacementReporter(None, "testhost"))
+    health = core.health()
+    assert health["libvirt"]["state"] == "stalled" and health["libvirt"]["blocked_calls"] >= 1
+    assert "libvirt_stalled" in health["problem_kinds"] and health["status"] == "degraded"
+    # While stalled, recovery keeps the rows (whether libvirt defines them is not known).
+    assert manager.recover().forgotten == []
+    # libvirt answers again (here: another one): recovery undefines and forgets.
+    fake = FakeLibvirt(defined={held[0]: Definition(GPU, "nvidia-35", True)})
+    manager.domains = domains_mod.LibvirtDomains(libvirt_node(tmp_path / "n.xml", []))
+    manager.nodedevs = LibvirtNodeDevices(manager.domains.uri, opener=lambda: fake)
+    assert sorted(manager.recover().forgotten) == sorted(held)
+    assert fake.defined == {} and manager.ledger.pending_intents() == []
+
+
+def test_a_takeover_beside_a_wedged_libvirt_is_refused_dry_run_too(host, wedged):
+    manager = wedged_manager(host, wedged)
+    host.create_foreign(GPU, "nvidia-35", M1)
+    for dry_run in (True, False):
+        _, error = guarded(lambda dry_run=dry_run: manager.takeover(dry_run=dry_run))
+        assert isinstance(error, exception.LibvirtStalled), error
+        assert "takeover from libvirt" in error.message and "refused, nothing changed" in \
+            error.message
+    assert manager.ledger.all() == []
+
+
+def test_accelctl_adopt_from_a_wedged_libvirt_exits_1_saying_why(host, wedged):
+    config = host.config(CONF + f"\n[libvirt]\nuri = {wedged.uri}\ncall_timeout = {DEADLINE}\n"
+                         f"[api]\nsocket_path = {host.work}/none.sock\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "accel_agent.cmd.ctl", "--offline", "--config-file", config,
+         "adopt", "--from-libvirt", "--dry-run"],
+        capture_output=True, text=True, timeout=GUARD,
+    )
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error: takeover from libvirt (dry run) refused, nothing "
+                                  "changed: libvirt at "), proc.stderr
+    assert "did not answer within 1 s" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1  # that one line, nothing else

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from accel_agent.daemon import health as health_mod
 from accel_agent.daemon.counts import RecoveryView, RescanView
+from accel_agent.devices import libvirt_calls
 from accel_agent.privileged.guard import HelperHealth
 from accel_agent.reporting import health_kinds as kind
 from tests.unit.test_service import core  # noqa: F401  (the fixture)
@@ -51,6 +52,10 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
         short=(("0000:c2:00.0", Short("nvidia-1150", 2, 0, BLOCKED, ("d1",))),),
         error="GPU 0000:c3:00.0: EIO",
     )
+    core.devices.domains = SimpleNamespace(uri="qemu:///system")
+    stalled = libvirt_calls.Status("qemu:///system", libvirt_calls.STALLED, 0.0,
+                                   "listing the domains' mdevs did not answer within 20 s", 20, 1)
+    monkeypatch.setattr(libvirt_calls, "status_of", lambda uri: stalled)
     health = core.health()
     expected = [
         (kind.PLACEMENT_SYNC_FAILING, "Placement sync failing"),
@@ -69,17 +74,21 @@ def test_each_problem_has_its_kind_in_order(core, monkeypatch):  # noqa: F811
                                  "of another type: d1)"),
         (kind.LAYOUT_CONVERGE_FAILED, "layout converge failed: GPU 0000:c3:00.0: EIO"),
         (kind.LAYOUT_GPUS_MISSING, "0000:c1:00.0"),
+        (kind.LIBVIRT_STALLED, "libvirt at qemu:///system is not answering since"),
     ]
     assert health["problem_kinds"] == [k for k, _ in expected]
     assert len(health["problems"]) == len(expected)
     for message, (_, says) in zip(health["problems"], expected, strict=True):
         assert says in message
-    # Every kind is used (but a drain's second, after a day: the next test),
-    # and the metrics show exactly the reported ones.
-    assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS) - {kind.LAYOUT_DRAINING_LONG}
+    # Every kind is used (but a drain's second, after a day, and the sync's
+    # other state, one sync being failing or running past its deadline: the
+    # tests below), and the metrics show exactly the reported ones.
+    assert set(health["problem_kinds"]) == set(kind.PROBLEM_KINDS) - {
+        kind.LAYOUT_DRAINING_LONG, kind.PLACEMENT_SYNC_STUCK}
     assert health["status"] == "degraded"
     assert core.metrics.value("accel_agent_healthy") == 0
     assert {k for k, v in problem_values(core).items() if v == 1} == set(health["problem_kinds"])
+    monkeypatch.setattr(libvirt_calls, "status_of", lambda uri: None)
 
     # One problem left: its kind alone is 1.
     core.reporter.state = "ok"
@@ -130,3 +139,14 @@ def test_a_planned_drain_is_converging_for_a_day_then_degraded(core):  # noqa: F
     health = core.health()
     assert health["status"] == "degraded"
     assert health["problem_kinds"] == [kind.LAYOUT_CONVERGING, kind.LAYOUT_GPUS_MISSING]
+
+
+def test_a_sync_past_its_deadline_is_a_problem(core):  # noqa: F811
+    """reporting.state "syncing" (a sync still running past its deadline) is
+    degraded, with its own kind."""
+    core.reporter.state = "syncing"
+    health = core.health()
+    assert health["problem_kinds"] == [kind.PLACEMENT_SYNC_STUCK]
+    assert "Placement sync running since" in health["problems"][0]
+    assert core.metrics.value("accel_agent_health_problem",
+                              {"problem": kind.PLACEMENT_SYNC_STUCK}) == 1

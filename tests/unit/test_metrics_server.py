@@ -3,9 +3,11 @@ endpoint that serves the registry (in process, on a port the kernel picks)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import threading
+import time
 
 import pytest
 from oslo_config import cfg
@@ -14,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accel_agent import conf as agent_conf
 from accel_agent import exception
 from accel_agent.listen_address import Listen, parse
+from accel_agent.reporting import metrics_server
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.reporting.metrics_server import MetricsHttpServer, from_conf
 
@@ -144,3 +147,98 @@ def test_a_port_in_use_is_refused_naming_the_address():
         with pytest.raises(exception.AccelAgentException,
                            match=f"listen = 127.0.0.1:{port}: .*in use"):
             server.prepare()
+
+
+# --- slow and idle clients (issue 33 item 8) ----------------------------------------------
+
+HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """The server closed it (EOF or reset); False while it is open and silent."""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)  # with a timeout, recv would first wait for that long
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.settimeout(timeout)
+
+
+def wait_until(predicate, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
+
+
+def test_slow_request_heads_hold_no_worker_and_a_scrape_answers(served):
+    """Twice as many connections as workers, each sending its request head a
+    byte at a time (the issue's slowloris: before, each held a worker for as
+    long as it trickled and every scrape timed out)."""
+    server, _ = served
+    slow = [socket.create_connection(server.address, timeout=10)
+            for _ in range(2 * metrics_server.THREADS)]
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for byte in HEAD[:-1]:  # never the head's last byte
+            for sock in slow:
+                with contextlib.suppress(OSError):
+                    sock.sendall(bytes([byte]))
+            if stop.wait(0.1):
+                return
+
+    dripping = threading.Thread(target=trickle, daemon=True)
+    dripping.start()
+    try:
+        time.sleep(0.5)  # every slow connection has started its head
+        status, _, body = request(server, "GET", "/metrics")
+        assert status == 200 and b"accel_agent_" in body
+        # Served while every slow connection was open, none of them answered.
+        assert not any(closed_by_server(sock) for sock in slow)
+    finally:
+        stop.set()
+        dripping.join(10)
+        for sock in slow:
+            sock.close()
+
+
+def test_a_head_that_never_ends_is_closed_at_its_deadline(served, monkeypatch):
+    server, _ = served
+    monkeypatch.setattr(metrics_server, "HEAD_TIMEOUT", 0.5)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(HEAD[:10])
+        wait_until(lambda: closed_by_server(sock), "the slow head closed")
+
+
+def test_idle_connections_are_capped_and_a_scrape_answers(served, monkeypatch):
+    """Idle connections wait without a worker, and at most MAX_WAITING of
+    them (before: 2,000 idle ones, a listen backlog of 5, no cap: every
+    scrape timed out, and each one held a descriptor of the daemon's)."""
+    server, _ = served
+    monkeypatch.setattr(metrics_server, "MAX_WAITING", 20)
+    idle = [socket.create_connection(server.address, timeout=10) for _ in range(100)]
+    try:
+        wait_until(lambda: sum(not closed_by_server(s) for s in idle) <= 20,
+                   "the idle connections beyond the cap closed")
+        status, _, _ = request(server, "GET", "/metrics")
+        assert status == 200
+        # The newest were kept, the oldest closed.
+        assert not closed_by_server(idle[-1]) and closed_by_server(idle[0])
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_every_answer_closes_its_connection(served):
+    server, _ = served
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(HEAD + HEAD)  # a second request behind the first: not served
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.count(b"HTTP/1.1 200 ") == 1 and b"Connection: close" in answer

@@ -8,8 +8,9 @@ at every sync, and a 200 MB answer was read whole, keeping the daemon's RSS
 * a body is read in chunks, undecoded, and never beyond
   :data:`MAX_ANSWER_BYTES`: a ``Content-Length`` above it is refused before
   the first byte, a body that grows past it stops the read (and the
-  connection is dropped), one that trickles in slower than the session's
-  timeout for the whole is abandoned.  The answers the reporter reads are one
+  connection is dropped).  (One that trickles in is cut by the whole
+  answer's deadline, :mod:`.deadline`: a check between two reads cannot, one
+  read waits for a whole chunk.)  The answers the reporter reads are one
   host's providers, a few KiB; the bound is a thousand times that.  A body
   the server compressed (the reporter asks for ``identity``) is refused
   rather than inflated: 64 KiB of gzip can inflate to 64 MB;
@@ -27,9 +28,8 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,11 +57,9 @@ def read_body(
     headers: Mapping[str, str],
     *,
     limit: int = MAX_ANSWER_BYTES,
-    seconds: float | None = None,
-    clock: Callable[[], float] = time.monotonic,
 ) -> bytearray:
-    """The body, at most ``limit`` bytes of it and within ``seconds`` (None:
-    no bound on the whole; each read still has the socket's timeout)."""
+    """The body, at most ``limit`` bytes of it (its time is the deadline's:
+    :mod:`.deadline` shuts the socket down)."""
     encoding = headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise AnswerRejected(f"a {encoding[:40]!r}-encoded body (identity was asked for); not read")
@@ -75,7 +73,6 @@ def read_body(
                 f"Content-Length {declared[:20]} exceeds the {limit} bytes an answer may have; "
                 "not read"
             )
-    deadline = None if seconds is None else clock() + seconds
     body = bytearray()
     while True:
         chunk = raw.read(READ_CHUNK, decode_content=False)
@@ -86,11 +83,6 @@ def read_body(
                 f"the body exceeds the {limit} bytes an answer may have; read stopped there"
             )
         body += chunk
-        if deadline is not None and clock() > deadline:
-            raise AnswerRejected(
-                f"the body took longer than {seconds:g} s to arrive ({len(body)} bytes by then); "
-                "read stopped"
-            )
 
 
 def decode_json(body: bytes | bytearray) -> Any:

@@ -7,9 +7,12 @@ the daemon without ``[placement] enabled`` never loads it):
 * :func:`build_adapter` makes the session and adapter from ``[placement]``
   (:func:`adapter_for_endpoint` from a known endpoint and token);
 * :class:`PlacementClient` sends one request; an answer is input, read by
-  :mod:`.answers` before anyone uses it: too big, too slow, not JSON or of
-  the wrong shape raises :class:`~accel_agent.exception.PlacementAnswerRejected`
-  with one line naming the request and what was wrong;
+  :mod:`.answers` before anyone uses it: too big, not JSON or of the wrong
+  shape raises :class:`~accel_agent.exception.PlacementAnswerRejected` with
+  one line naming the request and what was wrong;
+* the whole answer (status line, headers, body, same-origin redirects) has
+  one deadline, ``[placement] timeout`` (:mod:`.deadline`); a redirect to
+  another origin is refused (the token never goes there);
 * a failure status becomes :class:`~accel_agent.exception.PlacementUnavailable`
   (nothing else this sync does can succeed: 5xx, 401/403, 406),
   :class:`~accel_agent.exception.PlacementGenerationConflict` (the provider
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from accel_agent import exception
-from accel_agent.reporting.placement import answers
+from accel_agent.reporting.placement import answers, deadline
 
 if TYPE_CHECKING:
     from keystoneauth1.adapter import Adapter
@@ -60,6 +64,26 @@ REDRIVE_CODES = frozenset(
 # What of an error body goes into a message: the gist, not megabytes.
 _DETAIL_CHARS = 200
 
+# keystoneauth's redirect statuses; same-origin ones are followed (PlacementClient._follow).
+REDIRECT_STATUSES = frozenset({301, 302, 303, 305, 307, 308})
+MAX_REDIRECTS = 5
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(scheme)
+    except ValueError:  # a port that is no number: an origin of its own
+        port = -1
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def _origin_text(url: str) -> str:
+    scheme, host, port = _origin(url)
+    return exception.printable(f"{scheme}://{host}:{port}")[:200]
+
 
 def _error_details(body: bytes | bytearray, reason: str) -> tuple[str, str]:
     """(code, detail) of a Placement error body (1.23+), tolerant of anything else."""
@@ -89,10 +113,12 @@ class PlacementClient:
         self._adapter = adapter
         self.writes = 0
         # keystoneauth's timeout bounds each socket read; the whole of an
-        # answer gets as long, so that one trickling in cannot hold a sync.
+        # answer (status line, headers, body, redirects) gets as long, so
+        # that one trickling in cannot hold a sync (.deadline).
         self._answer_seconds: float | None = getattr(
             getattr(adapter, "session", None), "timeout", None
         )
+        deadline.watch(adapter)
 
     def get(self, url: str, shape: Callable[[Any], T]) -> T:
         return self._parse("GET", url, self._request("GET", url, ok=(200,)), shape)
@@ -148,44 +174,87 @@ class PlacementClient:
             # keystoneauth's debug log of a response reads its body whole.
             "log": False,
             "headers": {"Accept-Encoding": "identity"},
+            # Redirects are followed here, never to another origin (_follow).
+            "redirect": False,
         }
         if body is not None:
             kwargs["json"] = body
         if method != "GET":
             self.writes += 1
-        try:
-            resp = self._adapter.request(url, method, **kwargs)
-        except ks_exc.ClientException as exc:
-            # Connection refused/timeout, TLS, endpoint or token lookup.
-            raise exception.PlacementUnavailable(reason=f"{method} {url}: {exc}") from exc
-        request_id = resp.headers.get("x-openstack-request-id", "-")
-        complete = False
-        try:
-            data = answers.read_body(resp.raw, resp.headers, seconds=self._answer_seconds)
-            complete = True
-        except answers.AnswerRejected as exc:
-            if resp.status_code in ok:
-                raise exception.PlacementAnswerRejected(
-                    method=method, url=url, reason=str(exc), request_id=request_id
-                ) from None
-            data = bytearray()  # a failure: its status says enough
-        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError,
-                requests.RequestException) as exc:
-            raise exception.PlacementUnavailable(
-                reason=f"{method} {url}: the answer broke off: {exc}"
-            ) from exc
-        finally:
-            if complete:
-                # Read to its end: the connection can serve the next request.
-                resp.raw.release_conn()
-            else:
-                resp.close()  # unread bytes may follow: drop the connection
+        with deadline.within(self._answer_seconds) as watch:
+            try:
+                resp = self._follow(method, url, kwargs)
+            except ks_exc.ClientException as exc:
+                # Connection refused/timeout, TLS, endpoint or token lookup.
+                raise exception.PlacementUnavailable(
+                    reason=f"{method} {url}: {watch.why(exc)}"
+                ) from exc
+            request_id = resp.headers.get("x-openstack-request-id", "-")
+            complete = False
+            try:
+                data = answers.read_body(resp.raw, resp.headers)
+                # A body that ends because the deadline shut the socket may
+                # look whole (no Content-Length): it is not.
+                complete = not watch.fired
+            except answers.AnswerRejected as exc:
+                if resp.status_code in ok:
+                    raise exception.PlacementAnswerRejected(
+                        method=method, url=url, reason=str(exc), request_id=request_id
+                    ) from None
+                data = bytearray()  # a failure: its status says enough
+            except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError,
+                    requests.RequestException) as exc:
+                broke = watch.message if watch.fired else f"the answer broke off: {exc}"
+                raise exception.PlacementUnavailable(reason=f"{method} {url}: {broke}") from exc
+            finally:
+                if complete:
+                    # Read to its end: the connection can serve the next request.
+                    resp.raw.release_conn()
+                else:
+                    resp.close()  # unread bytes may follow: drop the connection
+            if watch.fired:
+                raise exception.PlacementUnavailable(reason=f"{method} {url}: {watch.message}")
         LOG.debug(
             "%s %s: %s, %d bytes (request %s)", method, url, resp.status_code, len(data), request_id
         )
         if resp.status_code in ok:
             return _Answer(resp.status_code, data, request_id)
         raise self._failure(method, url, resp.status_code, resp.reason, data, request_id)
+
+    def _follow(self, method: str, url: str, kwargs: dict[str, Any]) -> Any:
+        """The answer to ``method url``, through the redirects of the same
+        origin (scheme, host and port), as keystoneauth followed them.
+
+        A redirect to another origin is refused, not followed without the
+        token: the token (``X-Auth-Token``) and the request's body (this
+        host's inventory) would go to a server the operator never named, and
+        a Placement that is really there would answer 401 without the token
+        anyway.  Refused, the sync fails naming where it was sent, and the
+        operator points ``[placement]`` at the right endpoint."""
+        target = url
+        for _ in range(MAX_REDIRECTS + 1):
+            resp = self._adapter.request(target, method, **kwargs)
+            if resp.status_code not in REDIRECT_STATUSES:
+                return resp
+            location = resp.headers.get("Location")
+            here = resp.url or target
+            resp.close()  # its body, if any, is not read
+            if not location:
+                raise exception.PlacementUnavailable(
+                    reason=f"{method} {url}: {resp.status_code} without a Location"
+                )
+            there = urllib.parse.urljoin(here, location)
+            if _origin(there) != _origin(here):
+                raise exception.PlacementUnavailable(
+                    reason=f"{method} {url}: answered {resp.status_code}, a redirect to another "
+                    f"origin ({_origin_text(there)}); not followed, so that the token is not sent "
+                    "there: set [placement] endpoint_override (or the catalog's endpoint) to "
+                    "where Placement is"
+                )
+            target = there
+        raise exception.PlacementUnavailable(
+            reason=f"{method} {url}: more than {MAX_REDIRECTS} redirects"
+        )
 
     @staticmethod
     def _failure(

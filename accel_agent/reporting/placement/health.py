@@ -5,6 +5,15 @@ recorded here, logged as one warning, and the next attempt waits
 ``sync_interval * 2**(failures - 1)`` (at most ``max_backoff``, with jitter);
 a success clears the back-off.  :meth:`SyncHealth.document` is what
 ``/v1/health`` shows as ``reporting`` and the metrics export.
+
+A sync in progress shows too, while it runs, not only once it ends:
+``syncing_since`` is when it began, and once it has run longer than its
+deadline (``stuck_after``: ``[placement] sync_interval`` or ``timeout``,
+the longer) the state is ``syncing``, whatever the last result was, until
+it ends.  Every answer has its own deadline (.deadline), so a sync can only
+be that long when Placement is slow at every request: reporting is then
+behind, and health says so at once instead of "ok" with ``last_success``
+frozen.
 """
 
 from __future__ import annotations
@@ -34,8 +43,11 @@ class SyncHealth:
         max_backoff: float,
         clock: Callable[[], float],
         log: logging.Logger | logging.LoggerAdapter[Any],
+        stuck_after: float | None = None,
     ) -> None:
         self._sync_interval = sync_interval
+        self.stuck_after = max(sync_interval, stuck_after or 0.0)
+        self._syncing_since: float | None = None
         self._max_backoff = max_backoff
         self._clock = clock
         self._log = log
@@ -56,14 +68,24 @@ class SyncHealth:
         with self._lock:
             return self._failures
 
+    def begin(self) -> None:
+        """A sync starts (it ends with :meth:`record`)."""
+        with self._lock:
+            self._syncing_since = self._clock()
+
     def document(self, *, enabled: bool) -> dict[str, Any]:
         with self._lock:
             state = "failing" if self._failures else "ok"
+            since = self._syncing_since
+            if since is not None and self._clock() - since > self.stuck_after:
+                state = "syncing"  # past its deadline, still running
             if not enabled:
                 state = "disabled"
             return {
                 "enabled": enabled,
                 "state": state,
+                "syncing_since": iso(since),
+                "sync_deadline": self.stuck_after,
                 "last_success": iso(self._last_success),
                 "last_error": self._last_error,
                 "consecutive_failures": self._failures,
@@ -74,6 +96,7 @@ class SyncHealth:
     def record(self, result: SyncResult) -> None:
         now = self._clock()
         with self._lock:
+            self._syncing_since = None
             if result.ok:
                 self._last_success = now
                 self._failures = 0

@@ -75,7 +75,9 @@ class PlacementReporter:
         self._clock = clock
         self._sync_lock = threading.Lock()  # one sync at a time
         self._health = SyncHealth(
-            sync_interval=sync_interval, max_backoff=max_backoff, clock=clock, log=self._log
+            sync_interval=sync_interval, max_backoff=max_backoff, clock=clock, log=self._log,
+            # A sync longer than one answer may take and than the interval is behind.
+            stuck_after=getattr(getattr(adapter, "session", None), "timeout", None),
         )
         # Both only ever used under _sync_lock.
         self._reader = SubtreeReader()
@@ -132,6 +134,7 @@ class PlacementReporter:
                     f"{iso(self.next_attempt_at)}",
                 )
             self._client.writes = 0
+            self._health.begin()
             try:
                 result = self._sync(self._client, inventory)
             except exception.PlacementError as exc:
