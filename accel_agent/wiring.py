@@ -297,6 +297,14 @@ class HostState:
             self.snapshot, self.policy, self.host, self.ledger.free
         )
 
+    def reported_inventory(self) -> inventory_mod.Inventory:
+        """The GPUs' providers the agent reports (``accelctl inventory``,
+        Placement): those of a type Nova reports (``reported_by = nova``) left
+        out, as DeviceManager.reported_inventory does (inventory.reported)."""
+        from accel_agent.devices import inventory as inventory_mod
+
+        return inventory_mod.reported(self.inventory(), self.policy)
+
 
 def listing_config(
     config_files: list[str], config_dirs: list[str], prog: str

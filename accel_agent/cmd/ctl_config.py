@@ -204,11 +204,12 @@ def _providers(args: argparse.Namespace, state: Any) -> int:
     /v1/inventory, Placement; DeviceManager.reported_inventory): the GPUs'
     but those of a type Nova reports (``reported_by = nova``), and one per PF
     of a VF pool that has VFs."""
-    reported = [
-        p for p in state.inventory().providers if not state.policy.reported_by_nova(p.mdev_type)
-    ]
-    pools = wiring.build_vf_pools(loading.load_config(args), writer=None)
-    return len(reported) + (len(pools.inventory()) if pools is not None else 0)
+    from accel_agent.conf import CONF  # the configuration _check loaded and checked
+
+    pools = wiring.build_vf_pools(CONF, writer=None)
+    return len(state.reported_inventory().providers) + (
+        len(pools.inventory()) if pools is not None else 0
+    )
 
 
 def _check_config_json(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ def _mdevs(state: wiring.HostState) -> dict[str, Any]:
 
 
 def _inventory(state: wiring.HostState) -> dict[str, Any]:
-    inventory = state.inventory()
+    inventory = state.reported_inventory()
     for warning in inventory.warnings:
         output.warning(warning)
     return inventory.to_dict()

@@ -14,6 +14,7 @@ under running guests).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections import defaultdict
@@ -198,3 +199,16 @@ def compute_inventory(
         )
     providers.sort(key=lambda p: p.name)
     return Inventory(host=host, providers=tuple(providers), warnings=tuple(warnings))
+
+
+def reported(inventory: Inventory, policy: MdevPolicy) -> Inventory:
+    """The providers of ``inventory`` the agent reports: not those of a type
+    ``[mdev_<type>] reported_by = nova`` gives Nova, whose PCI tracker
+    reports the GPU's devices itself (a provider of ours too would count them
+    twice).  The daemon (DeviceManager.reported_inventory), the offline
+    listing and check-config's summary all count through it."""
+    if not any(t.nova_reports for t in policy.types):
+        return inventory
+    return dataclasses.replace(inventory, providers=tuple(
+        p for p in inventory.providers if not policy.reported_by_nova(p.mdev_type)
+    ))

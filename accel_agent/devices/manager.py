@@ -216,12 +216,7 @@ class DeviceManager:
             self.host,
             self._free_present(snapshot) if free is None else free,
         )
-        if any(t.nova_reports for t in self.policy.types):
-            # [mdev_<type>] reported_by = nova: Nova's PCI tracker reports
-            # these GPUs' devices; a provider of ours too would count them twice.
-            base = dataclasses.replace(base, providers=tuple(
-                p for p in base.providers if not self.policy.reported_by_nova(p.mdev_type)
-            ))
+        base = inventory_mod.reported(base, self.policy)
         extra = [
             p
             for b in self.backends.values()
