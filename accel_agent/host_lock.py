@@ -89,14 +89,27 @@ def ensure_lock_dir(directory: str) -> None:
     """``directory`` as root's own (0755, made if missing); refused when it is
     not a directory, not ours, or writable by group or others: whoever can
     write it can delete a lock file and start a second agent."""
+    parent = os.path.dirname(directory)
     try:
-        os.mkdir(directory, LOCK_DIR_MODE)
+        # /run/lock is the FHS's, made by systemd-tmpfiles at boot; a host
+        # without it (an init without tmpfiles, a container) gets it as root's
+        # own 0755, which is what the agent's lock directory needs above it.
+        os.mkdir(parent, LOCK_DIR_MODE)
     except FileExistsError:
         pass
     except FileNotFoundError:
         raise exception.AgentLockUnusable(
-            lock=directory, reason=f"its parent {os.path.dirname(directory)} does not exist"
+            lock=directory,
+            reason=f"its parent {parent} does not exist, nor {os.path.dirname(parent)}",
         ) from None
+    except OSError as exc:
+        raise exception.AgentLockUnusable(lock=directory, reason=_reason(exc)) from None
+    else:
+        os.chmod(parent, LOCK_DIR_MODE)  # mkdir's mode went through the umask
+    try:
+        os.mkdir(directory, LOCK_DIR_MODE)
+    except FileExistsError:
+        pass
     except OSError as exc:
         raise exception.AgentLockUnusable(lock=directory, reason=_reason(exc)) from None
     else:

@@ -138,6 +138,10 @@ def test_a_lock_directory_others_can_write_is_refused(tmp_path, lock_dir):
     take(lock_dir, tmp_path, tmp_path / "state").release()
 
 
-def test_a_missing_lock_parent_is_named(tmp_path):
-    with pytest.raises(exception.AgentLockUnusable, match=r"its parent .* does not exist"):
-        take(str(tmp_path / "no" / "locks"), tmp_path, tmp_path / "state")
+def test_a_missing_lock_parent_is_made_once_and_a_deeper_one_named(tmp_path):
+    """/run/lock may be missing (an init without systemd-tmpfiles): made, root's
+    0755; a path whose grandparent is missing too is refused, naming both."""
+    take(str(tmp_path / "lock" / "accel-agent"), tmp_path, tmp_path / "state").release()
+    assert stat.S_IMODE(os.stat(tmp_path / "lock").st_mode) == 0o755
+    with pytest.raises(exception.AgentLockUnusable, match=r"its parent .* does not exist, nor"):
+        take(str(tmp_path / "no" / "lock" / "accel-agent"), tmp_path, tmp_path / "state")
