@@ -7,7 +7,8 @@ Two hosts in one guest (research/live-migration-lab.md): each libvirtd runs in
 its own mount namespace with its own /run, /etc/libvirt, /var/lib/libvirt,
 /var/cache/libvirt and /var/log/libvirt, its own socket directory and its own
 ``host_uuid`` (libvirt refuses a migration to the host it runs on).  Each agent
-has its own state_dir, API socket and ``[libvirt] uri``; both manage the one
+has its own state_dir, API socket, ``[libvirt] uri`` and ``/run/lock`` (one
+agent per host: each "host" has its lock directory); both manage the one
 ``mtty`` parent, so each sees the other's mdevs as foreign.  Migration data goes
 over 127.0.0.1 (``migrate_uri``, ``listen_address``; ``migration_address`` in
 qemu.conf cannot be a local address).
@@ -267,8 +268,15 @@ class Agent:
 
     def start(self) -> None:
         self._write_config()
+        # Two "hosts" on one kernel: one agent per host holds a lock of the
+        # sysfs root in /run/lock/accel-agent (accel_agent/host_lock.py), so
+        # each agent gets a /run/lock of its own, as each libvirtd has its /run.
         self.daemon = AgentDaemon(
-            self.config, str(self.socket), self.log_dir, command=[str(VENV_BIN / "accel-agent")]
+            self.config, str(self.socket), self.log_dir, command=[
+                "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mkdir -p /run/lock && mount -t tmpfs -o mode=0755 tmpfs /run/lock && exec "$@"',
+                "sh", str(VENV_BIN / "accel-agent"),
+            ],
         )
         self.daemon.spawn()
 
