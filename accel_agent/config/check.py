@@ -152,7 +152,8 @@ class _Found:
         if state is None:
             return
         if ledger is None:
-            startchecks.verify_ledger(conf.state_dir)
+            startchecks.verify_ledger(conf.state_dir)  # LedgerCorrupt, as the start
+        # What recovery (the start) and a reload would refuse in the ledger.
         self.errors += startchecks.owner_problems(conf, state)
 
     def checked(self, state: HostState | None, strict: bool) -> Checked:
