@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "accel_agent"
 
 
-def _imports(path: Path) -> set[str]:
+@cache  # each rule reads the whole package: parse each module once
+def _imports(path: Path) -> frozenset[str]:
     """Every module ``path`` imports, at any depth (function-level imports
     included: a lazy import is still an arrow)."""
     found: set[str] = set()
@@ -34,7 +36,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name.startswith("accel_agent")}
+    return frozenset(name for name in found if name.startswith("accel_agent"))
 
 
 def _module_files(*relative: str) -> list[Path]:
