@@ -39,7 +39,8 @@ from typing import Any
 from oslo_config import cfg
 
 import accel_agent
-from accel_agent import config_values, events, exception, startchecks
+from accel_agent import events, exception
+from accel_agent.config import registry, startchecks, values
 from accel_agent.daemon import logs
 from accel_agent.daemon.core import AgentCore
 from accel_agent.daemon.reloads import ReloadOutcome, load_new_config, refusal_reason
@@ -121,7 +122,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
         standing layout's VFs and the first scan run (daemon/starting.py)."""
         from accel_agent import host_lock
         from accel_agent.api.server import bind_socket, socket_identity
-        from accel_agent.reporting import metrics_server, placement_opts
+        from accel_agent.reporting import metrics_server
         from accel_agent.reporting.metrics import AgentMetrics
         from accel_agent.reporting.placement import PlacementReporter
 
@@ -140,7 +141,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
         self.metrics_http = metrics_server.from_conf(conf.metrics.listen, metrics)
         if self.metrics_http is not None:
             self.metrics_http.prepare()  # binds: a port in use refuses the start
-        placement_opts.register_opts(conf)
+        registry.register(conf)
         reporter = PlacementReporter.from_conf(conf)  # refuses missing auth options
         # The privileged helper now, rather than failing on the first request.
         if self._writer is None:
@@ -257,7 +258,7 @@ class AgentService(_service_base()):  # type: ignore[misc]
             new_conf = load_new_config(self.config_files, self.config_dirs)
             # Every value converted once, named by file and line: nothing read
             # from new_conf below can raise after this.
-            bad = config_values.value_errors(new_conf)
+            bad = values.value_errors(new_conf)
             if bad:
                 raise exception.ReloadRefused(reason="; ".join(bad))
             interval, debounce, call_timeout = self._service_settings(new_conf)

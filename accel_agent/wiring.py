@@ -1,9 +1,13 @@
-"""What the daemon and accelctl both do to turn the configuration files into a
-working host: load the config, validate it against the host (saying clearly
-what is wrong), read the ledger for listings, build the lifecycle manager.
+"""What the daemon and accelctl both build from a configuration: the
+listings' view of it (cached between runs by config/cache.py), the host
+state (policy, scan, ledger) the listings and the check read, the ledger's
+read-only views, the device manager and its VF pools.
 
-A room of its own so that the daemon (service.py) does not reach into the
-console scripts' room (cmd/) for its wiring."""
+The configuration itself (its options, loading, values, lint and the one
+order of checks) is the configuration room's, accel_agent/config/, whose
+check reads the host state from here.  A room of its own so that the daemon
+(service.py) does not reach into the console scripts' room (cmd/) for its
+wiring."""
 
 from __future__ import annotations
 
@@ -11,14 +15,15 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from accel_agent import config_cache, exception, startchecks
-from accel_agent.config_cache import config_sources
+from accel_agent import exception
+from accel_agent.config import cache as config_cache
+from accel_agent.config.files import config_sources
 from accel_agent.devices import policy as policy_mod
 from accel_agent.devices.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
 from accel_agent.sysfs.model import HostSnapshot
 
 # oslo.config is imported where a command loads the configuration: the
-# read-only listings usually get by without it (config_cache.py).  The
+# read-only listings usually get by without it (config/cache.py).  The
 # inventory is imported where used: accelctl's plain listings
 # (cmd/plain_listing.py) do not need it.
 if TYPE_CHECKING:
@@ -32,8 +37,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ListingConfig:
-    """The configuration as the read-only listings see it: what config_cache
-    keeps between runs (as :meth:`to_dict`)."""
+    """The configuration as the read-only listings see it: what config/cache.py
+    keeps between runs (as :meth:`to_dict`).  Kept here, not there: it is made
+    of the policy's inputs (the devices room), which the plain listings'
+    path through the cache must not import."""
 
     sysfs_root: str
     host: str
@@ -84,66 +91,6 @@ class ListingConfig:
             policy_inputs=PolicyInputs.from_dict(data["policy_inputs"]),
             libvirt_uri=str(data.get("libvirt_uri", "")),
         )
-
-
-def load_config(
-    config_files: list[str],
-    config_dirs: list[str],
-    prog: str,
-    conf: cfg.ConfigOpts | None = None,
-) -> cfg.ConfigOpts:
-    """Parse the oslo.config files into ``conf`` (the global CONF by default).
-
-    Without ``--config-file`` the packaged location is read when present, so
-    an operator on a configured host can just run ``accelctl types``
-    (config_cache.config_sources says which files and directories).
-
-    The files are checked before oslo.config is given them
-    (config_lint.check_files: regular files of a bounded size that no one but
-    root can change, UTF-8; the files their options name, such as
-    ``log_config_append``, likewise), and are still the same files after it
-    parsed them (config_lint.check_unchanged): oslo.config opens them again by
-    path, which only root can have changed in between.
-    """
-    from oslo_config import cfg
-
-    from accel_agent import conf as agent_conf
-    from accel_agent import config_lint  # difflib: not for the plain listings
-
-    conf = conf or agent_conf.CONF
-    files, dirs = config_sources(config_files, config_dirs)
-    argv: list[str] = []
-    for path in config_files:
-        argv += ["--config-file", path]
-    # Every directory as --config-dir, after the files: oslo.config parses
-    # its default_config_dirs before the --config-file arguments, so the
-    # packaged directory given that way came first and the unit's explicit
-    # accel-agent.conf overrode its drop-ins (while accelctl, with no
-    # --config-file, read them last): the files, then the directories.
-    for path in dirs:
-        argv += ["--config-dir", path]
-    checked = config_lint.check_files(config_files or files, dirs)
-    named = config_lint.named_file_errors(checked)
-    if named:
-        raise exception.ConfigErrors([exception.InvalidConfig(message=m) for m in named])
-    try:
-        conf(
-            argv,
-            project="accel-agent",
-            prog=prog,
-            default_config_files=[] if config_files else files,
-            default_config_dirs=[],
-        )
-    except cfg.ConfigFilesNotFoundError as exc:
-        raise exception.InvalidConfig(reason=f"config file not found: {exc.config_files}") from exc
-    except (cfg.ConfigFileParseError, cfg.Error) as exc:
-        raise exception.InvalidConfig(reason=str(exc)) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        # check_files ran first; a file changed in between.
-        raise exception.InvalidConfig(reason=f"cannot read the config files: {exc}") from exc
-    config_lint.check_unchanged(checked)
-    config_lint.check_paths(conf)
-    return conf
 
 
 def build_vf_pools(conf: cfg.ConfigOpts, writer, net=None):
@@ -319,6 +266,8 @@ def listing_config(
             return ListingConfig.from_dict(cached), []
         except (KeyError, TypeError, ValueError):
             pass  # an entry of another shape: load the files as on a miss
+    from accel_agent.config.load import load_config
+
     key = config_cache.inputs_key(files, dirs)
     conf = load_config(config_files, config_dirs, prog)
     listing, errors = ListingConfig.from_conf(conf)
@@ -358,155 +307,3 @@ def host_state(
         policy=policy, snapshot=snapshot, host=listing.host, ledger=view, notes=tuple(notes),
         libvirt_uri=listing.libvirt_uri,
     )
-
-
-def validate(
-    conf: cfg.ConfigOpts,
-    strict: bool = False,
-    ledger: Ledger | LedgerView | None = None,
-    running: int | None = None,
-) -> tuple[list[str], list[str]]:
-    """Everything ``check-config``, ``accel-agent --check`` (the start) and a
-    reload check: (errors, warnings), each a list of one-line messages.  The
-    errors include :func:`accel_agent.config_values.value_errors` (every
-    option's value, read once as the daemon reads it), so that a reload that
-    passed this check reads no value that can raise, and everything else the
-    start can refuse (accel_agent.startchecks), in the start's words.
-    ``ledger``, ``running``: see :func:`check`."""
-    errors, warnings, _state = check(conf, strict, ledger=ledger, running=running)
-    return errors, warnings
-
-
-def check(
-    conf: cfg.ConfigOpts,
-    strict: bool = False,
-    ledger: Ledger | LedgerView | None = None,
-    running: int | None = None,
-) -> tuple[list[str], list[str], HostState | None]:
-    """:func:`validate`, and the host state it looked at (None when the
-    configuration could not be resolved), so that a caller reporting on the
-    host need not scan it again.
-
-    ``ledger``: the daemon passes its own open Ledger (a reload must never
-    open it a second time in its process); a LedgerView is used as it is;
-    None reads ``state_dir``'s ledger read-only and runs the start's
-    quick_check on it.  ``running``: the pid of the agent already running
-    with this configuration's socket and ports (check-config beside it, a
-    reload inside it), None before a start (startchecks.py)."""
-    from oslo_config import cfg
-
-    from accel_agent import (
-        config_lint,  # difflib: not for the plain listings
-        config_values,
-    )
-
-    # The files as written (unknown options, indented headers), every value
-    # as the daemon reads it, and the state directory: reported whatever
-    # else is wrong.
-    warnings: list[str] = config_lint.lint(config_lint.parsed_files(conf))
-    bad_values = config_values.bad_values(conf)
-    errors: list[str] = [bad.message for bad in bad_values]
-    said = {(bad.section, bad.option) for bad in bad_values}
-    if ("DEFAULT", "state_dir") not in said:
-        state_error, state_warning = config_lint.state_dir_problem(conf.state_dir)
-        errors += [state_error] if state_error else []
-        warnings += [state_warning] if state_warning else []
-    # What else the start refuses before it looks at the devices (the API
-    # socket, the privileged helper, Placement's auth, the metrics address).
-    errors += startchecks.start_problems(conf, running)
-    # The checks below read values too; one that cannot be read was reported
-    # above, naming its file and line, and ends the checks that need it.
-    try:
-        view = ledger if ledger is None or isinstance(ledger, LedgerView) else LedgerView.of(ledger)
-        state = host_state(*ListingConfig.from_conf(conf), ledger=view)
-    except exception.ConfigErrors as exc:
-        return (
-            errors + [e.message for e in exc.errors if _policy_option(e) not in said],
-            warnings,
-            None,
-        )
-    except exception.LedgerError:
-        raise  # not the configuration: the caller says what it is (a corrupt ledger)
-    except exception.AccelAgentException as exc:
-        return [*errors, exc.message], warnings, None
-    except (ValueError, cfg.Error):
-        if not bad_values:
-            raise
-        return errors, warnings, None
-    if ledger is None:
-        startchecks.verify_ledger(conf.state_dir)  # LedgerCorrupt, as the start
-    # What recovery (the start) and a reload would refuse in the ledger.
-    errors += startchecks.owner_problems(conf, state)
-    try:
-        pool_errors, pool_warnings = _check_vf_pools(conf)
-    except (ValueError, cfg.Error):
-        if not bad_values:
-            raise
-        pool_errors, pool_warnings = [], []
-    errors += pool_errors
-    warnings += pool_warnings
-    warnings += list(state.policy.warnings)
-    warnings += policy_mod.host_warnings(state.policy, state.snapshot)
-    warnings += list(state.notes)
-    inventory = state.inventory()
-    warnings += list(inventory.warnings)
-    warnings += standing_warnings(state.policy, inventory)
-    warnings += [f"sysfs: {w}" for w in state.snapshot.warnings]
-    if conf.libvirt.define_mdevs and not conf.libvirt.uri:
-        warnings.append(
-            "[libvirt] define_mdevs is true but [libvirt] uri is empty: there is no libvirt "
-            "to define the agent's mdevs in; nothing is defined"
-        )
-    warnings = list(dict.fromkeys(warnings))
-    if strict:
-        errors += warnings
-        warnings = []
-    return errors, warnings, state
-
-
-def standing_warnings(policy: MdevPolicy, inventory: inventory_mod.Inventory) -> list[str]:
-    """Standing layouts a GPU cannot hold (its capacity for the type is less
-    than N): the layout keeps what fits, health says it is short."""
-    found = []
-    for provider in inventory.providers:
-        config = policy.config_of(provider.mdev_type)
-        if config is not None and config.standing > provider.total:
-            found.append(
-                f"[mdev_{provider.mdev_type}] standing = {config.standing} cannot fit GPU "
-                f"{provider.physical_gpu}: it holds at most {provider.total} "
-                f"{provider.mdev_type}; its layout keeps {provider.total}"
-            )
-    return found
-
-
-def _policy_option(error: exception.AccelAgentException) -> tuple[str, str] | None:
-    """The [mdev_<type>] option of a value the policy refused while reading
-    it (value_errors names it with its file and line already)."""
-    if isinstance(error, exception.InvalidMdevClass):
-        return f"mdev_{error.kwargs.get('mdev_type')}", "mdev_class"
-    reason = str(error.kwargs.get("reason", ""))
-    for option in ("max_instances", "standing", "reported_by"):
-        if isinstance(error, exception.InvalidMdevConfig) and reason.startswith(option + " "):
-            mdev_type = reason.partition(" of type ")[2].partition(" ")[0]
-            return f"mdev_{mdev_type}", option
-    return None
-
-
-def _check_vf_pools(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
-    """The VF pools' configuration (errors) and each configured PF that is not
-    a usable SR-IOV PF on this host (warnings: a card may be added later)."""
-    from accel_agent.sriov.pools import build_pools
-    from accel_agent.sysfs import sriov as sriov_sysfs
-
-    try:
-        pools = build_pools(conf)
-    except exception.InvalidConfig as exc:
-        return [exc.message], []
-    warnings = []
-    for pool in pools.values():
-        for pf in pool.device_addresses:
-            try:
-                sriov_sysfs.read_pf(conf.sysfs_root, pf)
-            except sriov_sysfs.NotAPf as why:
-                warnings.append(f"[vf_pool_{pool.name}] device_addresses: {pf}: {why}")
-    return [], warnings

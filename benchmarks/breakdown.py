@@ -6,7 +6,7 @@ Each phase is measured on its own, the way the command runs it:
 
 * start-up: the interpreter and ``site`` (``python -c pass``), a whole process;
 * imports: a process importing what the path imports, less start-up;
-* config: ``config_cache.load`` (the cached listing config; a miss loads
+* config: ``config.cache.load`` (the cached listing config; a miss loads
   oslo.config, BENCHMARKS.md (a)'s "config cache off" row);
 * scan: ``wiring.host_state`` with one worker, the single-process case (the
   offline command forks a worker per idle core, none on a busy machine);
@@ -36,7 +36,10 @@ from benchmarks import cold, timing, trees
 
 PYTHON = sys.executable
 # What each path imports before it reads anything (plain_listing.answer).
-DAEMON_IMPORTS = "import _socket, accel_agent.cmd.plain_listing, accel_agent.config_cache"
+DAEMON_IMPORTS = (
+    "import _socket, accel_agent.cmd.plain_listing, accel_agent.config.cache,"
+    " accel_agent.config.files"
+)
 OFFLINE_IMPORTS = (
     DAEMON_IMPORTS + ", accel_agent.wiring, accel_agent.cmd.listings, accel_agent.cmd.output,"
     " accel_agent.backends, accel_agent.backends.host"
@@ -61,15 +64,17 @@ def _in_process(func: Callable[[], object], runs: int) -> float:
 
 
 def measure(tree: str, runs: int) -> dict[str, object]:
-    from accel_agent import config_cache, wiring
+    from accel_agent import wiring
     from accel_agent.cmd import listings, plain_listing
+    from accel_agent.config import cache as config_cache
+    from accel_agent.config.files import config_sources
 
     conf = trees.config(tree)
     accelctl = os.path.join(cold.VENV_BIN, "accelctl")
     cold.byte_compile()
     # Fill the config cache the way a first run does.
     timing.run_process([accelctl, "--offline", "--config-file", conf, "types", "--json"])
-    files, dirs = config_cache.config_sources([conf], [])
+    files, dirs = config_sources([conf], [])
     cached = config_cache.load(files, dirs)
     if cached is None:
         return {"skipped": "the config cache is off (ACCEL_AGENT_CACHE_DIR empty)"}

@@ -59,9 +59,10 @@ def _phases(seconds: float) -> dict[str, object]:
     """Where one allocate on the create path spends its time, from the
     manager's own step hooks (in process, the real privsep helper)."""
     from accel_agent import privileged, wiring
+    from accel_agent.config.load import load_config
 
     marks: list[tuple[str, float]] = []
-    conf = wiring.load_config([os.environ["ACCEL_BENCH_CONF"]], [], prog="bench")
+    conf = load_config([os.environ["ACCEL_BENCH_CONF"]], [], prog="bench")
     privileged.start_privsep([os.environ["ACCEL_BENCH_CONF"]], [])
     manager = wiring.build_manager(
         conf, on_step=lambda step: marks.append((step, time.perf_counter()))

@@ -8,7 +8,7 @@ import textwrap
 
 from oslo_config import cfg
 
-from accel_agent import conf as agent_conf
+from accel_agent.config import options as agent_conf
 
 
 def make_conf(

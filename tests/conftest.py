@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from accel_agent import config_cache
+from accel_agent.config import cache as config_cache
 
 
 @pytest.fixture(autouse=True, scope="session")

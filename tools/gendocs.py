@@ -202,7 +202,7 @@ def _anchor(heading: str) -> str:
 
 
 def config_markdown(data: dict[str, Any]) -> str:
-    from accel_agent.config_values import LIBRARY_BOUNDS
+    from accel_agent.config.values import LIBRARY_BOUNDS
 
     out = [
         HEADER.format(source="the options (oslo-config-generator --format json)"),

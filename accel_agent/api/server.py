@@ -121,7 +121,7 @@ def socket_path_state(path: str) -> tuple[str, int | None]:
     ("stale", None) (a socket nobody listens on) or ("served", pid of the
     process that listens, None when the kernel does not say).  Raises
     ApiSocketUnsafe for a place the agent refuses.  :func:`check_socket_path`
-    (the start) and the start's check (accel_agent/startchecks.py) both
+    (the start) and the start's check (accel_agent/config/startchecks.py) both
     read it here."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)

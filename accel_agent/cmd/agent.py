@@ -24,12 +24,10 @@ if __name__ == "__main__" or sys.argv[0].rsplit("/", 1)[-1] == "accel-agent":
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
 
 import argparse
-import contextlib
-import io
 import logging
 from collections.abc import Sequence
 
-from accel_agent import exception, startchecks, wiring
+from accel_agent import exception, wiring
 from accel_agent.cmd import common, output
 
 LOG = logging.getLogger("accel_agent")
@@ -61,18 +59,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _register_daemon_opts() -> None:
-    """Options only the daemon reads: oslo.log's, Placement's."""
-    from oslo_log import log as oslo_logging
+    """Every option the daemon reads (oslo.log's, Placement's, ...), before
+    its files are parsed (config/registry.py)."""
+    from accel_agent.config import options, registry
 
-    from accel_agent.conf import CONF
-    from accel_agent.reporting import placement_opts
-
-    oslo_logging.register_options(CONF)
-    placement_opts.register_opts(CONF)
+    registry.register(options.CONF)
 
 
 def _setup_logging() -> None:
-    from accel_agent.conf import CONF
+    from accel_agent.config.options import CONF
     from accel_agent.daemon import logs
 
     logs.setup(CONF)
@@ -80,35 +75,29 @@ def _setup_logging() -> None:
 
 def _load_config(args: argparse.Namespace) -> list[str]:
     """Parse the files into the global CONF; the errors, when they cannot be."""
-    from accel_agent import config_values
+    from accel_agent.config.load import load_config
 
-    said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):
-            wiring.load_config(args.config_file, args.config_dir, prog="accel-agent")
+        load_config(args.config_file, args.config_dir, prog="accel-agent")
     except exception.AccelAgentException as exc:
         return [exc.message]
-    except SystemExit:
-        # oslo.config converts the values of command-line options (oslo.log's
-        # debug, use_json, ...) while parsing, even from a file, and exits with
-        # "argument --debug: Invalid Boolean value: maybe": name the file and line.
-        return config_values.file_value_errors(args.config_file, args.config_dir) or [
-            said.getvalue().strip() or "the configuration files could not be parsed"
-        ]
-    sys.stderr.write(said.getvalue())
     return []
 
 
 def startup_check(args: argparse.Namespace) -> bool:
-    """Validate config against the host; print every error; True when fine."""
-    from accel_agent import config_values
-    from accel_agent.conf import CONF
+    """Validate config against the host; print every error; True when fine.
 
+    The check is config.check's, as check-config's; its first two steps
+    (parse, every value) also run before it, because the logging set-up
+    reads oslo.log's values and opens its files, and the check logs."""
+    from accel_agent.config import startchecks, values
+    from accel_agent.config.options import CONF
+
+    conf = CONF
     errors = _load_config(args)
     # Before the logging set-up, which reads oslo.log's values and opens its
-    # files (check-config says the same of them: startchecks.py).
-    errors = errors or config_values.value_errors(CONF)
-    conf = CONF
+    # files (check-config says the same of them: config/startchecks.py).
+    errors = errors or values.value_errors(conf)
     errors = errors or startchecks.logging_problems(conf)
     if errors:
         output.error("refusing to start: invalid configuration")
@@ -117,7 +106,7 @@ def startup_check(args: argparse.Namespace) -> bool:
         return False
     _setup_logging()
     try:
-        errors, warnings = _validate(conf)
+        errors, warnings = _check(conf)
     except exception.LedgerError as exc:
         output.error(f"refusing to start: {exc.message}")
         return False
@@ -131,8 +120,8 @@ def startup_check(args: argparse.Namespace) -> bool:
     return True
 
 
-def _validate(conf) -> tuple[list[str], list[str]]:
-    """wiring.validate, the start's own check (accel_agent.startchecks: the
+def _check(conf) -> tuple[list[str], list[str]]:
+    """config.check.check, the start's own check (config/startchecks.py: the
     socket, the privileged helper, Placement's auth, the metrics address, the
     ledger's quick_check and what recovery would refuse), reading the ledger
     read-only (the daemon opens its own connection only after this one is
@@ -140,10 +129,12 @@ def _validate(conf) -> tuple[list[str], list[str]]:
     opens it (after a backup copy): the check then runs without its rows, and
     what recovery refuses in them the start says itself, in the same words
     (devices.recovery.owner_refusals)."""
+    from accel_agent.config.check import check
     from accel_agent.devices.ledger import LedgerSchemaOld
 
     try:
-        return wiring.validate(conf)
+        errors, warnings, _state = check(conf)
+        return errors, warnings
     except LedgerSchemaOld as exc:
         old = exc
     # Logged outside the except clause: oslo.log appends the exception being
@@ -153,7 +144,8 @@ def _validate(conf) -> tuple[list[str], list[str]]:
         "starts, after a backup copy beside it",
         old.kwargs["path"], old.kwargs["found"], old.kwargs["supported"],
     )
-    return wiring.validate(conf, ledger=wiring.LedgerView())
+    errors, warnings, _state = check(conf, ledger=wiring.LedgerView())
+    return errors, warnings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         return 0
     from accel_agent import service
-    from accel_agent.conf import CONF
+    from accel_agent.config.options import CONF
 
     # The files actually parsed (the packaged default when none was given):
     # the privsep daemon and SIGHUP reloads read the same ones.

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from accel_agent import config_cache
-from accel_agent.config_cache import DEFAULT_CONFIG_DIR, DEFAULT_CONFIG_FILE
+from accel_agent.config import files
+from accel_agent.config.files import DEFAULT_CONFIG_DIR, DEFAULT_CONFIG_FILE
 
 # The distribution whose version ``--version`` prints (pyproject.toml's name).
 DISTRIBUTION = "accel-agent"
@@ -82,11 +82,11 @@ def missing_config(config_files: Sequence[str], config_dirs: Sequence[str]) -> s
     empty listing, exit 0) as if the host had nothing to manage."""
     if config_files or config_dirs:
         return None
-    files, dirs = config_cache.config_sources([], [])
-    if files or dirs:
+    found_files, found_dirs = files.config_sources([], [])
+    if found_files or found_dirs:
         return None
     return (
-        f"no configuration: neither {config_cache.DEFAULT_CONFIG_FILE} nor "
-        f"{config_cache.DEFAULT_CONFIG_DIR} exists; give one with --config-file FILE "
+        f"no configuration: neither {files.DEFAULT_CONFIG_FILE} nor "
+        f"{files.DEFAULT_CONFIG_DIR} exists; give one with --config-file FILE "
         "(or --config-dir DIR)"
     )

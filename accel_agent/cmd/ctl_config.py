@@ -1,7 +1,7 @@
 """``accelctl check-config`` and ``accelctl reload``: the configuration,
 checked against this host or reloaded by the running daemon.
 
-``check-config`` is the start's own check (wiring.check, accel_agent.startchecks):
+``check-config`` is the start's own check (config/check.py, config/startchecks.py):
 what it passes, the start and a reload take; what it refuses, they refuse in
 the same words.  It opens the ledger read-only (never created, migrated or
 checkpointed; SQLite's quick_check, as the start runs it), also beside a
@@ -107,13 +107,13 @@ def check_config(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> tuple[list[str], list[str], Any]:
-    from accel_agent import startchecks
+    from accel_agent.config import check, startchecks
 
     conf = loading.load_config(args)
     # Beside the running daemon (check-config && accelctl reload): its own
     # socket and metrics port are not in the way (see the module's docstring).
     running = startchecks.serving_pid(conf.api.socket_path)
-    return wiring.check(conf, strict=args.strict, running=running)
+    return check.check(conf, strict=args.strict, running=running)
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def _providers(args: argparse.Namespace, state: Any) -> int:
     /v1/inventory, Placement; DeviceManager.reported_inventory): the GPUs'
     but those of a type Nova reports (``reported_by = nova``), and one per PF
     of a VF pool that has VFs."""
-    from accel_agent.conf import CONF  # the configuration _check loaded and checked
+    from accel_agent.config.options import CONF  # the configuration _check loaded and checked
 
     pools = wiring.build_vf_pools(CONF, writer=None)
     return len(state.reported_inventory().providers) + (
@@ -252,9 +252,9 @@ def _check_config_json(args: argparse.Namespace) -> int:
 def _problem(message: str) -> dict[str, Any]:
     """One problem of ``check-config --json``: the message, and the file,
     line, section and option it names (null where it names none)."""
-    from accel_agent import config_lint
+    from accel_agent.config import lint
 
-    where = config_lint.locate(message)
+    where = lint.locate(message)
     return {
         "message": message,
         "file": where.file,

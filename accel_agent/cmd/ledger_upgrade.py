@@ -12,8 +12,8 @@ import argparse
 import os
 from typing import Any
 
-from accel_agent import wiring
 from accel_agent.cmd import daemon, output
+from accel_agent.config import load as config_load
 
 DESCRIPTION = (
     "Bring the mdev ledger (<state_dir>/ledger.sqlite3) to the schema this accel-agent "
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from accel_agent.devices.ledger import LEDGER_FILENAME, SCHEMA_VERSION, Ledger
 
-    conf = wiring.load_config(args.config_file, args.config_dir, prog="accelctl")
+    conf = config_load.load_config(args.config_file, args.config_dir, prog="accelctl")
     if daemon.runs(conf.api.socket_path):
         output.error(
             f"accel-agent is running (it serves {conf.api.socket_path}) and has the ledger "

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from accel_agent import exception, wiring
+from accel_agent.config import load as config_load
 
 
 def load_config(args: argparse.Namespace) -> Any:
     """The agent's options from ``--config-file``/``--config-dir``, with
     ``--sysfs-root`` over ``[DEFAULT] sysfs_root``."""
-    conf = wiring.load_config(args.config_file, args.config_dir, prog="accelctl")
+    conf = config_load.load_config(args.config_file, args.config_dir, prog="accelctl")
     if args.sysfs_root:
         conf.set_override("sysfs_root", args.sysfs_root)
     return conf

@@ -8,7 +8,7 @@ the inventory and the XML and simulator commands cost ~15 ms together
 path needs none of them:
 
 * from the running daemon (it keeps each listing encoded, accel_agent.service):
-  the socket path comes from the config cache (config_cache, standard
+  the socket path comes from the config cache (config/cache.py, standard
   library only), the request is one HTTP/1.1 GET written on a unix socket
   with ``_socket``, the body is printed as it came;
 * without a daemon (or ``--offline``, ``--sysfs-root``): the scan and the
@@ -191,9 +191,10 @@ def answer(argv: list[str]) -> int | None:
     request = parse(argv)
     if request is None or sys.stdout.isatty():
         return None
-    from accel_agent import config_cache
+    from accel_agent.config import cache as config_cache
+    from accel_agent.config.files import config_sources
 
-    files, dirs = config_cache.config_sources(request.config_files, request.config_dirs)
+    files, dirs = config_sources(request.config_files, request.config_dirs)
     if not files and not dirs and not request.sysfs_root:
         return None  # no configuration at all: the parser path says so (exit 1)
     cached = config_cache.load(files, dirs)

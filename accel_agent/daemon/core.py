@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from oslo_config import cfg
 
 from accel_agent import wiring
+from accel_agent.config import registry
 from accel_agent.daemon import health as health_mod
 from accel_agent.daemon import layout_wait, starting
 from accel_agent.daemon.counts import RescanView, placement_signature
 from accel_agent.daemon.listings import Listings
 from accel_agent.daemon.reloads import ReloadOutcome, Reloads
 from accel_agent.daemon.rescans import Rescans, helper_guards
-from accel_agent.reporting import placement_opts
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.sysfs.rescan import interruptible
 
@@ -50,7 +50,7 @@ class AgentCore:
         metrics: AgentMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        placement_opts.register_opts(conf)
+        registry.register(conf)  # a core built by a test from its own ConfigOpts
         self.conf = conf
         self.metrics = metrics or AgentMetrics()
         self.devices = manager or wiring.build_manager(conf, writer=writer)

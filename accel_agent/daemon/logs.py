@@ -15,20 +15,19 @@ start; a reload that changes one says so in a note, as it does for
 
 ``log_config_append`` names a file whose handlers oslo.log builds, and so
 runs code, as root: a file that is not a regular one, or that someone other
-than root could change, is refused (config_lint.named_file_errors, at the
+than root could change, is refused (config.lint.named_file_errors, at the
 start, in every reload's check and in ``check-config``); :func:`setup` and
 :func:`apply_reload` check it again where it is used (a value whose
 ``$``-substitution only oslo.config resolves, a file changed since).
 
 ``use_journal = true`` needs the systemd Python bindings (``systemd-python``,
 the ``journal`` extra); without them the daemon refuses to start saying so
-(config_values checks the value), instead of oslo.log's traceback.
+(config/values.py checks the value), instead of oslo.log's traceback.
 """
 
 from __future__ import annotations
 
 import logging
-from importlib import util
 from typing import Any
 
 from oslo_config import cfg
@@ -40,19 +39,11 @@ PRODUCT = "accel-agent"
 RELOADED = ("debug", "log_config_append")
 
 
-def journal_available() -> bool:
-    """Whether oslo.log's journal handler can be built (``systemd.journal``)."""
-    try:
-        return util.find_spec("systemd.journal") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def log_config_problem(conf: cfg.ConfigOpts) -> str | None:
     """Why the file ``log_config_append`` names must not be loaded (no
     regular file, or one someone other than root could change); None when
     it may be, or when none is named."""
-    from accel_agent import safe_files
+    from accel_agent.config import files as safe_files
 
     path = _value(conf, "log_config_append")
     if not path:
@@ -87,11 +78,11 @@ def _value(conf: cfg.ConfigOpts, name: str) -> Any:
 
 def _logging_options(conf: cfg.ConfigOpts) -> list[str]:
     """The names of oslo.log's [DEFAULT] options registered on ``conf``."""
-    from accel_agent.config_values import _oslo_log_opts
+    from accel_agent.config.registry import oslo_log_opts
 
     return [
         opt.dest
-        for group, opts in _oslo_log_opts()
+        for group, opts in oslo_log_opts()
         if group in (None, "DEFAULT")
         for opt in opts
         if opt.dest in conf

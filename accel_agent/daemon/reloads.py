@@ -2,7 +2,7 @@
 start checks it, then applied under the manager's lock, or refused and the
 running configuration kept.
 
-Refused: whatever the start would refuse (wiring.validate: a value the
+Refused: whatever the start would refuse (config.check.check: a value the
 daemon cannot use, named by file and line; a socket group, Placement auth or
 metrics address it cannot have; a device an instance holds that would get
 another owner: its parent another type or none, its type reported by Nova),
@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from oslo_config import cfg
 
-from accel_agent import conf as agent_conf
-from accel_agent import exception, wiring
+from accel_agent import exception
+from accel_agent.config import check, load, registry
 from accel_agent.devices import policy as policy_mod
 from accel_agent.devices.ledger import DeviceRecord
 from accel_agent.devices.protocol import Existing
-from accel_agent.reporting import placement_opts
 
 if TYPE_CHECKING:
     from accel_agent.daemon.core import AgentCore
@@ -105,12 +104,12 @@ def orphaned(
 def load_new_config(
     config_files: Sequence[str], config_dirs: Sequence[str]
 ) -> cfg.ConfigOpts:
-    """A fresh ConfigOpts from the same files (never the running one)."""
+    """A fresh ConfigOpts from the same files (never the running one), with
+    every option the daemon reads registered (config/registry.py)."""
     new_conf = cfg.ConfigOpts()
-    agent_conf.register_opts(new_conf)
-    placement_opts.register_opts(new_conf)
+    registry.register(new_conf)
     try:
-        return wiring.load_config(
+        return load.load_config(
             list(config_files), list(config_dirs), prog="accel-agent", conf=new_conf
         )
     except exception.AccelAgentException as exc:
@@ -173,10 +172,11 @@ class Reloads:
     def _apply(self, new_conf: cfg.ConfigOpts) -> list[str]:
         core = self._core
         devices = core.devices
-        placement_opts.register_opts(new_conf)
         # The start's own check, inside the running agent: its socket and
         # metrics port are its own, not in the way.
-        errors, _warnings = wiring.validate(new_conf, ledger=devices.ledger, running=os.getpid())
+        errors, _warnings, _state = check.check(
+            new_conf, ledger=devices.ledger, running=os.getpid()
+        )
         if errors:
             raise exception.ReloadRefused(reason="; ".join(errors))
         for group, name in RESTART_OPTIONS:
@@ -193,7 +193,7 @@ class Reloads:
         ]
         from accel_agent.sriov.pools import build_pools
 
-        # validate() above refused a bad pool config; a changed one needs the
+        # The check above refused a bad pool config; a changed one needs the
         # pool service rebuilt with its privileged writers: at the next start.
         if build_pools(new_conf) != build_pools(core.conf):
             notes.append(
@@ -215,10 +215,10 @@ class Reloads:
         # NOTE: the check and the switch happen under the manager's lock, so
         # that no allocation made with the old policy slips in between.
         with devices.locked():
-            # wiring.validate judged the ledger above; this is the same rule
+            # The check judged the ledger above; this is the same rule
             # again under the lock, for what an allocation changed meanwhile.
             # The pools are the running ones (new ones apply at the next
-            # start, and validate judged those).
+            # start, and the check judged those).
             existing = Existing(devices.scan(), {
                 name: backend.outside_devices()
                 for name, backend in devices.backends.items() if backend.outside_snapshot

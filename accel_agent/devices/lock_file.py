@@ -28,7 +28,8 @@ import os
 import stat
 import tempfile
 
-from accel_agent import exception, safe_files
+from accel_agent import exception
+from accel_agent.config import files as safe_files
 
 LOG = logging.getLogger(__name__)
 

@@ -219,7 +219,7 @@ def read_policy_inputs(
 ) -> tuple[PolicyInputs, list[exception.AccelAgentException]]:
     """The type options of a loaded oslo.config object, and the values it
     refused (each an error naming the value and the type)."""
-    from accel_agent import conf as agent_conf
+    from accel_agent.config import options as agent_conf
 
     enabled = tuple(conf.devices.enabled_mdev_types or [])
     agent_conf.register_dynamic_opts(conf, enabled)
@@ -240,7 +240,7 @@ def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
     ``/sys/devices/virtual``.
     """
     if conf is None:
-        from accel_agent import conf as agent_conf
+        from accel_agent.config import options as agent_conf
 
         conf = agent_conf.CONF
     inputs, errors = read_policy_inputs(conf)

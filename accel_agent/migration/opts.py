@@ -1,4 +1,8 @@
-"""``[migration]`` options: claim lifetime and the version floors of mdev live migration."""
+"""``[migration]`` options: claim lifetime and the version floors of mdev live migration.
+
+Declared here, registered with the core's (config/options.py: every command
+reads them) and listed in config/registry.py's table of every room's options.
+"""
 
 from __future__ import annotations
 
@@ -32,10 +36,6 @@ migration_opts = [
         help="Oldest kernel with the VFIO migration uAPI v2 that vGPU migration needs.",
     ),
 ]
-
-
-def register_opts(conf: cfg.ConfigOpts) -> None:
-    conf.register_opts(migration_opts, group=GROUP)
 
 
 def list_opts() -> list[tuple[str, list[cfg.Opt]]]:

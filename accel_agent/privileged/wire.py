@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from accel_agent import conf as agent_conf
 from accel_agent import exception
+from accel_agent.config import options as agent_conf
 from accel_agent.privileged.validate import validate_sysfs_root, validate_vfio_dev_dir
 
 

@@ -13,7 +13,7 @@ and nothing changed on the host; served from then on, while the agent starts
 (the health gauges say so); stopped with the API on SIGTERM.
 The address is read at start only: a reload does not move it.  Before that,
 the start's check (``check-config``, ``accel-agent --check``, a reload:
-accel_agent/startchecks.py) binds it and lets go with :func:`check_bind`,
+accel_agent/config/startchecks.py) binds it and lets go with :func:`check_bind`,
 which the start's own bind calls first: one message for both.
 
 What a client may cost it (issue 33: two connections sending a request head
@@ -55,7 +55,7 @@ from cheroot import wsgi
 
 from accel_agent import exception
 from accel_agent.api import connections
-from accel_agent.listen_address import Listen, parse
+from accel_agent.config.types import Listen, parse_listen
 
 if TYPE_CHECKING:
     from accel_agent.reporting.metrics import AgentMetrics
@@ -359,5 +359,5 @@ def _listens_on(pid: int, port: int) -> bool | None:
 
 def from_conf(listen: str, metrics: AgentMetrics) -> MetricsHttpServer | None:
     """The server ``[metrics] listen`` asks for; None when it is empty."""
-    address = parse(listen)
+    address = parse_listen(listen)
     return MetricsHttpServer(address, metrics) if address is not None else None

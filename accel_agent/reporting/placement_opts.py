@@ -17,6 +17,9 @@ and noauth2 Placement answers 401 to that.
 
 keystoneauth1.loading costs about 0.1 s to import, so it is imported inside
 the functions that need it, never at module import.
+
+Declared here, registered by config/registry.py (the one table of every
+room's options).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from oslo_config import cfg, types
 
-from accel_agent.config_types import FiniteFloat
+from accel_agent.config.types import FiniteFloat
 
 GROUP = "placement"
 
@@ -132,21 +135,19 @@ def _bound(opt: cfg.Opt, low: float, high: float) -> None:
     )
 
 
-def register_opts(conf: cfg.ConfigOpts) -> None:
-    """Register ``[placement]`` on ``conf`` (idempotent)."""
-    from keystoneauth1 import loading as ks_loading
-
-    conf.register_opts(placement_opts, group=GROUP)
-    for opt in _keystoneauth_opts():
-        if GROUP not in conf or opt.dest not in conf[GROUP]:
-            conf.register_opt(opt, group=GROUP)
-    # auth_type / auth_section; a plugin's own options (endpoint, token,
-    # username, ...) are registered by keystoneauth when the plugin is loaded.
-    ks_loading.register_auth_conf_options(conf, GROUP)
+def registered_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    """What a process registers of ``[placement]`` (config/registry.py): the
+    reporter's own options and keystoneauth1's session and adapter options.
+    keystoneauth registers ``auth_type``/``auth_section`` itself (following
+    ``auth_section``), and a plugin's own options (endpoint, token, username,
+    ...) when the plugin is loaded; the sample lists those of two plugins
+    (:func:`list_opts`)."""
+    return [(GROUP, [*placement_opts, *_keystoneauth_opts()])]
 
 
 def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
-    """Entry point for ``oslo-config-generator``.
+    """The sample's ``[placement]`` (config/registry.py's list_opts, which
+    oslo-config-generator reads).
 
     Shows the options of the two auth plugins an operator is expected to use:
     ``password`` (Keystone) and ``admin_token`` (noauth2 Placement).

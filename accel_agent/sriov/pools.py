@@ -15,8 +15,8 @@ from types import MappingProxyType
 
 from oslo_config import cfg
 
-from accel_agent import conf as agent_conf
 from accel_agent import exception
+from accel_agent.config import options as agent_conf
 from accel_agent.sysfs import address
 
 

@@ -18,11 +18,12 @@ import signal
 import sys
 
 from accel_agent import wiring
+from accel_agent.config.load import load_config
 
 
 def main() -> None:
     config, operation, instance, count, kill_step, kill_nth = sys.argv[1:7]
-    conf = wiring.load_config([config], [], prog="crash-worker")
+    conf = load_config([config], [], prog="crash-worker")
     seen: dict[str, int] = {}
 
     def on_step(step: str) -> None:

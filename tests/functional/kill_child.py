@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from accel_agent import exception, privileged, wiring
+from accel_agent.config.load import load_config
 
 CLAIM_LIFETIME = 24 * 3600.0  # never expires during a harness run
 
@@ -111,7 +112,7 @@ def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
 def main() -> None:
     config, operation, arguments = sys.argv[1:4]
     delay = float(sys.argv[4]) if len(sys.argv) > 4 else None
-    conf = wiring.load_config([config], [], prog="kill-child")
+    conf = load_config([config], [], prog="kill-child")
     net = None
     if os.environ.get("ACCEL_TEST_VFNET"):
         # The simulator has no netlink: a VF's settings go to this file.

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from accel_agent import config_values, service
+from accel_agent import service
+from accel_agent.config import registry
 from accel_agent.devices import writers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def errors(proc: subprocess.CompletedProcess) -> list[str]:
 def daemon_conf(config: Path) -> cfg.ConfigOpts:
     """The configuration as the daemon holds it (every option it registers)."""
     conf = cfg.ConfigOpts()
-    config_values.register_daemon_options(conf)
+    registry.register(conf)
     conf(["--config-file", str(config)], project="accel-agent", default_config_files=[])
     return conf
 

@@ -337,9 +337,9 @@ def test_use_journal_sends_every_line_to_the_journal_with_its_request_id(agent, 
 
 
 def test_use_journal_without_the_bindings_refuses_to_start_saying_so(agent):
-    from accel_agent.daemon import logs
+    from accel_agent.config import values
 
-    if logs.journal_available():
+    if values.journal_available():
         pytest.skip("the systemd bindings are installed (the journal extra)")
     agent.write(extra="[DEFAULT]\nuse_journal = true\n")
     proc = agent.daemon.spawn()

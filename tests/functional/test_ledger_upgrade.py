@@ -254,7 +254,7 @@ sys.exit(ctl.main({argv!r}))
 
 
 # check-config opens the ledger beside the daemon too, read-only only: what a
-# reload or the next start would refuse depends on its rows (startchecks.py).
+# reload or the next start would refuse depends on its rows (config/startchecks.py).
 READ_ONLY_LEDGER = """
 import sys
 from accel_agent.cmd import ctl

@@ -39,8 +39,8 @@ from typing import Any
 import pytest
 from oslo_config import cfg
 
+from accel_agent.config import registry
 from accel_agent.devices.inventory import Inventory
-from accel_agent.reporting import placement_opts
 from accel_agent.reporting.placement import PlacementReporter
 from tests.functional.placement_fixture import PlacementServer, placement_available
 from tests.functional.test_placement_sync import Admin
@@ -177,8 +177,7 @@ def agent_reporter(endpoint: str, tmp_path: Path, host: str, extra: str = "") ->
         token = admin
         """) + extra)
     conf = cfg.ConfigOpts()
-    conf.register_opt(cfg.StrOpt("host"))
-    placement_opts.register_opts(conf)
+    registry.register(conf)
     conf(["--config-file", str(conf_file)], project="accel-agent", default_config_files=[])
     return PlacementReporter.from_conf(conf)
 

@@ -27,8 +27,8 @@ from keystoneauth1 import session as ks_session
 from keystoneauth1 import token_endpoint
 from oslo_config import cfg
 
+from accel_agent.config import registry
 from accel_agent.devices.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
-from accel_agent.reporting import placement_opts
 from accel_agent.reporting.placement import PlacementReporter
 from accel_agent.reporting.placement.answers import MAX_ANSWER_BYTES
 from accel_agent.reporting.placement.client import MICROVERSION, adapter_for_endpoint
@@ -308,8 +308,8 @@ def test_config_path_admin_token_against_noauth2(
         )
     )
     conf = cfg.ConfigOpts()
-    conf.register_opt(cfg.StrOpt("host", default="standalone.example.org"))
-    placement_opts.register_opts(conf)
+    registry.register(conf)
+    conf.set_default("host", "standalone.example.org")
     conf(["--config-file", str(conf_file)], project="accel-agent", default_config_files=[])
     reporter = PlacementReporter.from_conf(conf)
     host = conf.host

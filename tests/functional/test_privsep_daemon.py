@@ -112,7 +112,7 @@ def test_remove_writes_one(env: tuple[PrivsepDaemon, Path]) -> None:
 def test_daemon_reads_its_own_sysfs_root(env: tuple[PrivsepDaemon, Path]) -> None:
     daemon, root = env
     # The client's CONF is not the daemon's: nothing here points at the tree.
-    from accel_agent.conf import CONF
+    from accel_agent.config.options import CONF
 
     assert CONF.sysfs_root != str(root)
     assert f"sysfs_root = {root}" in daemon.config_file.read_text()

@@ -368,6 +368,12 @@ def test_a_start_refused_on_a_busy_metrics_port_changed_nothing_on_the_host(sim,
         assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
         assert sim.sysfs_uuids() == set()
         assert not os.path.exists(os.path.join(sim.state_dir, "ledger.sqlite3"))
+        # The daemon's own start past its check (which refused above, before
+        # the start ran): the port is taken before recovery and the layouts.
+        said = start(agent.config, sim.root)
+        assert any(f"[metrics] listen = 127.0.0.1:{port}" in line for line in said), said
+        assert typed_per_gpu(sim) == {GPU1: 0, GPU2: 0}
+        assert not os.path.exists(os.path.join(sim.state_dir, "ledger.sqlite3"))
 
 
 def test_a_gpu_whose_layout_fails_keeps_no_other_gpu_without_its_layout(sim):

@@ -1,5 +1,5 @@
 """Issue 34: what the start refuses, ``accelctl check-config`` and
-``accel-agent --check`` refuse, in the same words (accel_agent/startchecks.py).
+``accel-agent --check`` refuse, in the same words (accel_agent/config/startchecks.py).
 
 Each case makes one thing the start refuses (a socket group the host lacks,
 Placement without auth, a device an instance holds whose type the

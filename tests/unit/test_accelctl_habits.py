@@ -15,8 +15,9 @@ from importlib import metadata
 import pytest
 
 import accel_agent
-from accel_agent import config_cache
 from accel_agent.cmd import agent, common, ctl, plain_listing
+from accel_agent.config import cache as config_cache
+from accel_agent.config import files as config_files
 from accel_agent.simulator import SimulatedHost, build_spec, materialise
 from tests.configutil import write_conf
 
@@ -185,8 +186,8 @@ def no_default_config(tmp_path, monkeypatch):
     """A host without /etc/accel-agent (stand-ins that do not exist)."""
     file = tmp_path / "etc" / "accel-agent.conf"
     directory = tmp_path / "etc" / "accel-agent.conf.d"
-    monkeypatch.setattr(config_cache, "DEFAULT_CONFIG_FILE", str(file))
-    monkeypatch.setattr(config_cache, "DEFAULT_CONFIG_DIR", str(directory))
+    monkeypatch.setattr(config_files, "DEFAULT_CONFIG_FILE", str(file))
+    monkeypatch.setattr(config_files, "DEFAULT_CONFIG_DIR", str(directory))
     return file, directory
 
 

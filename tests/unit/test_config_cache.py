@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import config_cache, exception, wiring
+from accel_agent import exception, wiring
+from accel_agent.config import cache as config_cache
+from accel_agent.config import load as config_load
 from accel_agent.devices import policy as policy_mod
 
 CONF_TEXT = """
@@ -56,7 +58,7 @@ def oslo_must_not_run(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("oslo.config was loaded on a cache hit")
 
-    monkeypatch.setattr(wiring, "load_config", refuse)
+    monkeypatch.setattr(config_load, "load_config", refuse)
 
 
 def rewrite(path: Path, text: str) -> None:
@@ -117,9 +119,9 @@ def test_a_change_in_the_code_that_declares_options_is_a_miss(
     listing([conf_file])
     rewrite(code, "# version two\n")
     loads = []
-    real_load = wiring.load_config
+    real_load = config_load.load_config
     monkeypatch.setattr(
-        wiring, "load_config", lambda *a, **k: loads.append(1) or real_load(*a, **k)
+        config_load, "load_config", lambda *a, **k: loads.append(1) or real_load(*a, **k)
     )
     listing([conf_file])
     assert loads == [1]
@@ -129,11 +131,11 @@ def test_the_code_files_that_key_the_cache_exist():
     # A path that is not there stats the same forever: a moved module
     # would stop invalidating the cache without any error (it did: the
     # paths pointed one directory too high, and at a policy.py since moved).
-    import accel_agent.conf
+    import accel_agent.config.options
     import accel_agent.devices.policy
 
     assert all(os.path.isfile(path) for path in config_cache._CODE_FILES)
-    assert accel_agent.conf.__file__ in config_cache._CODE_FILES
+    assert accel_agent.config.options.__file__ in config_cache._CODE_FILES
     assert accel_agent.devices.policy.__file__ in config_cache._CODE_FILES
     assert wiring.__file__ in config_cache._CODE_FILES
 

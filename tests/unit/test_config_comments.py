@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from oslo_config import types
 
-from accel_agent import config_comments, config_lint, config_values
-from accel_agent.config_comments import Comment, inline_comment
+from accel_agent.config import comments as config_comments
+from accel_agent.config import lint as config_lint
+from accel_agent.config import values as config_values
+from accel_agent.config.comments import Comment, inline_comment
 from tests.unit.test_config_values import REGISTER_ALL, every_option, line_of, parse
 
 # --- finding the comment -------------------------------------------------------------------
@@ -241,7 +243,7 @@ def test_a_quoted_free_string_is_no_warning(tmp_path):
 
 
 def test_an_option_a_hash_cannot_belong_to_is_not_warned_about_too(tmp_path):
-    # config_values refuses it: one message, not a warning beside the error.
+    # config/values.py refuses it: one message, not a warning beside the error.
     warnings, _path = lint(tmp_path, "host = node1   # the root provider\n")
     # parse() writes "host = h" above it: host set twice is warned about, the
     # comment is not.

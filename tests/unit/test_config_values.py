@@ -1,4 +1,4 @@
-"""config_values.value_errors: every option the daemon reads, read once, each bad
+"""config.values.value_errors: every option the daemon reads, read once, each bad
 value one line naming its file and line; and every numeric option bounded."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from oslo_config import cfg, types
 
-from accel_agent import conf as agent_conf
-from accel_agent import config_values
-from accel_agent.config_types import FiniteFloat
+from accel_agent.config import options as agent_conf
+from accel_agent.config import registry
+from accel_agent.config import values as config_values
+from accel_agent.config.types import FiniteFloat
 
 # Names every per-name group is registered for, and an auth plugin with options.
 REGISTER_ALL = """
@@ -52,7 +53,7 @@ def every_option() -> list[tuple[str, cfg.Opt]]:
 
     with tempfile.TemporaryDirectory() as tmp:
         conf, _path = parse(Path(tmp), REGISTER_ALL)
-        config_values.register_daemon_options(conf)
+        registry.register(conf)
         return list(config_values.registered_options(conf))
 
 
@@ -264,7 +265,7 @@ def test_the_default_of_a_library_option_is_not_the_agents_to_refuse(tmp_path):
     """oslo.privsep's thread_pool_size defaults to the CPU count, which may
     pass the agent's maximum on a big host: only a written value is bounded."""
     conf, path = parse(tmp_path, "")
-    config_values.register_daemon_options(conf)
+    registry.register(conf)
     conf.set_default("thread_pool_size", 4096, group="accel_agent_privileged")
     assert config_values.value_errors(conf) == []
     with path.open("a") as handle:

@@ -1,5 +1,5 @@
 """The daemon's logging set-up and what a reload changes (accel_agent.daemon.logs),
-and ``use_journal = true`` without the systemd bindings (config_values)."""
+and ``use_journal = true`` without the systemd bindings (config/values.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import logging
 
 import pytest
 
-from accel_agent import config_values
+from accel_agent.config import registry
+from accel_agent.config import values as config_values
 from accel_agent.daemon import logs
 from tests.configutil import make_conf
 
 
 def conf_of(tmp_path, ini: str):
     conf = make_conf(ini, directory=str(tmp_path))
-    config_values.register_daemon_options(conf)
+    registry.register(conf)
     return conf
 
 
@@ -57,7 +58,7 @@ def test_logging_options_that_need_a_restart_are_noted(tmp_path, root_level):
 
 def test_use_journal_without_the_bindings_is_an_error_naming_the_file(tmp_path, monkeypatch):
     conf = conf_of(tmp_path, "[DEFAULT]\nuse_journal = true\n")
-    monkeypatch.setattr(logs, "journal_available", lambda: False)
+    monkeypatch.setattr(config_values, "journal_available", lambda: False)
     errors = config_values.value_errors(conf)
     assert len(errors) == 1
     assert errors[0].endswith(
@@ -65,7 +66,7 @@ def test_use_journal_without_the_bindings_is_an_error_naming_the_file(tmp_path, 
         "installed (pip install 'accel-agent[journal]', i.e. systemd-python); or log to "
         "stderr, which systemd's journal records too"
     ), errors
-    monkeypatch.setattr(logs, "journal_available", lambda: True)
+    monkeypatch.setattr(config_values, "journal_available", lambda: True)
     assert config_values.value_errors(conf) == []
     assert config_values.value_errors(conf_of(tmp_path, "[DEFAULT]\nuse_journal = false\n")) == []
 
@@ -74,6 +75,6 @@ def test_journal_available_says_whether_systemd_journal_imports():
     try:
         import systemd.journal  # noqa: F401
     except ImportError:
-        assert logs.journal_available() is False
+        assert config_values.journal_available() is False
     else:
-        assert logs.journal_available() is True
+        assert config_values.journal_available() is True

@@ -188,7 +188,7 @@ class FakeReporter:
 def core(tmp_path) -> AgentCore:
     from oslo_config import cfg
 
-    from accel_agent import conf as agent_conf
+    from accel_agent.config import options as agent_conf
 
     conf = cfg.ConfigOpts()
     agent_conf.register_opts(conf)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from accel_agent import backends, config_lint, exception, explain, wiring
+from accel_agent import backends, exception, explain
 from accel_agent.backends.host import scan_host
 from accel_agent.cmd import ctl
+from accel_agent.config import check
+from accel_agent.config import lint as config_lint
 from accel_agent.devices import policy as policy_mod
 from accel_agent.explain import facts, pciids, render
 from accel_agent.simulator import profiles
@@ -100,7 +102,7 @@ def test_the_h200_capture_says_no_vgpu_manager_is_loaded_and_what_to_install(tmp
 
 def test_check_config_carries_the_verdict_on_the_h200(tmp_path):
     root = hosttrees.h200_tree(tmp_path / "h200")
-    _errors, warnings = wiring.validate(make_conf(H200_CONF, sysfs_root=root))
+    _errors, warnings, _state = check.check(make_conf(H200_CONF, sysfs_root=root))
     (warning,) = [w for w in warnings if w.startswith(hosttrees.H200)]
     assert warning.startswith(
         "0000:00:06.0 (configured for nvidia-1150) is not an mdev parent on this host: "
@@ -174,7 +176,7 @@ def test_vfs_not_enabled_names_sriov_manage(tmp_path, ids):
     assert gpu["verdict"]["summary"].startswith("VFs not enabled: the GPU has SR-IOV (32 VFs)")
     assert gpu["verdict"]["next_step"].startswith(f"run /usr/lib/nvidia/sriov-manage -e {GPU1}")
     # check-config's warning says the same
-    _errors, warnings = wiring.validate(make_conf(VGPU_CONF, sysfs_root=root))
+    _errors, warnings, _state = check.check(make_conf(VGPU_CONF, sysfs_root=root))
     assert any(w.startswith(f"{GPU1} (configured for nvidia-1150) is not an mdev parent on "
                             "this host: VFs not enabled") for w in warnings)
 

@@ -3,11 +3,13 @@
 The neutral rooms (manager, ledger, inventory, policy) name no device
 model; a backend uses the sysfs reader and the privileged writer, never the
 manager; the daemon does not reach into the console scripts' room, and in
-that room accelctl's command modules meet only in ctl.py's registration; the
-core's options and the ledger import no other room's; the privileged
-package and the ledger's are used through their facades only, and what
-runs as root imports little.  Each rule lists the imports the package
-really has, so a new arrow the wrong way fails here by name.
+that room accelctl's command modules meet only in ctl.py's registration;
+nothing below the daemon imports the daemon; the core's options and the
+ledger import no other room's; the configuration room has no circle and
+registers every option from one place; the privileged package and the
+ledger's are used through their facades only, and what runs as root
+imports little.  Each rule lists the imports the package really has, so a
+new arrow the wrong way fails here by name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "accel_agent"
 
 
-def _imports(path: Path) -> set[str]:
+@cache  # each rule reads the whole package: parse each module once
+def _imports(path: Path) -> frozenset[str]:
     """Every module ``path`` imports, at any depth (function-level imports
     included: a lazy import is still an arrow)."""
     found: set[str] = set()
@@ -32,7 +36,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name.startswith("accel_agent")}
+    return frozenset(name for name in found if name.startswith("accel_agent"))
 
 
 def _module_files(*relative: str) -> list[Path]:
@@ -41,6 +45,12 @@ def _module_files(*relative: str) -> list[Path]:
         path = PACKAGE / name
         files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
     return files
+
+
+def _outside(*relative: str) -> list[Path]:
+    """Every module of the package but those of ``relative``."""
+    inside = set(_module_files(*relative))
+    return [path for path in _module_files(".") if path not in inside]
 
 
 def _offenders(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
@@ -76,8 +86,7 @@ DEVICE_MODELS = (
                 "service.py",
                 "daemon",
                 "wiring.py",
-                "config_lint.py",
-                "config_cache.py",
+                "config",
                 "devices",
                 "backends",
                 "api",
@@ -89,23 +98,32 @@ DEVICE_MODELS = (
             ),
             ("accel_agent.cmd",),
         ),
-        # The core's options and the ledger (every module of its package): no
-        # reporter, no privileged side.
+        # The core's options, their types and the ledger (every module of its
+        # package): no reporter, no privileged side.
         (
-            ("conf.py", "devices/ledger"),
+            ("config/options.py", "config/types.py", "devices/ledger"),
             ("accel_agent.reporting", "accel_agent.privileged", "accel_agent.cmd"),
         ),
-        # The daemon is built around the decider, never the other way: the
-        # use cases, the backends and the API know nothing of its threads.
+        # The configuration is read by the daemon and the console scripts,
+        # and reads neither (nor the daemon's service loop).
         (
-            ("devices", "backends", "api", "migration", "privileged", "sysfs", "explain"),
-            ("accel_agent.daemon", "accel_agent.service"),
+            ("config",),
+            ("accel_agent.daemon", "accel_agent.service", "accel_agent.cmd"),
         ),
     ],
-    ids=["neutral-rooms", "backends", "not-into-cmd", "core-options", "not-into-daemon"],
+    ids=["neutral-rooms", "backends", "not-into-cmd", "core-options", "config-room"],
 )
 def test_no_arrow_goes_the_wrong_way(rooms: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
     assert _offenders(_module_files(*rooms), forbidden) == []
+
+
+def test_nothing_below_the_daemon_imports_the_daemon() -> None:
+    """The daemon is built around the decider and the configuration, never
+    the other way: only the daemon's rooms (daemon/, service.py) and the
+    console scripts that start it (cmd/) know its threads."""
+    below = _outside("daemon", "service.py", "cmd")
+    assert PACKAGE / "config" / "values.py" in below  # the rule is not vacuous
+    assert _offenders(below, ("accel_agent.daemon", "accel_agent.service")) == []
 
 
 CMD = PACKAGE / "cmd"
@@ -167,7 +185,8 @@ def test_the_privileged_package_is_used_through_its_facade_only() -> None:
 PRIVILEGED_MAY_IMPORT = (
     "accel_agent",
     "accel_agent.exception",
-    "accel_agent.conf",
+    "accel_agent.config",
+    "accel_agent.config.options",
     "accel_agent.sysfs",
     "accel_agent.sysfs.address",
     "accel_agent.sriov",
@@ -215,7 +234,7 @@ def test_the_ledger_package_is_used_through_its_facade_only() -> None:
 def test_loading_the_ledger_loads_no_reporter_and_no_privsep() -> None:
     """At run time too: the ledger and the core's options alone."""
     code = (
-        "import sys, accel_agent.devices.ledger, accel_agent.conf;"
+        "import sys, accel_agent.devices.ledger, accel_agent.config.options;"
         "print(sorted(m for m in sys.modules if m.startswith(('accel_agent.reporting',"
         " 'accel_agent.privileged', 'oslo_privsep', 'keystoneauth1'))));"
         "print(sorted(m for m in sys.modules if m.startswith('accel_agent.devices.ledger.')))"
@@ -287,3 +306,147 @@ def test_the_protocol_rule_sees_a_use_case_opening_a_transaction(tmp_path: Path)
     module.write_text("def f(m):\n    with m.ledger.transaction():\n        pass\n")
     assert [c.split(" ")[1] for c in _protocol_calls(module)] == ["transaction()"]
 
+
+
+# --- the configuration room -------------------------------------------------------------
+
+CONFIG = PACKAGE / "config"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (a name imported from
+    a module stands for that module; a package for its ``__init__``)."""
+    modules = {_module_name(path): path for path in _module_files(".")}
+
+    def module_of(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        name: {found for imported in _imports(path) if (found := module_of(imported))} - {name}
+        for name, path in modules.items()
+    }
+
+
+def _cycle_through(graph: dict[str, set[str]], start: str) -> list[str]:
+    """The shortest chain of imports from ``start`` back to ``start``, as
+    module names; [] when none leads back."""
+    came_from: dict[str, str] = {}
+    queue = sorted(graph.get(start, ()))
+    for name in queue:
+        came_from.setdefault(name, start)
+    while queue:
+        name = queue.pop(0)
+        if name == start:
+            chain = [start]
+            while (name := came_from[name]) != start:
+                chain.append(name)
+            return [start, *reversed(chain[1:]), start]
+        for following in sorted(graph.get(name, ())):
+            if following not in came_from:
+                came_from[following] = name
+                queue.append(following)
+    return []
+
+
+def test_no_module_of_the_configuration_imports_one_that_imports_it_back() -> None:
+    """No circle through a module of accel_agent/config/ (issue 35): not
+    inside the room, nor out of it and back (wiring, the daemon's rooms).
+    Lazy imports count: a circle closed inside a function is still one."""
+    graph = _import_graph()
+    config = sorted(_module_name(path) for path in _module_files("config"))
+    assert "accel_agent.config.check" in config and graph["accel_agent.config.check"]
+    cycles = [" -> ".join(chain) for name in config if (chain := _cycle_through(graph, name))]
+    assert cycles == []
+
+
+def test_the_cycle_rule_sees_a_circle(tmp_path: Path) -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert _cycle_through(graph, "a") == ["a", "b", "c", "a"]
+    assert _cycle_through(graph, "d") == []
+
+
+# Calls that register oslo.config options (oslo.config's own, oslo.log's and
+# keystoneauth's helpers): made by the configuration room alone.
+REGISTERING = frozenset({
+    "register_opt",
+    "register_opts",
+    "register_cli_opt",
+    "register_cli_opts",
+    "register_options",
+    "register_auth_conf_options",
+    "register_session_conf_options",
+    "register_adapter_conf_options",
+})
+
+
+def _registering_calls(path: Path) -> list[str]:
+    return [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.func.attr}()"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in REGISTERING
+    ]
+
+
+def test_options_are_registered_from_the_configuration_room_only() -> None:
+    """Every room declares its options in its own module; only
+    config/options.py (the core's, the per-name groups) and
+    config/registry.py (every room's, from its one table) register them."""
+    offenders = [
+        call for path in _outside("config/options.py", "config/registry.py")
+        for call in _registering_calls(path)
+    ]
+    assert offenders == []
+    assert _registering_calls(CONFIG / "registry.py")  # the rule is not vacuous
+
+
+def _registered(conf) -> set[tuple[str, str, int]]:
+    from accel_agent.config import values
+
+    return {(section, opt.dest, id(opt)) for section, opt in values.registered_options(conf)}
+
+
+def test_registering_twice_is_a_no_op_and_every_group_is_one_of_the_table(tmp_path: Path) -> None:
+    """config.registry.register, before and after parsing, twice: the same
+    options (the very objects); and every group registered is one a room of
+    the table lists (the per-name groups as the sample's stand-ins), or
+    oslo.log's."""
+    from oslo_config import cfg
+
+    from accel_agent.config import registry
+
+    path = tmp_path / "agent.conf"
+    path.write_text(
+        "[devices]\nenabled_mdev_types = nvidia-35\nenabled_vf_pools = nic\n"
+        "[vf_pool_nic]\ndevice_addresses = 0000:3b:00.0\n[placement]\nauth_type = password\n"
+    )
+    conf = cfg.ConfigOpts()
+    registry.register(conf)
+    registry.register(conf)
+    before_parsing = _registered(conf)
+    conf(["--config-file", str(path)], project="accel-agent", default_config_files=[])
+    registry.register(conf)
+    once = _registered(conf)
+    registry.register(conf)
+    assert _registered(conf) == once
+    assert before_parsing < once  # the per-name groups and the plugin's, once named
+
+    lists = [*(group for room in registry.rooms() for group in room.list_opts()),
+             *registry.oslo_log_opts()]
+    listed = {(group or "DEFAULT", opt.dest) for group, opts in lists for opt in opts}
+    stand_ins = {"mdev_nvidia-35": "mdev_$(mdev_type)", "vf_pool_nic": "vf_pool_$(pool)"}
+    registered = {(stand_ins.get(section, section), dest) for section, dest, _id in once}
+    bare = cfg.ConfigOpts()  # oslo.config's own (config_file, config_dir, ...)
+    bare([], project="accel-agent", default_config_files=[])
+    assert registered - listed == {(section, dest) for section, dest, _id in _registered(bare)}
+    groups = {section for section, _dest, _id in once}
+    assert {"placement", "migration", "accel_agent_privileged", "mdev_nvidia-35"} <= groups
+    assert ("placement", "username") in registered  # the plugin's, as the sample lists them

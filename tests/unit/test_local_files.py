@@ -3,7 +3,7 @@ and 10; issue 34: the default directory), as the start, a reload and
 check-config read them: one error naming the path, never a hang, never code
 run from a file another user could write.
 
-In process (wiring.load_config is what the start, accelctl and check-config
+In process (config.load.load_config is what the start, accelctl and check-config
 call; daemon.reloads.load_new_config what a reload calls).  A call that
 could block in a FIFO runs in a thread with a generous bound, and the FIFO
 is opened from the other side afterwards whatever happened, so a failing
@@ -19,9 +19,13 @@ from pathlib import Path
 import pytest
 from oslo_config import cfg
 
-from accel_agent import conf as agent_conf
-from accel_agent import config_cache, config_lint, exception, safe_files, wiring
+from accel_agent import exception, wiring
 from accel_agent.cmd import ctl
+from accel_agent.config import check, registry
+from accel_agent.config import files as safe_files
+from accel_agent.config import lint as config_lint
+from accel_agent.config import load as config_load
+from accel_agent.config import options as agent_conf
 from accel_agent.daemon import logs, reloads
 from tests.unit.test_sysfs_hostile import bounded
 
@@ -36,8 +40,8 @@ def fresh_conf() -> cfg.ConfigOpts:
 
 
 def load(files: list[Path], dirs: list[Path] = ()) -> cfg.ConfigOpts:
-    return wiring.load_config([str(f) for f in files], [str(d) for d in dirs], "accelctl",
-                              conf=fresh_conf())
+    return config_load.load_config([str(f) for f in files], [str(d) for d in dirs], "accelctl",
+                                   conf=fresh_conf())
 
 
 def refusal(files: list[Path], dirs: list[Path] = (), fifos: list[Path] = ()) -> str:
@@ -313,8 +317,6 @@ def test_a_logging_configuration_others_can_write_is_not_loaded_where_it_is_used
     """daemon.logs checks again what oslo.log will load (a value whose
     $-substitution only oslo.config resolves, a file changed since): the
     ini's handler would run code as root."""
-    from accel_agent import config_values
-
     marker = tmp_path / "ran"
     ini = tmp_path / "logging.ini"
     ini.write_text(
@@ -328,8 +330,8 @@ def test_a_logging_configuration_others_can_write_is_not_loaded_where_it_is_used
         handle.write(f"log_dir = {tmp_path}\nlog_config_append = $log_dir/logging.ini\n")
     old = load([config])  # the raw value names no file: left to the use
     new = load([config])
-    config_values.register_daemon_options(old)
-    config_values.register_daemon_options(new)
+    registry.register(old)
+    registry.register(new)
     assert new.log_config_append == str(ini)
     assert logs.log_config_problem(new) is not None
     notes = logs.apply_reload(old, new)
@@ -408,8 +410,8 @@ def test_an_option_set_twice_is_an_error_with_strict(tmp_path):
     conf = load([path])
     twice = (f"{path}:5: [DEFAULT] host is set again (also at {path}:2); this value wins and "
              f"the one at {path}:2 is ignored: set it once")
-    assert wiring.validate(conf) == ([], [twice])
-    assert wiring.validate(conf, strict=True) == ([twice], [])
+    assert check.check(conf)[:2] == ([], [twice])
+    assert check.check(conf, strict=True)[:2] == ([twice], [])
 
 
 # --- the default directory (issue 34) ----------------------------------------------------
@@ -424,8 +426,8 @@ def packaged(tmp_path, monkeypatch) -> tuple[Path, Path]:
     file = etc / "accel-agent.conf"
     file.write_text("[DEFAULT]\nhost = packaged\n")
     (directory / "10.conf").write_text("[DEFAULT]\nhost = dropin\n")
-    monkeypatch.setattr(config_cache, "DEFAULT_CONFIG_FILE", str(file))
-    monkeypatch.setattr(config_cache, "DEFAULT_CONFIG_DIR", str(directory))
+    monkeypatch.setattr(safe_files, "DEFAULT_CONFIG_FILE", str(file))
+    monkeypatch.setattr(safe_files, "DEFAULT_CONFIG_DIR", str(directory))
     return file, directory
 
 
@@ -434,10 +436,10 @@ def test_the_default_directory_follows_the_default_file_only(packaged, config, c
     # Nothing named, or the default file named (the systemd unit): then its drop-ins.
     assert load([]).host == "dropin"
     assert load([file]).host == "dropin"
-    assert config_cache.config_sources([str(file)], []) == ([str(file)], [str(directory)])
+    assert safe_files.config_sources([str(file)], []) == ([str(file)], [str(directory)])
     # Another file named: that file, not that file with the host's drop-ins over it.
     assert load([config]).host == "fromfile"
-    assert config_cache.config_sources([str(config)], []) == ([str(config)], [])
+    assert safe_files.config_sources([str(config)], []) == ([str(config)], [])
     # --config-dir replaces the default directory.
     (conf_d / "10.conf").write_text("[DEFAULT]\nhost = named\n")
     assert load([config], [conf_d]).host == "named"

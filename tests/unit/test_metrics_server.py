@@ -13,9 +13,9 @@ import pytest
 from oslo_config import cfg
 from prometheus_client.parser import text_string_to_metric_families
 
-from accel_agent import conf as agent_conf
 from accel_agent import exception
-from accel_agent.listen_address import Listen, parse
+from accel_agent.config import options as agent_conf
+from accel_agent.config.types import Listen, parse_listen
 from accel_agent.reporting import metrics_server
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.reporting.metrics_server import MetricsHttpServer, from_conf
@@ -35,7 +35,7 @@ from accel_agent.reporting.metrics_server import MetricsHttpServer, from_conf
     ],
 )
 def test_listen_forms(value, expected):
-    assert parse(value) == expected
+    assert parse_listen(value) == expected
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_listen_forms(value, expected):
 )
 def test_listen_refusals_say_why(value, says):
     with pytest.raises(ValueError, match=says):
-        parse(value)
+        parse_listen(value)
 
 
 def load(tmp_path, text: str) -> cfg.ConfigOpts:

@@ -162,14 +162,14 @@ def _empty_root(tmp_path):
 
 @pytest.mark.parametrize("uri, warned", [("", True), ("qemu:///system", False)])
 def test_check_config_warns_of_define_mdevs_without_a_uri(tmp_path, uri, warned):
-    from accel_agent import wiring
+    from accel_agent.config import check
     from tests.configutil import make_conf
 
     conf = make_conf(
         f"state_dir = {tmp_path / 'state'}\n[libvirt]\nuri = {uri}\ndefine_mdevs = true\n",
         sysfs_root=_empty_root(tmp_path), directory=str(tmp_path),
     )
-    errors, warnings, _ = wiring.check(conf)
+    errors, warnings, _ = check.check(conf)
     said = [w for w in warnings if "define_mdevs" in w]
     assert bool(said) is warned, warnings
     assert errors == []

@@ -13,6 +13,7 @@ import pytest
 from oslo_config import cfg
 
 from accel_agent import exception
+from accel_agent.config import registry
 from accel_agent.devices.inventory import OWNER_TRAIT, Inventory, Provider, type_trait
 from accel_agent.exception import InvalidConfig
 from accel_agent.reporting import placement as placement_package
@@ -321,8 +322,8 @@ def test_disabled_reporter_does_nothing_and_says_so() -> None:
 
 def test_options_register_and_list() -> None:
     conf = cfg.ConfigOpts()
-    placement_opts.register_opts(conf)
-    placement_opts.register_opts(conf)  # idempotent
+    registry.register(conf)
+    registry.register(conf)  # idempotent
     conf([], default_config_files=[])
     assert conf.placement.enabled is False
     assert conf.placement.create_root_provider is False
@@ -337,7 +338,7 @@ def test_options_register_and_list() -> None:
 
 
 def _with_host(conf: cfg.ConfigOpts) -> cfg.ConfigOpts:
-    conf.register_opt(cfg.StrOpt("host", default=HOST))
+    conf.set_override("host", HOST)
     return conf
 
 
@@ -345,7 +346,7 @@ def _conf_from(tmp_path: Path, ini: str) -> cfg.ConfigOpts:
     path = tmp_path / "agent.conf"
     path.write_text("[placement]\nenabled = true\n" + ini)
     conf = cfg.ConfigOpts()
-    placement_opts.register_opts(conf)
+    registry.register(conf)
     conf(["--config-file", str(path)], default_config_files=[])
     return conf
 

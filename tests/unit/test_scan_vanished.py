@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from accel_agent import backends, wiring
+from accel_agent import backends
 from accel_agent.backends import host as host_mod
 from accel_agent.backends.host import HostRescanner, scan_host
 from accel_agent.simulator import SimulatedHost, build_spec, materialise
@@ -98,15 +98,16 @@ def test_a_reload_s_check_is_not_failed_by_an_mdev_removed_during_its_scan(
     )
     from oslo_config import cfg
 
-    from accel_agent import conf as agent_conf
+    from accel_agent.config import check, load
+    from accel_agent.config import options as agent_conf
 
     conf = cfg.ConfigOpts()
     agent_conf.register_opts(conf)
-    wiring.load_config([str(config)], [], "accel-agent", conf=conf)
+    load.load_config([str(config)], [], "accel-agent", conf=conf)
     happened = removed_when_resolved(monkeypatch, root, NOVA_MDEV_06)
-    # What a reload checks (daemon.reloads: wiring.validate), the daemon's
+    # What a reload checks (daemon.reloads: config.check), the daemon's
     # start and check-config too: no traceback, no error, no warning of it.
-    errors, warnings = wiring.validate(conf)
+    errors, warnings, _state = check.check(conf)
     assert happened()
     assert errors == []
     assert not [w for w in warnings if NOVA_MDEV_06 in w], warnings

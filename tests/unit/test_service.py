@@ -221,7 +221,7 @@ class FakeReporter:
 def core(tmp_path) -> AgentCore:
     from oslo_config import cfg
 
-    from accel_agent import conf as agent_conf
+    from accel_agent.config import options as agent_conf
 
     conf = cfg.ConfigOpts()
     agent_conf.register_opts(conf)
@@ -265,7 +265,7 @@ def _service_around(core, tmp_path, monkeypatch) -> service.AgentService:
     agent = service.AgentService(core.conf, [str(config)], [], writer=object())
     agent.core = core
     agent.scheduler = SimpleNamespace(configure=lambda interval, debounce: None)
-    monkeypatch.setattr(service.config_values, "value_errors", lambda conf: [])
+    monkeypatch.setattr(service.values, "value_errors", lambda conf: [])
     return agent
 
 

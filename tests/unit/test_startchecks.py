@@ -1,4 +1,4 @@
-"""accel_agent/startchecks.py's rules about who runs the check: the running
+"""accel_agent/config/startchecks.py's rules about who runs the check: the running
 agent is the process serving the socket, and a check run by another user
 than root says nothing of what only root can try (never a false refusal)."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-from accel_agent import startchecks
+from accel_agent.config import startchecks
 
 
 @contextlib.contextmanager

@@ -574,7 +574,7 @@ def test_a_type_without_create_is_not_allocated(tmp_path):
 
 
 def test_check_config_names_a_type_without_create(tmp_path):
-    from accel_agent import wiring
+    from accel_agent.config import check
 
     root = make_tree(tmp_path)
     os.unlink(attribute_path(root, f"{TYPES_DIR}/{TYPE}/create"))
@@ -584,7 +584,7 @@ def test_check_config_names_a_type_without_create(tmp_path):
         f"[devices]\nenabled_mdev_types = {TYPE}\n"
     )
     conf = make_conf(ini.read_text())
-    errors, warnings = wiring.validate(conf)
+    errors, warnings, _state = check.check(conf)
     assert errors == []
     assert f"sysfs: parent {GPU}: type {TYPE} has no create file; its available_instances " \
         "(16) count as 0" in warnings

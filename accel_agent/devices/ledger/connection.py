@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from accel_agent import exception, safe_files
+from accel_agent import exception
+from accel_agent.config import files as safe_files
 from accel_agent.devices.ledger.schema import MIGRATIONS, Migration
 
 # The package's name, as before the split: what operators filter the

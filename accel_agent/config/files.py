@@ -1,5 +1,10 @@
-"""Local files the agent reads or trusts: nothing at their paths may stall it
-or hand it someone else's code.
+"""Which files the configuration is, and how the agent reads local files
+safely: nothing at their paths may stall it or hand it someone else's code.
+
+* :func:`config_sources`: the config files and directories oslo.config
+  reads for ``--config-file``/``--config-dir`` (the packaged ones by
+  default), and :func:`source_files`: the files of those, in the order
+  oslo.config reads them.
 
 The agent runs as root and reads files that a mistake or a local user can
 make into something else: a FIFO in the config directory blocks ``open()``
@@ -28,12 +33,70 @@ a config file decides which devices go to whom.
   not anyone else's to replace.  The file itself, or a directory the agent
   reads files *from* (``--config-dir``), gets no such exception: anyone
   could add a file to a sticky directory.
+
+Used by the configuration's loading and lint (config files, the files
+their options name), the ledger's open and the daemon's logging.  The
+standard library's smallest parts only: accelctl's plain listings
+(cmd/plain_listing.py) read which files are the configuration from here
+before anything else is imported.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
+
+DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
+# Read after the default file (with it only: config_sources), *.conf in name
+# order (oslo.config's --config-dir).
+# Named here rather than left to oslo.config's search (which also looks in
+# ~/.accel-agent and under the program's name) so that the daemon and
+# accelctl always read the same files.
+DEFAULT_CONFIG_DIR = "/etc/accel-agent/accel-agent.conf.d"
+
+
+def config_sources(config_files: list[str], config_dirs: list[str]) -> tuple[list[str], list[str]]:
+    """The files and directories oslo.config reads for these arguments.
+
+    The default directory belongs to the default file: it is read after
+    ``accel-agent.conf`` (no ``--config-file``, or ``--config-file
+    /etc/accel-agent/accel-agent.conf`` as the systemd unit gives it), never
+    merged over another file an operator named (``check-config
+    --config-file candidate.conf`` checks that file, not that file with the
+    host's drop-ins over it); ``--config-dir`` replaces it."""
+    files = list(config_files)
+    if not files and not config_dirs and os.path.exists(DEFAULT_CONFIG_FILE):
+        files = [DEFAULT_CONFIG_FILE]
+    dirs = list(config_dirs)
+    if not dirs and _default_file_read(files) and os.path.isdir(DEFAULT_CONFIG_DIR):
+        dirs = [DEFAULT_CONFIG_DIR]
+    return files, dirs
+
+
+def _default_file_read(files: list[str]) -> bool:
+    """Whether ``files`` (the files read) are none, or name the default file."""
+    default = os.path.normpath(DEFAULT_CONFIG_FILE)
+    return not files or any(os.path.normpath(os.path.abspath(f)) == default for f in files)
+
+
+def source_files(files: Sequence[str], dirs: Sequence[str]) -> list[str]:
+    """The files oslo.config reads for these arguments: the files, then each
+    directory's ``*.conf`` in name order (its glob skips names that start
+    with a dot)."""
+    found = list(files)
+    for directory in dirs:
+        try:
+            names = sorted(
+                n for n in os.listdir(directory) if n.endswith(".conf") and not n.startswith(".")
+            )
+        except OSError:
+            continue
+        found += [os.path.join(directory, n) for n in names]
+    return found
+
+
+# --- reading a file safely -------------------------------------------------------------
 
 # A config file is a few KiB (the shipped sample with every option is ~26
 # KiB): what is larger is a mistake, and reading it whole would be another.

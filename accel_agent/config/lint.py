@@ -1,34 +1,32 @@
-"""The config files as written, before and beside what oslo.config makes of them.
+"""The config files as written, beside what oslo.config makes of them.
 
 oslo.config is lenient where a mistake is expensive: an option it has no
 definition for is ignored (``device_adresses`` silently turns a
 GPU-specific type into the default type), an indented section header is
-read as the continuation of the previous value, a file that is not UTF-8
-or a directory given as a file ends in a traceback, and a relative path
-means something else in every process's working directory.  This module
-says so, naming the file and the line:
+read as the continuation of the previous value, an option written twice in
+one file takes the later value without a word.  This module says so,
+naming the file and the line:
 
-* :func:`check_files` (before parsing; every command and the daemon):
-  a directory given as a file, a config file that is no regular file (a
-  FIFO, a link to ``/dev/zero``) or too large, a config file or directory
-  someone other than root could change (accel_agent.safe_files), a file that
-  is not UTF-8 -> InvalidConfig; :func:`named_file_errors`: the same for the
-  files options name that the agent runs or trusts (``log_config_append``)
-  -> messages; :func:`check_unchanged` (after parsing): oslo.config read
-  the files that were checked;
-* :func:`check_paths` (after parsing): the values every command reads that
-  oslo.config cannot convert (config_values), ``sysfs_root`` and
-  ``state_dir`` empty or relative -> ConfigErrors;
-* :func:`lint` (``check-config`` and the daemon's start-up check): unknown
-  sections and options, indented section headers, an option or a section
-  written twice in one file, a private key others can read -> warnings
-  (errors with ``--strict``);
-* :func:`state_dir_problem`: a ``state_dir`` the agent could not write.
+* :func:`scan_text`: the section headers and assignments of one file the
+  way oslo.config's parser reads them (config/values.py names the file and
+  line of a bad value from these);
+* :func:`named_file_errors` (before parsing, config/load.py): a file an
+  option names that the agent runs or trusts (``log_config_append``) that
+  is no regular file or that someone other than root could change ->
+  messages;
+* :func:`lint` (the check, config/check.py): unknown sections and options,
+  indented section headers, an option or a section written twice in one
+  file, a private key others can read -> warnings (errors with
+  ``--strict``);
+* :func:`state_dir_problem`: a ``state_dir`` the agent could not write;
+* :func:`locate`: the file, line, section and option a check's message
+  names, for ``check-config --json``.
 
 Known options are those of the sample config: the ``oslo.config.opts``
 entry points ``accel_agent`` and ``oslo.log`` (what oslo-config-generator
-documents), ``[mdev_<type>]``'s and ``[vf_pool_<name>]``'s options, and the options of the
-keystoneauth plugin a ``[placement]`` section names.
+documents: config/registry.py), ``[mdev_<type>]``'s and
+``[vf_pool_<name>]``'s options, and the options of the keystoneauth plugin
+a ``[placement]`` section names.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from accel_agent import exception, safe_files
+from accel_agent.config import comments, files
 from accel_agent.exception import printable
 
 if TYPE_CHECKING:
@@ -49,108 +47,10 @@ if TYPE_CHECKING:
 
 # The generator namespaces of etc/oslo-config-generator/accel-agent.conf.
 NAMESPACES = ("accel_agent", "oslo.log")
-# The sample's stand-ins for the per-name sections (conf.list_opts).
+# The sample's stand-ins for the per-name sections (config.options.list_opts).
 MDEV_PLACEHOLDER = "mdev_$(mdev_type)"
 POOL_PLACEHOLDER = "vf_pool_$(pool)"
 _INDENTED_HEADER = re.compile(r"[ \t]+\[[^\]]*\]\s*")
-
-
-# --- before parsing ------------------------------------------------------------------
-
-
-def source_files(files: Sequence[str], dirs: Sequence[str]) -> list[str]:
-    """The files oslo.config reads for these arguments: the files, then each
-    directory's ``*.conf`` in name order (its glob skips names that start
-    with a dot)."""
-    found = list(files)
-    for directory in dirs:
-        try:
-            names = sorted(
-                n for n in os.listdir(directory) if n.endswith(".conf") and not n.startswith(".")
-            )
-        except OSError:
-            continue
-        found += [os.path.join(directory, n) for n in names]
-    return found
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """A config file as :func:`check_files` read and checked it."""
-
-    path: str
-    text: str
-    # (device, inode, size, mtime in ns) of what was read.
-    identity: tuple[int, int, int, int]
-
-
-def _identity(found: os.stat_result) -> tuple[int, int, int, int]:
-    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
-
-
-def check_files(files: Sequence[str], dirs: Sequence[str]) -> list[SourceFile]:
-    """Refuse, with one clear line naming the path, what oslo.config must not
-    be given: a directory given as a file; a config file that is no regular
-    file (a FIFO would block the open for ever, a link to ``/dev/zero`` be
-    read until memory runs out) or larger than
-    :data:`safe_files.MAX_CONFIG_BYTES`; a config file or directory that
-    someone other than root could change (safe_files.trust_problem); a file
-    that is not UTF-8.  Returns what was read, for :func:`check_unchanged`
-    and :func:`named_file_errors`."""
-    for path in files:
-        if os.path.isdir(path):
-            raise exception.InvalidConfig(
-                reason=f"--config-file {path} is a directory; give a directory of *.conf "
-                "files with --config-dir"
-            )
-    for directory in dirs:
-        problem = safe_files.trust_problem(directory)
-        if problem is not None:
-            raise exception.InvalidConfig(
-                reason=safe_files.refusal("config directory", directory, problem)
-            )
-    read: list[SourceFile] = []
-    for path in source_files(files, dirs):
-        try:
-            data, found = safe_files.read_regular(path, "config file")
-        except FileNotFoundError:
-            continue  # oslo.config names the missing ones itself
-        except safe_files.Refused as exc:
-            raise exception.InvalidConfig(reason=str(exc)) from None
-        except OSError as exc:
-            raise exception.InvalidConfig(
-                reason=f"cannot read config file {path}: {exc.strerror}"
-            ) from None
-        problem = safe_files.trust_problem(path)
-        if problem is not None:
-            raise exception.InvalidConfig(reason=safe_files.refusal("config file", path, problem))
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
-            raise exception.InvalidConfig(
-                reason=f"config file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} "
-                f"on line {line})"
-            ) from None
-        read.append(SourceFile(path, text, _identity(found)))
-    return read
-
-
-def check_unchanged(read: Sequence[SourceFile]) -> None:
-    """After oslo.config parsed the files (it opens them again, by path):
-    each is still the file :func:`check_files` read.  Only root can have
-    changed one in between (check_files refused what anyone else can
-    change): an edit saved during a reload is refused, not half-checked."""
-    for source in read:
-        try:
-            now = _identity(os.stat(source.path))
-        except OSError:
-            now = None
-        if now != source.identity:
-            raise exception.InvalidConfig(
-                reason=f"config file {source.path} changed while it was being read; nothing "
-                "was applied: try again"
-            )
 
 
 # --- files the configuration names ------------------------------------------------------
@@ -211,22 +111,22 @@ def named_files(entries: Sequence[Entry]) -> list[tuple[Entry, str, str]]:
     return found
 
 
-def named_file_errors(read: Sequence[SourceFile]) -> list[str]:
-    """One line per file a :data:`NAMED_FILES` option names that is no
+def named_file_errors(entries: Sequence[Entry]) -> list[str]:
+    """One line per file a :data:`NAMED_FILES` option set in ``entries``
+    (the files in the order oslo.config reads them) names that is no
     regular file, or that someone other than root could change, as
     ``file:line: [section] option = value: why``."""
-    entries = [e for source in read for e in scan_text(source.path, source.text)[0]]
     errors = []
     for entry, path, what in named_files(entries):
         where = f"{entry.path}:{entry.line}: [{entry.section}] {entry.key} = {printable(path)}"
         try:
-            safe_files.require_regular(path, what)
-        except safe_files.Refused as exc:
+            files.require_regular(path, what)
+        except files.Refused as exc:
             errors.append(f"{where}: {exc}")
             continue
-        problem = safe_files.trust_problem(path)
+        problem = files.trust_problem(path)
         if problem is not None:
-            errors.append(f"{where}: {safe_files.refusal(what, path, problem)}")
+            errors.append(f"{where}: {files.refusal(what, path, problem)}")
     return errors
 
 
@@ -240,7 +140,7 @@ def _named_file_warnings(entries: Sequence[Entry]) -> list[str]:
             found = os.stat(path)
         except OSError:
             continue
-        if safe_files.readable_by_others(found):
+        if files.readable_by_others(found):
             warnings.append(
                 f"{entry.path}:{entry.line}: [{entry.section}] {entry.key} = {printable(path)}: "
                 f"{what} is readable by others (mode {found.st_mode & 0o7777:04o}): "
@@ -249,41 +149,7 @@ def _named_file_warnings(entries: Sequence[Entry]) -> list[str]:
     return warnings
 
 
-# --- after parsing -------------------------------------------------------------------------
-
-
-# What every command reads right after loading the configuration (the
-# paths below, the listings' host and API socket).
-READ_BY_EVERY_COMMAND = (
-    ("DEFAULT", "sysfs_root"),
-    ("DEFAULT", "state_dir"),
-    ("DEFAULT", "host"),
-    ("api", "socket_path"),
-)
-
-
-def check_paths(conf: cfg.ConfigOpts) -> None:
-    """``sysfs_root`` and ``state_dir`` are absolute: a relative one resolves
-    against each process's working directory (the agent's, its privileged
-    helper's, accelctl's), so they would act on different trees."""
-    from accel_agent import config_values
-
-    # Read first with their own error messages: a value oslo.config cannot
-    # convert (a "$" naming no option) must not end every command in a traceback.
-    unreadable = config_values.named_option_errors(conf, READ_BY_EVERY_COMMAND)
-    if unreadable:
-        raise exception.ConfigErrors([exception.InvalidConfig(message=m) for m in unreadable])
-    errors: list[exception.AccelAgentException] = []
-    for name in ("sysfs_root", "state_dir"):
-        value = getattr(conf, name)
-        if not value or not os.path.isabs(value):
-            errors.append(
-                exception.InvalidConfig(
-                    reason=f"[DEFAULT] {name} {value!r} must be an absolute path"
-                )
-            )
-    if errors:
-        raise exception.ConfigErrors(errors)
+# --- the state directory -----------------------------------------------------------------
 
 
 def state_dir_problem(path: str) -> tuple[str | None, str | None]:
@@ -326,11 +192,11 @@ class Entry:
 
 
 def _read_text(path: str) -> str | None:
-    """A config file's text (read as check_files reads it), None when it
-    cannot be: check_files has said why already."""
+    """A config file's text (read as config.load.check_files reads it), None
+    when it cannot be: check_files has said why already."""
     try:
-        return safe_files.read_regular(path, "config file")[0].decode("utf-8")
-    except (OSError, safe_files.Refused, UnicodeDecodeError):
+        return files.read_regular(path, "config file")[0].decode("utf-8")
+    except (OSError, files.Refused, UnicodeDecodeError):
         return None
 
 
@@ -480,7 +346,7 @@ def lint(paths: Sequence[str]) -> list[str]:
     (``[mdev_$(mdev_type)]``) and free string holding what looks like an
     inline comment, of the files oslo.config read, as ``file:line: ...``.
     (An inline comment where a ``#`` cannot belong is an error of
-    config_values.)"""
+    config/values.py.)"""
     warnings: list[str] = []
     entries: list[Entry] = []
     for path in paths:
@@ -564,34 +430,32 @@ def is_placeholder(section: str) -> bool:
 
 def _comment_warning(entry: Entry, opt: Any) -> list[str]:
     """A free string's value holding what looks like an inline comment (the
-    options where a ``#`` cannot belong are config_values' errors)."""
-    from accel_agent import config_comments
-
-    if config_comments.holds_no_comment(entry.section, opt):
+    options where a ``#`` cannot belong are config/values.py's errors)."""
+    if comments.holds_no_comment(entry.section, opt):
         return []
-    comment = config_comments.inline_comment(entry.lines)
+    comment = comments.inline_comment(entry.lines)
     if comment is None:
         return []
     secret = bool(getattr(opt, "secret", False))
     shown = "****" if secret else printable(entry.lines[0])
-    reason = config_comments.warning_reason(comment, secret)
+    reason = comments.warning_reason(comment, secret)
     return [f"{entry.path}:{entry.line}: [{entry.section}] {entry.key} = {shown}: {reason}"]
 
 
 def parsed_files(conf: cfg.ConfigOpts) -> list[str]:
-    """The files ``conf`` was parsed from (after :func:`wiring.load_config`)."""
+    """The files ``conf`` was parsed from (after config.load.load_config)."""
     try:
-        files = list(conf.config_file or [])
-        dirs = list(conf.config_dir or [])
+        config_files = list(conf.config_file or [])
+        config_dirs = list(conf.config_dir or [])
     except Exception:  # pragma: no cover - a ConfigOpts without the CLI options
         return []
-    return source_files(files, dirs)
+    return files.source_files(config_files, config_dirs)
 
 
 # --- where a message points ------------------------------------------------------------
 
 # The shapes of the one-line messages of check-config (this module,
-# config_values, the policy, the VF pools' and state_dir's checks), for
+# config/values.py, the policy, the VF pools' and state_dir's checks), for
 # `accelctl check-config --json`: the file and line a message starts with,
 # and the first section and option it names.
 _FILE_LINE = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+): ")

@@ -5,7 +5,7 @@ Importing oslo.config costs ~70 ms (netaddr, rfc3986 and stevedore come with
 it), more than half of what ``mdevctl types`` takes for a whole 256-GPU host
 (BENCHMARKS.md (a)).  oslo.config stays the only thing that *parses* the
 configuration: on a miss accelctl loads it as always and stores the handful of
-resolved values the listings use (:class:`ListingConfig`); on a hit those
+resolved values the listings use (wiring.ListingConfig); on a hit those
 values are used as they are.
 
 A hit needs every input of oslo.config's answer to be unchanged, compared
@@ -19,8 +19,10 @@ or when a file changed while it was being read.  ``check-config``, the
 mutating commands and the daemon never use the cache.
 
 This module imports nothing but the standard library's smallest parts: a
-listing that goes to the running daemon (accel_agent.cmd.daemon_listing)
-reads the socket path from here before anything else is imported.
+listing that goes to the running daemon (accel_agent.cmd.plain_listing)
+reads the socket path from here before anything else is imported.  What is
+cached is wiring.ListingConfig, kept there because it is made of the
+policy's inputs (the devices room), which this path must not import.
 
 The cache lives in ``/var/cache/accel-agent`` for root, else in
 ``$XDG_CACHE_HOME/accel-agent``; ``ACCEL_AGENT_CACHE_DIR`` moves it and an
@@ -41,49 +43,17 @@ from accel_agent import __version__
 CACHE_DIR_ENV = "ACCEL_AGENT_CACHE_DIR"
 # Bump when the cached value's shape or meaning changes.
 FORMAT = 1
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The code whose behaviour the cached values depend on: option declarations
 # (defaults) and how the type options are read.  Each must exist (a test
 # checks): the stat of a path that is not there never changes, so a moved
 # module would silently stop invalidating the cache.
 _CODE_FILES = (
-    os.path.join(_PACKAGE_DIR, "conf.py"),
+    os.path.join(_PACKAGE_DIR, "config", "options.py"),
     os.path.join(_PACKAGE_DIR, "devices", "policy.py"),
     os.path.join(_PACKAGE_DIR, "wiring.py"),
     os.path.abspath(__file__),
 )
-
-DEFAULT_CONFIG_FILE = "/etc/accel-agent/accel-agent.conf"
-# Read after the default file (with it only: config_sources), *.conf in name
-# order (oslo.config's --config-dir).
-# Named here rather than left to oslo.config's search (which also looks in
-# ~/.accel-agent and under the program's name) so that the daemon and
-# accelctl always read the same files.
-DEFAULT_CONFIG_DIR = "/etc/accel-agent/accel-agent.conf.d"
-
-
-def config_sources(config_files: list[str], config_dirs: list[str]) -> tuple[list[str], list[str]]:
-    """The files and directories oslo.config reads for these arguments.
-
-    The default directory belongs to the default file: it is read after
-    ``accel-agent.conf`` (no ``--config-file``, or ``--config-file
-    /etc/accel-agent/accel-agent.conf`` as the systemd unit gives it), never
-    merged over another file an operator named (``check-config
-    --config-file candidate.conf`` checks that file, not that file with the
-    host's drop-ins over it); ``--config-dir`` replaces it."""
-    files = list(config_files)
-    if not files and not config_dirs and os.path.exists(DEFAULT_CONFIG_FILE):
-        files = [DEFAULT_CONFIG_FILE]
-    dirs = list(config_dirs)
-    if not dirs and _default_file_read(files) and os.path.isdir(DEFAULT_CONFIG_DIR):
-        dirs = [DEFAULT_CONFIG_DIR]
-    return files, dirs
-
-
-def _default_file_read(files: list[str]) -> bool:
-    """Whether ``files`` (the files read) are none, or name the default file."""
-    default = os.path.normpath(DEFAULT_CONFIG_FILE)
-    return not files or any(os.path.normpath(os.path.abspath(f)) == default for f in files)
 
 
 def _debug(message: str, *args: object) -> None:
@@ -136,7 +106,7 @@ def _oslo_config_files() -> tuple[str, ...]:
 
 def inputs_key(files: list[str], dirs: list[str]) -> dict[str, Any]:
     """Everything oslo.config's answer depends on, for config ``files`` and
-    ``dirs`` (what wiring.config_sources says will be read)."""
+    ``dirs`` (what config.files.config_sources says will be read)."""
     return {
         "format": FORMAT,
         "version": __version__,

@@ -1,9 +1,20 @@
-"""oslo.config options of accel-agent.
+"""The core's oslo.config options: what every command of the agent reads.
 
 Option names follow Nova's (``[devices] enabled_mdev_types``, ``[mdev_<type>]``
 groups) so that an operator's existing ``nova.conf`` fragment works unchanged.
 The per-type groups are dynamic: they exist only for enabled types and are
-registered by :func:`register_dynamic_opts` once the enabled list is known.
+registered by :func:`register_dynamic_opts` once the enabled list is known
+(``[vf_pool_<name>]`` likewise, :func:`register_vf_pool_opts`).
+
+The VF pools' options (``[devices] enabled_vf_pools``, ``[vf_pool_<name>]``)
+are declared here with the core's until the ``sriov_vf`` backend owns its own.
+
+The other rooms' options (the privileged helpers', ``[placement]``, oslo.log's)
+are registered with these by config/registry.py, the one table of every
+room's options; this module imports no other room's but ``[migration]``'s
+(which every command reads), so that the ledger, the manager and the
+privileged helper can read it without loading the reporter or privsep
+(tests/unit/test_house.py).
 """
 
 from __future__ import annotations
@@ -13,8 +24,7 @@ from collections.abc import Iterable
 
 from oslo_config import cfg, types
 
-from accel_agent.config_types import FiniteFloatOpt, ResourceClassName, TraitName
-from accel_agent.listen_address import ListenAddress
+from accel_agent.config.types import FiniteFloatOpt, ListenAddress, ResourceClassName, TraitName
 
 CONF = cfg.CONF
 
@@ -351,9 +361,13 @@ def _dynamic_opts(mdev_type: str) -> list[cfg.Opt]:
 
 
 def register_opts(conf: cfg.ConfigOpts) -> None:
+    """Register the core's options and ``[migration]``'s on ``conf`` (every
+    command reads them; idempotent).  Everything a process of the agent
+    reads: config.registry.register."""
     from accel_agent.migration import opts as migration_opts
 
-    migration_opts.register_opts(conf)
+    for group, opts in migration_opts.list_opts():
+        conf.register_opts(opts, group=group)
     conf.register_opts(default_opts)
     conf.register_opts(devices_opts, group="devices")
     conf.register_opts(api_opts, group="api")
@@ -372,7 +386,7 @@ def register_dynamic_opts(conf: cfg.ConfigOpts, types: Iterable[str] | None = No
 
 def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
     """The options this module declares (the generator's whole list, which
-    adds the other rooms' options, is accel_agent.opts.list_opts).
+    adds the other rooms' options, is config.registry.list_opts).
 
     The per-type group is shown once, as ``mdev_$(mdev_type)`` (Nova writes
     ``mdev_$(MDEV_TYPE)``; the generator lower-cases group names).

@@ -2,7 +2,7 @@
 
 ``accelctl check-config``, ``accel-agent --check`` (the unit's
 ``ExecStartPre``), the start itself and every reload run these checks through
-:func:`accel_agent.wiring.check`, so that a configuration that passes the
+:func:`accel_agent.config.check.check`, so that a configuration that passes the
 check is one the start takes.  Each check calls the very function the start's
 own action calls, so the two cannot disagree, and say the same words:
 
@@ -246,9 +246,9 @@ def _placement_auth(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
 
 
 def _metrics_address(conf: cfg.ConfigOpts, running: int | None) -> list[str]:
-    from accel_agent.listen_address import parse
+    from accel_agent.config.types import parse_listen
 
-    listen = parse(conf.metrics.listen)
+    listen = parse_listen(conf.metrics.listen)
     if listen is None or (not _root() and listen.port < 1024):
         return []  # a privileged port: only the agent (root) can tell by binding it
     from accel_agent.reporting import metrics_server
@@ -298,7 +298,7 @@ def _outside_devices(conf: cfg.ConfigOpts) -> dict[str, dict[str, tuple[str, boo
     try:
         pools = build_pools(conf)
     except exception.AccelAgentException:
-        return {}  # a bad pool configuration: an error of its own (wiring._check_vf_pools)
+        return {}  # a bad pool configuration: an error of its own (config.check)
     if not pools:
         return {}
     members = VfPools(conf.sysfs_root, pools, pci=None, net=None).members()  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ with each, in one line naming the file and line, the section and option:
 
     /etc/accel-agent/accel-agent.conf:12: [DEFAULT] event_debounce = 50: must be at most 10.0
 
-It first registers every option the daemon registers (:func:`register_daemon_options`:
+It first registers every option the daemon registers (config/registry.py:
 oslo.log's, ``[placement]`` with its auth plugin's, the privileged helpers',
 ``[mdev_<type>]`` and ``[vf_pool_<name>]`` for the enabled names), so that
 ``accelctl check-config``, the daemon's start-up check and its reload check
@@ -17,7 +17,7 @@ see the same options.  After it returned no error nothing the daemon reads
 from that configuration can raise: oslo.config's conversion of the same
 parsed text is deterministic.
 
-The agent's own options carry their ranges and types (conf.py); the options
+The agent's own options carry their ranges and types (config/options.py); the options
 of libraries it uses get the agent's ranges here (:data:`LIBRARY_BOUNDS`),
 where the library gives none.
 """
@@ -27,20 +27,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import cache
-from typing import Any
+from importlib import util
 
 from oslo_config import cfg, types
 
-from accel_agent import conf as agent_conf
-from accel_agent import config_comments, config_lint
+from accel_agent.config import comments, lint, registry
 from accel_agent.exception import printable
-
-# The generator's namespace of oslo.log (the agent's own options come from
-# accel_agent.opts.list_opts and the registration functions they belong to).
-_OSLO_LOG = "oslo.log"
 
 # (section, option) -> (min, max): the agent's ranges for options that
 # libraries define without one.  oslo.log's are read when the daemon sets up
@@ -59,75 +53,6 @@ LIBRARY_BOUNDS: dict[tuple[str, str], tuple[int, int]] = {
 # --- which options ---------------------------------------------------------------------
 
 
-@cache
-def _oslo_log_opts() -> list[tuple[str | None, list[cfg.Opt]]]:
-    from importlib.metadata import entry_points
-
-    (point,) = (p for p in entry_points(group="oslo.config.opts") if p.name == _OSLO_LOG)
-    return point.load()()
-
-
-def _register_missing(conf: cfg.ConfigOpts, group: str | None, opts: Iterable[cfg.Opt]) -> None:
-    """Register the options ``conf`` lacks, as plain (file) options: after the
-    command line was parsed oslo.config takes no more CLI options, and the
-    agent gives oslo.config no command-line values anyway."""
-    section = None if group in (None, "DEFAULT") else group
-    for opt in opts:
-        # "in" on a ConfigOpts or a group looks at names only, never a value.
-        if section is None and opt.dest in conf:
-            continue
-        if section is not None and section in conf and opt.dest in conf[section]:
-            continue
-        conf.register_opt(opt, group=section)
-
-
-def _read_or_none(read: Callable[[], Any]) -> Any:
-    try:
-        return read()
-    except Exception:  # reported by value_errors with the rest
-        return None
-
-
-def register_daemon_options(conf: cfg.ConfigOpts) -> None:
-    """Register on ``conf`` every option the daemon reads (idempotent): the
-    agent's, the privileged helpers', oslo.log's, ``[placement]`` with the
-    options of the auth plugin ``auth_type`` names, and the per-name groups
-    of the enabled mdev types and VF pools."""
-    from accel_agent import privileged
-    from accel_agent.reporting import placement_opts
-
-    agent_conf.register_opts(conf)
-    placement_opts.register_opts(conf)
-    for group, opts in [*privileged.list_opts(), *_oslo_log_opts()]:
-        _register_missing(conf, group, opts)
-    types_ = _read_or_none(lambda: list(conf.devices.enabled_mdev_types or []))
-    agent_conf.register_dynamic_opts(conf, types_ or [])
-    pools = _read_or_none(lambda: list(conf.devices.enabled_vf_pools or [])) or []
-    agent_conf.register_vf_pool_opts(
-        conf, [p for p in pools if re.fullmatch(agent_conf.VF_POOL_NAME_REGEX, p)]
-    )
-    _register_auth_plugin(conf, placement_opts.GROUP)
-
-
-def _register_auth_plugin(conf: cfg.ConfigOpts, group: str) -> None:
-    """The options keystoneauth registers when it loads the plugin (equal to
-    the ones registered here, so its own registration later is a no-op), in
-    the section ``auth_section`` names when it names one."""
-    from keystoneauth1 import loading as ks_loading
-
-    section = _read_or_none(lambda: conf[group].auth_section) or group
-    if section != group:
-        ks_loading.register_auth_conf_options(conf, section)
-    plugin = _read_or_none(lambda: conf[section].auth_type)
-    if not plugin:
-        return
-    try:
-        opts = ks_loading.get_auth_plugin_conf_options(plugin)
-    except Exception:  # an unknown plugin: build_adapter names it at start-up
-        return
-    _register_missing(conf, section, opts)
-
-
 def registered_options(conf: cfg.ConfigOpts) -> Iterator[tuple[str, cfg.Opt]]:
     """(section, option) of every option registered on ``conf``."""
     # oslo.config has no public listing of the Opt objects themselves.
@@ -138,20 +63,12 @@ def registered_options(conf: cfg.ConfigOpts) -> Iterator[tuple[str, cfg.Opt]]:
             yield name, info["opt"]
 
 
-def file_value_errors(config_files: list[str], config_dirs: list[str]) -> list[str]:
-    """:func:`value_errors` of the files parsed afresh, every option as a file
-    option: for the daemon, whose oslo.config exits while parsing when the
-    value of a command-line option (oslo.log's ``debug``) is bad, naming
-    neither the file nor the line."""
-    from accel_agent import exception, wiring
-
-    conf = cfg.ConfigOpts()
-    agent_conf.register_opts(conf)
+def journal_available() -> bool:
+    """Whether oslo.log's journal handler can be built (``systemd.journal``)."""
     try:
-        wiring.load_config(list(config_files), list(config_dirs), "accel-agent", conf=conf)
-    except exception.AccelAgentException as exc:
-        return [exc.message]
-    return value_errors(conf)
+        return util.find_spec("systemd.journal") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # --- reading ---------------------------------------------------------------------------
@@ -171,7 +88,7 @@ def value_errors(conf: cfg.ConfigOpts) -> list[str]:
     from one).  Never raises for a value.
 
     Registers the daemon's options on ``conf`` first
-    (:func:`register_daemon_options`), then reads each registered option
+    (:func:`accel_agent.config.registry.register`), then reads each registered option
     once; a float must be finite, a library's option within
     :data:`LIBRARY_BOUNDS`.  Empty: every value the daemon reads from
     ``conf`` converts without error."""
@@ -180,7 +97,7 @@ def value_errors(conf: cfg.ConfigOpts) -> list[str]:
 
 def bad_values(conf: cfg.ConfigOpts) -> list[BadValue]:
     """:func:`value_errors` with the section and option of each."""
-    register_daemon_options(conf)
+    registry.register(conf)
     return option_errors(conf, registered_options(conf))
 
 
@@ -214,7 +131,7 @@ def _problem(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt, sources: _Sources
     # and "node1   # the root provider" a host name oslo.config accepts.
     comment = sources.inline_comment(section, opt)
     if comment is not None:
-        return config_comments.error_reason(comment)
+        return comments.error_reason(comment)
     try:
         value = conf[opt.dest] if section == "DEFAULT" else conf[section][opt.dest]
     except cfg.NoSuchOptError:
@@ -225,13 +142,10 @@ def _problem(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt, sources: _Sources
         return _reason(opt, exc)
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"  # a float option of a library, not FiniteFloat
-    if (section, opt.dest) == ("DEFAULT", "use_journal") and value:
-        from accel_agent.daemon import logs
-
-        if not logs.journal_available():
-            return ("needs the systemd Python bindings, which are not installed (pip "
-                    "install 'accel-agent[journal]', i.e. systemd-python); or log to "
-                    "stderr, which systemd's journal records too")
+    if (section, opt.dest) == ("DEFAULT", "use_journal") and value and not journal_available():
+        return ("needs the systemd Python bindings, which are not installed (pip "
+                "install 'accel-agent[journal]', i.e. systemd-python); or log to "
+                "stderr, which systemd's journal records too")
     bounds = LIBRARY_BOUNDS.get((section, opt.dest))
     # The library's own default (oslo.privsep's is the host's CPU count) is
     # the library's business: the agent bounds what an operator writes.
@@ -275,27 +189,27 @@ class _Sources:
     """The files ``conf`` was parsed from, scanned once for section/key lines."""
 
     def __init__(self, conf: cfg.ConfigOpts) -> None:
-        self._entries: list[config_lint.Entry] | None = None
+        self._entries: list[lint.Entry] | None = None
         self._conf = conf
 
-    def entries(self) -> list[config_lint.Entry]:
+    def entries(self) -> list[lint.Entry]:
         if self._entries is None:
             self._entries = []
-            for path in config_lint.parsed_files(self._conf):
-                self._entries += config_lint.scan_file(path)[0]
+            for path in lint.parsed_files(self._conf):
+                self._entries += lint.scan_file(path)[0]
         return self._entries
 
     def inline_comment(
         self, section: str, opt: cfg.Opt
-    ) -> config_comments.Comment | None:
+    ) -> comments.Comment | None:
         """What looks like an inline comment in the written value of an
-        option that cannot hold one (config_comments); None otherwise."""
+        option that cannot hold one (config/comments.py); None otherwise."""
         if _environment_variable(section, opt) is not None:
             return None  # the environment's value is the one read
-        if not config_comments.holds_no_comment(section, opt):
+        if not comments.holds_no_comment(section, opt):
             return None
         found = self._last_entry(section, opt)
-        return None if found is None else config_comments.inline_comment(found[1].lines)
+        return None if found is None else comments.inline_comment(found[1].lines)
 
     def written(self, section: str, opt: cfg.Opt) -> bool:
         """Whether the value comes from a file or the environment (not a default)."""
@@ -327,7 +241,7 @@ class _Sources:
 
     def _last_entry(
         self, section: str, opt: cfg.Opt
-    ) -> tuple[int, config_lint.Entry] | None:
+    ) -> tuple[int, lint.Entry] | None:
         """The line oslo.config took the value from: the last one naming
         the option (or one of its deprecated names) in the last file; and
         its index among the entries of all files."""
@@ -347,8 +261,8 @@ def _environment_variable(section: str, opt: cfg.Opt) -> str | None:
     return name if name in os.environ else None
 
 
-def _value_text(entry: config_lint.Entry) -> str:
+def _value_text(entry: lint.Entry) -> str:
     try:
-        return config_lint.value_at(entry)
+        return lint.value_at(entry)
     except (OSError, UnicodeDecodeError, IndexError):  # the file changed since
         return "?"

@@ -15,8 +15,8 @@ option can hold one at all:
   quotes is taken as meant (oslo.config removes the quotes);
 * :func:`holds_no_comment`: options whose values are numbers, booleans,
   choices, names, addresses, URIs or versions, which a ``#`` cannot belong
-  to: such a value is an error (config_values); in a free string (a path, a
-  password, a log format) it is a warning (config_lint), since the ``#``
+  to: such a value is an error (config/values.py); in a free string (a path, a
+  password, a log format) it is a warning (config/lint.py), since the ``#``
   may be meant.
 """
 
