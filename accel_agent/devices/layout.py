@@ -42,6 +42,10 @@ The start-up runs it after recovery and before READY, so a consumer ordered
 after the agent never sees a GPU without its layout (a reboot or a driver
 reload resets every VF's type: recovery re-creates the recorded ones, this
 fills the rest).
+
+This module decides; what it changes runs in the operation protocol: the
+joins, take-backs and removals (protocol/standing.py), the new devices (an
+Operation of the owner ``protocol.LAYOUT``).
 """
 
 from __future__ import annotations

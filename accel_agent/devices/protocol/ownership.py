@@ -62,12 +62,12 @@ class Takeover:
         self,
         m: DeviceManager,
         defined: Mapping[str, MdevNodeDevice],
-        undefine: Sequence[str] = (),
+        to_undefine: Sequence[str] = (),
         adopt: Sequence[Adoption] = (),
         assign: Sequence[Assignment] = (),
     ) -> None:
         self.m = m
-        self.undefine = tuple(undefine)
+        self.to_undefine = tuple(to_undefine)
         self.adopt = tuple(adopt)
         self.assign = tuple(assign)
         self.undefines = Undefines(m, defined)
@@ -78,7 +78,7 @@ class Takeover:
         # A failure half-way through the undefines defines again what they
         # undid (Undefines.undefine); a failure of the ledger's commit, all
         # of them (abort).
-        self.undefines.undefine(self.undefine)
+        self.undefines.undefine(self.to_undefine)
         try:
             self._apply()
         except BaseException:
@@ -109,6 +109,6 @@ def adopt(
 ) -> DeviceRecord:
     """Take ownership of one foreign device; libvirt's definition of it, if
     any, is undefined (all or nothing)."""
-    taken = Takeover(m, defined, undefine=[adoption.uuid], adopt=[adoption])
+    taken = Takeover(m, defined, to_undefine=[adoption.uuid], adopt=[adoption])
     taken.run()
     return taken.adopted[0]
