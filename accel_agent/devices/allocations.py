@@ -81,7 +81,10 @@ def allocate(
             raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
         snapshot = m.scan()
         chosen_type, slots = planning.plan(m, snapshot, count, wanted_parent, mdev_type)
-        protocol.make_and_assign(m, snapshot, instance, [(s, chosen_type, None) for s in slots])
+        protocol.make_and_assign(
+            m, snapshot, protocol.Owner(instance),
+            [protocol.PlanItem(slot, chosen_type) for slot in slots],
+        )
         return allocation(m, instance)
 
 

@@ -44,12 +44,10 @@ def attach(
             raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
         snapshot = m.scan()
         items, request_of = planning.plan_attach(m, snapshot, requests)
-
-        def record(uuids: list[str]) -> None:
-            devices = [[uuid, index] for uuid, index in zip(uuids, request_of, strict=True)]
-            m.ledger.record_attach_request(instance, {"requests": wanted, "devices": devices})
-
-        protocol.make_and_assign(m, snapshot, instance, items, on_settle=record)
+        protocol.make_and_assign(
+            m, snapshot, protocol.Owner(instance), items,
+            attach=protocol.AttachRecord(wanted, tuple(request_of)),
+        )
         document = m.ledger.attach_request(instance)
         assert document is not None
         return _attachment(m, instance, document)

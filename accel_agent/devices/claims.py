@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 
 from accel_agent import exception
 from accel_agent.devices import allocations, planning, protocol
-from accel_agent.devices.ledger import OwnerKind, validate_instance_id
+from accel_agent.devices.ledger import DeviceRecord, OwnerKind, validate_instance_id
 from accel_agent.devices.protocol import PlanItem
 from accel_agent.devices.results import Allocation
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from accel_agent.devices.manager import DeviceManager
 
 LOG = logging.getLogger(__name__)
@@ -36,9 +38,9 @@ def claim(
     with protocol.operation(m):
         held = m.ledger.by_owner(owner, OwnerKind.CLAIM)
         if held:
-            mapping = {r.source_uuid: r.uuid for r in held}
+            mapping = _sources(held)
             if set(mapping) == set(sources):
-                return mapping  # type: ignore[return-value]
+                return mapping
             raise exception.InstanceAlreadyAllocated(instance=owner, count=len(held))
         snapshot = m.scan()
         items: list[PlanItem] = []
@@ -48,13 +50,19 @@ def claim(
         for mdev_type, type_sources in sorted(by_type.items()):
             _, slots = planning.plan(m, snapshot, len(type_sources), None, mdev_type)
             items += [
-                (slot, mdev_type, src) for slot, src in zip(slots, type_sources, strict=True)
+                PlanItem(slot, mdev_type, src)
+                for slot, src in zip(slots, type_sources, strict=True)
             ]
-        protocol.make_and_assign(m, snapshot, owner, items, OwnerKind.CLAIM, expires_at)
-        return {
-            r.source_uuid: r.uuid  # type: ignore[misc]
-            for r in m.ledger.by_owner(owner, OwnerKind.CLAIM)
-        }
+        protocol.make_and_assign(
+            m, snapshot, protocol.Owner(owner, OwnerKind.CLAIM, expires_at), items
+        )
+        return _sources(m.ledger.by_owner(owner, OwnerKind.CLAIM))
+
+
+def _sources(records: Iterable[DeviceRecord]) -> dict[str, str]:
+    """``{source uuid: our uuid}`` of a claim's devices (each stands in for
+    one source device: a claim's rows always name it)."""
+    return {r.source_uuid: r.uuid for r in records if r.source_uuid is not None}
 
 
 def commit(m: DeviceManager, owner: str) -> Allocation:
@@ -66,8 +74,7 @@ def commit(m: DeviceManager, owner: str) -> Allocation:
         held = m.ledger.by_owner(owner, OwnerKind.INSTANCE)
         if held:
             raise exception.InstanceAlreadyAllocated(instance=owner, count=len(held))
-        with protocol.apply(m):
-            m.ledger.commit_claim(owner)
+        protocol.commit_claim(m, owner)
         LOG.info("migration claim of %s committed", owner)
         return allocations.allocation(m, owner)
 
@@ -85,8 +92,7 @@ def abort(m: DeviceManager, owner: str, remove: bool = False) -> list[str]:
     if remove:
         return allocations.release_owner(m, owner, OwnerKind.CLAIM, remove=True)
     with protocol.operation(m):
-        with protocol.apply(m):
-            released = m.ledger.release_owner(owner, OwnerKind.CLAIM)
+        released = protocol.free_claim(m, owner)
         if released:
             LOG.info("migration claim of %s aborted, %d mdev(s) freed", owner, len(released))
         return [r.uuid for r in released]

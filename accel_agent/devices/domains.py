@@ -80,7 +80,7 @@ class LibvirtDomains:
             return uuids
 
         try:
-            return self.channel.call("listing the domains' mdevs", run)  # type: ignore[no-any-return]
+            return self.channel.call("listing the domains' mdevs", run)
         except libvirt_calls.Unreachable as exc:
             failure: str = f"libvirt at {self.uri} is not reachable ({exc})"
         except exception.LibvirtStalled as exc:
@@ -114,7 +114,7 @@ class LibvirtDomains:
             return sorted(found, key=lambda d: d.uuid)
 
         try:
-            return self.channel.call("listing the domains' mdevs", run)  # type: ignore[no-any-return]
+            return self.channel.call("listing the domains' mdevs", run)
         except libvirt_calls.Unreachable as exc:
             failure = exc
         raise exception.LibvirtUnavailable(uri=self.uri, reason=str(failure))

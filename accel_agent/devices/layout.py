@@ -42,6 +42,10 @@ The start-up runs it after recovery and before READY, so a consumer ordered
 after the agent never sees a GPU without its layout (a reboot or a driver
 reload resets every VF's type: recovery re-creates the recorded ones, this
 fills the rest).
+
+This module decides; what it changes runs in the operation protocol: the
+joins, take-backs and removals (protocol/standing.py), the new devices (an
+Operation of the owner ``protocol.LAYOUT``).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 # The ledger owner of a standing layout's devices that no instance holds.
-LAYOUT_OWNER = "layout"
+LAYOUT_OWNER = protocol.LAYOUT_OWNER
 
 
 # Why a GPU is short of its layout (Short.reason).
@@ -430,26 +434,9 @@ def _remove_from_layout(m: DeviceManager, record: DeviceRecord, report: LayoutRe
     """Remove a device the layout holds; one in use (a VM holds it) stays the
     layout's, draining, and nothing changed (no rescan asked for: it is
     tried again at the next converge)."""
-    mark = m.mutations
-    with m.ledger.transaction():
-        m.ledger.release(record.uuid)
-    protocol.step(m, "layout.released")
-    try:
-        gone = protocol.remove_owned(m, record.uuid)
-    except exception.AccelAgentException:
-        gone = False
-        LOG.warning("standing layout: cannot remove %s now; retried at the next converge",
-                    record.uuid, exc_info=True)
-    if gone:
+    if protocol.remove_from_layout(m, record.uuid):
         report.removed.append(record.uuid)
         return True
-    with m.ledger.transaction():
-        current = m.ledger.get(record.uuid)
-        back = current is not None and current.free
-        if back:
-            m.ledger.assign(record.uuid, LAYOUT_OWNER, owner_kind=OwnerKind.STANDING)
-    if back:
-        m.forget_changes_since(mark)  # the layout's again, as it was
     return False
 
 
@@ -470,10 +457,7 @@ def _converge_gpu(
     # 1. free devices of the type join the layout; extras beyond N go.
     joining = free[: max(0, standing - len(held))]
     if joining:
-        with m.ledger.transaction():
-            for record in joining:
-                m.ledger.assign(record.uuid, LAYOUT_OWNER, owner_kind=OwnerKind.STANDING)
-                m.ledger.set_layout(record.uuid)
+        protocol.join_layout(m, [r.uuid for r in joining])
         report.adopted += [r.uuid for r in joining]
     for record in free[len(joining):]:
         if protocol.remove_owned(m, record.uuid):
@@ -514,12 +498,8 @@ def _make(
     slots = planning.creatable_slots(m, snapshot, fresh, Counter())[:count]
     if not slots:
         return []
-    return protocol.make_and_assign(
-        m, snapshot, LAYOUT_OWNER,
-        [(slot, fresh.mdev_type, None) for slot in slots],
-        owner_kind=OwnerKind.STANDING,
-        on_settle=lambda made: [m.ledger.set_layout(uuid) for uuid in made],
-    )
+    items = [protocol.PlanItem(slot, fresh.mdev_type) for slot in slots]
+    return protocol.make_and_assign(m, snapshot, protocol.LAYOUT, items).uuids
 
 
 def split_release(
@@ -552,12 +532,7 @@ def take_back(m: DeviceManager, uuids: list[str]) -> None:
     the layout's again, in one commit."""
     if not uuids:
         return
-    with m.ledger.transaction():
-        for uuid in uuids:
-            record = m.ledger.get(uuid)
-            if record is not None and record.free:
-                m.ledger.assign(uuid, LAYOUT_OWNER, owner_kind=OwnerKind.STANDING)
-                m.ledger.set_layout(uuid)
+    protocol.take_back(m, uuids)
     LOG.info("standing layout: %d released device(s) back in the layout: %s",
              len(uuids), ", ".join(uuids))
 

@@ -83,7 +83,7 @@ class DeviceManager:
         # copy of libvirt's definitions is checked against.
         self.operations = 0
         # uuid -> why its last remove was refused (in use), as logged: a
-        # refusal is logged once per device and reason (protocol._kept_in_use).
+        # refusal is logged once per device and reason (protocol/remove.py).
         self.refused_removes: dict[str, str] = {}
         self.remove_timeout = remove_timeout
         # Crash tests hook here to kill the process between two steps.

@@ -187,12 +187,12 @@ def plan_attach(
             )
             for slot in slots:
                 planned[slot.reuse or slot.parent] += 1
-            items += [(slot, mdev_type, None) for slot in slots]
+            items += [PlanItem(slot, mdev_type) for slot in slots]
             request_of += [index] * len(slots)
             continue
         parent = m.backend(request.backend).pick(request.pool, request.where, taken)
         taken.add(parent)
         slot = Slot(parent, None, backend=request.backend, settings=request.settings)
-        items.append((slot, request.pool, None))
+        items.append(PlanItem(slot, request.pool))
         request_of.append(index)
     return items, request_of

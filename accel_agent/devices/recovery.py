@@ -2,7 +2,8 @@
 parent coming back, work a failed privileged helper left).
 
 In order, under the operation's lock: each backend prepares the host (a
-pool's VFs enabled again after a reboot); refuse, changing nothing, when an
+pool's VFs enabled again after a reboot; under an intent, as every write
+of the protocol); refuse, changing nothing, when an
 assigned device would get another owner (its parent another type, or its type
 reported by Nova: :func:`owner_refusals`, the rule check-config and a reload
 share); settle what a crash left half-done (the protocol's half);
@@ -58,7 +59,7 @@ def recover(m: DeviceManager, full_check: bool = False) -> RecoveryReport:
     if full_check:
         m.ledger.verify(full=True)
     with protocol.operation(m):
-        _prepare_hosts(m)
+        protocol.prepare_hosts(m)
         snapshot = m.scan()
         devices = Existing(
             snapshot,
@@ -108,18 +109,6 @@ def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> 
         ):
             found.append(uuid)
     return found
-
-
-def _prepare_hosts(m: DeviceManager) -> None:
-    """What each backend needs first (a pool's VFs enabled after a reboot)."""
-    for backend in m.backends.values():
-        failure: exception.AccelAgentException | None = None
-        try:
-            backend.prepare_host()
-        except exception.AccelAgentException as exc:
-            failure = exc
-        if failure is not None:  # outside the except clause: said once
-            LOG.warning("backend %s cannot prepare the host: %s", backend.name, failure)
 
 
 def configured_type(policy: MdevPolicy, record: DeviceRecord, devices: Existing) -> str | None:

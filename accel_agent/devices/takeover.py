@@ -6,7 +6,8 @@ A takeover is all or nothing: any problem (an mdev missing, of a type the
 config does not give its parent, used by two domains or owned by another
 instance) refuses it and changes nothing; ``dry_run`` returns the plan,
 problems included.  Idempotent: a second run finds nothing to do.  Both
-write no sysfs: one durable transaction each (protocol.apply).
+write no sysfs; this module plans, and the protocol runs what it planned
+(protocol.Takeover: the undefines, then one durable transaction).
 
 libvirt's definitions (DESIGN.md §14): a taken-over mdev that libvirt defines
 (Nova since 2024.2 defines its mdevs persistent with autostart) is undefined,
@@ -15,7 +16,7 @@ inactive definition to start.  Undefined, not merely autostart off: Nova's
 ``init_host`` starts every *inactive* defined mdev, autostart or not.  The
 undefines come before the ledger's commit; a failure at any point defines
 again, with its XML and autostart flag, what this call undefined, and the
-ledger is not changed.  libvirt unreachable, or not answering within
+ledger is not changed (protocol.Takeover.abort).  libvirt unreachable, or not answering within
 ``[libvirt] call_timeout`` (LibvirtStalled, a dry run too): refused, nothing
 changed.
 """
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
-from accel_agent.devices import nodedevs, protocol
+from accel_agent.devices import protocol
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind, validate_instance_id
 from accel_agent.devices.results import TakeoverPlan
 from accel_agent.sysfs import scanner
@@ -56,12 +57,9 @@ def adopt(m: DeviceManager, uuid: str) -> DeviceRecord:
         if existing is not None:
             return existing
         defined = m.nodedevs.require()  # NodeDevicesUnavailable: nothing done
-        undone = undefine_all(m, defined, [text])
-        try:
-            record = m.ledger.adopt(text, mdev.parent, mdev.mdev_type, backend=mdev.backend)
-        except BaseException:
-            define_again(m, undone)
-            raise
+        record = protocol.adopt(
+            m, protocol.Adoption(text, mdev.parent, mdev.mdev_type, mdev.backend), defined
+        )
         LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
         return record
 
@@ -87,12 +85,7 @@ def takeover(m: DeviceManager, adopt_unused: bool = False, dry_run: bool = False
             return plan
         if plan.problems:
             raise exception.TakeoverRefused(reason="; ".join(plan.problems))
-        undone = undefine_all(m, defined, _to_undefine(plan))
-        try:
-            _apply(m, snapshot, plan)
-        except BaseException:
-            define_again(m, undone)
-            raise
+        _takeover_of(m, snapshot, plan, defined).run()
         plan.applied = True
     _log_takeover(plan)
     return plan
@@ -115,58 +108,32 @@ def _to_undefine(plan: TakeoverPlan) -> list[str]:
     return [e["uuid"] for e in entries if e.get("libvirt") == "undefine"]
 
 
-def undefine_all(m: DeviceManager, defined: Mapping[str, Any], uuids: list[str]) -> list[Any]:
-    """Undefine each of ``uuids`` that libvirt defines; on a failure, define
-    again what this call undefined and raise.  Returns what it undefined
-    (each with its XML and autostart flag, to define it again)."""
-    undone: list[Any] = []
-    try:
-        for uuid in uuids:
-            found = defined.get(uuid)
-            if found is None or not found.defined:
-                continue
-            m.nodedevs.undefine(uuid)
-            undone.append(found)
-            protocol.step(m, "takeover.undefined")
-    except BaseException:
-        define_again(m, undone)
-        raise
-    return undone
-
-
-def define_again(m: DeviceManager, undone: list[Any]) -> None:
-    """Put back libvirt's definitions a failed takeover undefined."""
-    for found in reversed(undone):
-        failure: exception.AccelAgentException | None = None
-        try:
-            m.nodedevs.define_xml(nodedevs.definition_xml(found.xml), found.autostart)
-        except exception.AccelAgentException as exc:
-            failure = exc
-        if failure is not None:
-            LOG.error("could not define mdev %s in libvirt again after a failed takeover: %s",
-                      found.uuid, failure)
-        else:
-            LOG.info("defined mdev %s in libvirt again (autostart %s): the takeover failed",
-                     found.uuid, "on" if found.autostart else "off")
-
-
-def _apply(m: DeviceManager, snapshot: HostSnapshot, plan: TakeoverPlan) -> None:
-    with protocol.apply(m):
-        for domain in plan.domains:
-            for mdev in domain["mdevs"]:
-                if mdev["action"] == "adopt":
-                    m.ledger.adopt(
-                        mdev["uuid"], mdev["parent"], mdev["mdev_type"],
-                        backend=snapshot.mdevs[mdev["uuid"]].backend,
-                    )
-                if mdev["action"] in ("adopt", "assign"):
-                    m.ledger.assign(mdev["uuid"], domain["uuid"])
-        for mdev in plan.unused:
+def _takeover_of(
+    m: DeviceManager, snapshot: HostSnapshot, plan: TakeoverPlan, defined: Mapping[str, Any]
+) -> protocol.Takeover:
+    """What the plan changes, for the protocol to run: libvirt's definitions
+    of what it takes undefined, each domain's mdevs adopted (or owned
+    already, free) and assigned to its instance, and with ``adopt_unused``
+    the unused foreign mdevs adopted free."""
+    adopt: list[protocol.Adoption] = []
+    assign: list[protocol.Assignment] = []
+    for domain in plan.domains:
+        for mdev in domain["mdevs"]:
             if mdev["action"] == "adopt":
-                m.ledger.adopt(
-                    mdev["uuid"], mdev["parent"], mdev["mdev_type"],
-                    backend=snapshot.mdevs[mdev["uuid"]].backend,
-                )
+                adopt.append(_adoption(snapshot, mdev, domain["uuid"]))
+            elif mdev["action"] == "assign":
+                assign.append(protocol.Assignment(mdev["uuid"], domain["uuid"]))
+    adopt += [_adoption(snapshot, mdev) for mdev in plan.unused if mdev["action"] == "adopt"]
+    return protocol.Takeover(m, defined, _to_undefine(plan), adopt, assign)
+
+
+def _adoption(
+    snapshot: HostSnapshot, mdev: Mapping[str, Any], instance: str | None = None
+) -> protocol.Adoption:
+    return protocol.Adoption(
+        mdev["uuid"], mdev["parent"], mdev["mdev_type"],
+        backend=snapshot.mdevs[mdev["uuid"]].backend, instance=instance,
+    )
 
 
 def _log_takeover(plan: TakeoverPlan) -> None:

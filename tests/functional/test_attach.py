@@ -290,6 +290,39 @@ def test_a_kill_at_any_step_of_attach_then_recover_leaves_no_vf_without_an_owner
         assert env.owners() == owners and env.on_vfio() == on_vfio
 
 
+def _numvfs(env: Env, pf: str) -> int:
+    path = os.path.join(env.host.root, "bus", "pci", "devices", pf, "sriov_numvfs")
+    with open(path) as f:
+        return int(f.read())
+
+
+def test_recovery_prepares_the_host_under_an_intent_the_next_recovery_settles(
+    env: Env,
+) -> None:
+    """Issue 35: recovery's host preparation (the pool's ``sriov_numvfs``, a
+    privileged write) is a run of the protocol with an intent (kind
+    ``recover``) and crash points of its own.  Killed at ``prepare.intent``
+    the intent is recorded and nothing is written yet; the next recovery
+    enables the VFs and ends every intent."""
+    env.host.reset()  # a reboot: the pools' VFs are gone
+    config = env.host.config(CONF)
+    recorded = _worker(env, config, "recover", "-")
+    assert recorded.returncode == 0, recorded.stderr
+    steps = [line.split()[0] for line in recorded.stdout.splitlines()
+             if line.startswith("prepare.")]
+    assert steps[0] == "prepare.intent" and set(steps[1:]) == {"prepare.prepared"}, steps
+    env.host.reset()
+    config = env.host.config(CONF)
+    killed = _worker(env, config, "recover", "-", "prepare.intent", 1)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert _numvfs(env, PF0) == 0, "sriov_numvfs written before its intent"
+    assert ledger_sql.query(env.host.state_dir, "SELECT kind FROM intents") == [("recover",)]
+    recovered = _worker(env, config, "recover", "-")
+    assert recovered.returncode == 0, recovered.stderr
+    assert (_numvfs(env, PF0), _numvfs(env, PF1)) == (2, 2)
+    assert ledger_sql.pending_intents(env.host.state_dir) == 0
+
+
 # --- through the API (the real WSGI application and AgentCore) --------------------------
 
 

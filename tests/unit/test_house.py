@@ -15,12 +15,18 @@ new arrow the wrong way fails here by name.
 from __future__ import annotations
 
 import ast
+import inspect
 import subprocess
 import sys
+import textwrap
 from functools import cache
 from pathlib import Path
 
 import pytest
+
+from accel_agent.backends.base import DeviceBackend, DeviceWriter
+from accel_agent.devices.ledger import Ledger
+from accel_agent.devices.nodedevs import NodeDevices
 
 PACKAGE = Path(__file__).resolve().parents[2] / "accel_agent"
 
@@ -250,61 +256,174 @@ def test_loading_the_ledger_loads_no_reporter_and_no_privsep() -> None:
     assert loaded == str(sorted(LEDGER_MODULES))
 
 
-# The decider's use cases ask the operation protocol to run their changes;
-# only accel_agent/devices/protocol.py opens an operation's transactions, writes
-# and settles intents, makes and unmakes devices and names the crash points.
+# --- one writer: the operation protocol (docs/design.md §5.7) ----------------------------
+#
+# The decider's use cases decide what to change and ask the operation protocol
+# (accel_agent/devices/protocol/) to run it: only the protocol opens an
+# operation's ledger transaction, calls a method of the ledger that writes,
+# writes or settles an intent, calls a privileged write, a backend's make,
+# destroy or host preparation, or a libvirt definition's write, and names the
+# crash points.  What counts as a write is derived from the interfaces below,
+# and every module of the agent but the protocol and the writes' own
+# implementations is checked, so a new use case (or a new writing method) is
+# covered the day it is added.
+
+PROTOCOL = PACKAGE / "devices" / "protocol"
+PROTOCOL_MODULES = tuple(
+    f"accel_agent.devices.protocol.{path.stem}"
+    for path in sorted(PROTOCOL.glob("*.py"))
+    if path.stem != "__init__"
+)
+# The use cases (docs/architecture.md, "The rooms"); the rule checks every
+# module, these are named so that the rule provably sees them.
 USE_CASES = (
     "devices/allocations.py",
     "devices/attach.py",
     "devices/claims.py",
+    "devices/layout.py",
     "devices/takeover.py",
     "devices/recovery.py",
     "devices/planning.py",
     "devices/manager.py",
 )
-PROTOCOL_ONLY = frozenset({
-    "transaction",
-    "begin_intent",
-    "finish_intent",
-    "record_create_intent",
-    "record_remove_intent",
-    "settle_created",
-    "cancel_remove",
-    "reserve",
-    "forget",
-    "make",
-    "destroy",
-    "on_step",
-})
 
 
-def _protocol_calls(path: Path) -> list[str]:
-    """Every call in ``path`` of a method only the protocol may call, as
-    ``file:line name()``."""
+def _methods(cls: type) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0]
+    assert isinstance(body, ast.ClassDef)
+    return {fn.name: fn for fn in body.body if isinstance(fn, ast.FunctionDef)}
+
+
+def _ledger_writes() -> frozenset[str]:
+    """Every public method of the ledger's stores (the mixins ``Ledger`` is
+    made of) that writes: one that opens a transaction, itself or through
+    another of its methods."""
+    calls: dict[str, set[str]] = {}
+    for cls in Ledger.__mro__:
+        if not cls.__module__.startswith("accel_agent.devices.ledger"):
+            continue
+        for name, fn in _methods(cls).items():
+            calls.setdefault(name, set()).update(
+                node.func.attr
+                for node in ast.walk(fn)
+                if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "self"
+            )
+    writes = {"transaction"}
+    while grown := {name for name, called in calls.items() if called & writes} - writes:
+        writes |= grown
+    return frozenset(name for name in writes if not name.startswith("_"))
+
+
+def _done_for_effect(cls: type) -> frozenset[str]:
+    """The public methods of an interface that return nothing: called for
+    what they change."""
+    return frozenset(
+        name
+        for name, fn in _methods(cls).items()
+        if not name.startswith("_") and isinstance(fn.returns, ast.Constant)
+        and fn.returns.value in (None, "None")
+    )
+
+
+LEDGER_WRITES = _ledger_writes()
+# Every method of the privileged writer's interface is a write.
+PRIVILEGED_WRITES = frozenset(name for name in _methods(DeviceWriter) if not name.startswith("_"))
+BACKEND_WRITES = _done_for_effect(DeviceBackend)
+LIBVIRT_WRITES = _done_for_effect(NodeDevices)
+
+# Where each kind of write is implemented (the only callers beside the protocol).
+_LEDGER_ROOM = ("devices/ledger",)
+_DEVICE_ROOMS = ("backends", "sriov", "privileged", "simulator", "devices/writers.py")
+_LIBVIRT_ROOMS = ("devices/nodedevs.py",)
+
+
+def _receiver(node: ast.expr) -> str:
+    """The last name of what a method is called on: ``m.ledger`` ->
+    ``ledger``, ``m.backend(name)`` -> ``backend``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Call):
+        return _receiver(node.func)
+    return ""
+
+
+def _within(path: Path, rooms: tuple[str, ...]) -> bool:
+    return any(path == PACKAGE / room or (PACKAGE / room) in path.parents for room in rooms)
+
+
+def _protocol_calls(path: Path, source: str | None = None) -> list[str]:
+    """Every call in ``path`` (or in ``source``, read as ``path``) that only
+    the protocol may make, as ``file:line what name()``: a ledger write (on
+    the ledger), a privileged write (on a writer), a backend's make, destroy
+    or host preparation, a libvirt definition's write, a crash point."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in PROTOCOL_ONLY
-        ):
-            found.append(f"{path.name}:{node.lineno} {node.func.attr}()")
+    text = path.read_text() if source is None else source
+    for node in ast.walk(ast.parse(text, str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        name, on = node.func.attr, _receiver(node.func.value)
+        what = None
+        if name in LEDGER_WRITES and on == "ledger" and not _within(path, _LEDGER_ROOM):
+            what = "ledger write"
+        elif name in PRIVILEGED_WRITES and "writer" in on and not _within(path, _DEVICE_ROOMS):
+            what = "privileged write"
+        elif name in BACKEND_WRITES and not _within(path, _DEVICE_ROOMS):
+            what = "device write"
+        elif name in LIBVIRT_WRITES and not _within(path, _LIBVIRT_ROOMS):
+            what = "libvirt write"
+        elif name == "on_step":
+            what = "crash point"
+        if what is not None:
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {what} {name}()")
     return found
 
 
-def test_use_cases_change_the_host_only_through_the_protocol() -> None:
-    offenders = [call for name in USE_CASES for call in _protocol_calls(PACKAGE / name)]
+def test_what_counts_as_a_write_is_derived_from_the_interfaces() -> None:
+    """Not vacuous: the derivations find the writes the protocol is about."""
+    assert {
+        "transaction", "begin_intent", "finish_intent", "record_create_intent",
+        "record_remove_intent", "settle_created", "cancel_remove", "reserve", "forget",
+        "assign", "adopt", "release", "release_owner", "set_layout", "commit_claim",
+        "record_attach_request",
+    } <= LEDGER_WRITES
+    assert not LEDGER_WRITES & {"get", "all", "by_owner", "pending_intents", "attach_request"}
+    assert {"create", "remove", "set_num_vfs", "bind_vfio", "unbind_vfio"} <= PRIVILEGED_WRITES
+    assert {"make", "create", "destroy", "prepare_host"} == BACKEND_WRITES
+    assert {"define", "define_xml", "undefine", "set_autostart"} == LIBVIRT_WRITES
+
+
+def test_only_the_protocol_writes() -> None:
+    checked = [
+        path for path in _module_files(".")
+        if PROTOCOL not in path.parents
+    ]
+    assert {PACKAGE / name for name in USE_CASES} <= set(checked)  # the rule sees them
+    offenders = [call for path in checked for call in _protocol_calls(path)]
     assert offenders == []
-    # ... and the protocol is where they are (the rule would pass vacuously
-    # if the names moved away from it).
-    found = {call.rsplit(" ", 1)[1] for call in _protocol_calls(PACKAGE / "devices/protocol.py")}
-    assert {"transaction()", "begin_intent()", "make()", "destroy()", "on_step()"} <= found
+    # ... and the protocol is where they are: every ledger write has its
+    # caller there (the rule would pass vacuously if the names moved away).
+    found = {
+        call.rsplit(" ", 1)[1].removesuffix("()")
+        for path in _module_files("devices/protocol")
+        for call in _protocol_calls(path)
+    }
+    assert found >= LEDGER_WRITES
+    assert {"make", "destroy", "prepare_host", "undefine", "define", "define_xml",
+            "on_step"} <= found
 
 
-def test_the_protocol_rule_sees_a_use_case_opening_a_transaction(tmp_path: Path) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("def f(m):\n    with m.ledger.transaction():\n        pass\n")
-    assert [c.split(" ")[1] for c in _protocol_calls(module)] == ["transaction()"]
+def test_the_protocol_package_is_used_through_its_facade_only() -> None:
+    """The use cases ask the protocol through its facade
+    (accel_agent/devices/protocol/__init__.py): its runs' modules are its own."""
+    assert "accel_agent.devices.protocol.operation" in PROTOCOL_MODULES  # not vacuous
+    outside = [path for path in _module_files(".") if PROTOCOL not in path.parents]
+    assert _offenders(outside, PROTOCOL_MODULES) == []
 
 
 
@@ -450,3 +569,21 @@ def test_registering_twice_is_a_no_op_and_every_group_is_one_of_the_table(tmp_pa
     groups = {section for section, _dest, _id in once}
     assert {"placement", "migration", "accel_agent_privileged", "mdev_nvidia-35"} <= groups
     assert ("placement", "username") in registered  # the plugin's, as the sample lists them
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        ("with m.ledger.transaction():\n        pass", "ledger write transaction()"),
+        ("m.ledger.begin_intent('allocate', 'vm')", "ledger write begin_intent()"),
+        ("m.ledger.assign(uuid, 'vm')", "ledger write assign()"),
+        ("m.writer.set_num_vfs('0000:10:00.0', 4)", "privileged write set_num_vfs()"),
+        ("m.backend(name).make(m.writer, p, t, uuid, None)", "device write make()"),
+        ("backend.prepare_host()", "device write prepare_host()"),
+        ("m.nodedevs.undefine(uuid)", "libvirt write undefine()"),
+        ("m.on_step('allocate.intent')", "crash point on_step()"),
+    ],
+)
+def test_the_protocol_rule_sees_a_use_case_writing(body: str, what: str) -> None:
+    """A module of the decider's room (a new use case) that writes is named."""
+    source = f"def f(m, uuid, name, p, t, backend):\n    {body}\n"
+    calls = _protocol_calls(PACKAGE / "devices" / "a_new_use_case.py", source)
+    assert [call.split(" ", 1)[1] for call in calls] == [what]
