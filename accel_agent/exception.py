@@ -158,6 +158,18 @@ class InsufficientCapacity(AccelAgentException):
     msg_fmt = "insufficient capacity for type %(mdev_type)s on %(parents)s: %(reason)s"
 
 
+class OnlyNovaTypes(InsufficientCapacity):
+    """A request by class or for any type that only types Nova hands out
+    (``reported_by = nova``) could serve."""
+
+    msg_fmt = (
+        "no device of %(asked)s for the agent to hand out: the configured type(s) that "
+        "would serve it (%(types)s) are reported_by = nova, so Nova's PCI tracker assigns "
+        "their devices and the agent hands none out; ask Nova for them, or configure a type "
+        "the agent reports (reported_by = agent)"
+    )
+
+
 class ReportedByNova(InsufficientCapacity):
     """A subclass so that callers handling "no room" (HTTP 409, attach's
     rollback) handle it alike; its message says why there is none."""

@@ -52,13 +52,15 @@ def plan(
         ):
             free_by_parent.setdefault((record.parent, record.mdev_type), []).append(record.uuid)
     candidates = []
+    nova_types: set[str] = set()
     for provider in inventory.providers:
         if wanted_type and provider.mdev_type != wanted_type:
             continue
-        if m.policy.reported_by_nova(provider.mdev_type):
-            continue  # Nova assigns these (ReportedByNova when asked by name)
         if wanted_class and provider.resource_class != wanted_class:
             continue
+        if m.policy.reported_by_nova(provider.mdev_type):
+            nova_types.add(provider.mdev_type)
+            continue  # Nova assigns these (ReportedByNova when asked by name)
         members = list(provider.parent_devices)
         if wanted_parent:
             if wanted_parent in members:
@@ -66,6 +68,13 @@ def plan(
             elif wanted_parent != provider.physical_gpu:
                 continue
         candidates.append((provider, members))
+    if not candidates and nova_types:
+        # Every type that would serve the request is Nova's to hand out: say
+        # that, not "no capacity for any configured type".
+        raise exception.OnlyNovaTypes(
+            types=", ".join(sorted(nova_types)),
+            asked=f"class {wanted_class}" if wanted_class else "any type",
+        )
     if not candidates:
         raise exception.InsufficientCapacity(
             mdev_type=wanted_type

@@ -660,11 +660,18 @@ def test_a_type_nova_reports_is_never_handed_out_by_class_nor_as_any_type(sim):
         before = owners(sim)
         assert set(before.values()) == {("layout", "standing")} and len(before) == 2
         (resource_class,) = {p.resource_class for p in manager.inventory().providers}
-        with pytest.raises(exception.InsufficientCapacity):
+        with pytest.raises(exception.InsufficientCapacity) as by_class:
             manager.attach("vm-x", [DeviceRequest(1, resource_class=resource_class)])
-        with pytest.raises(exception.InsufficientCapacity):
+        with pytest.raises(exception.InsufficientCapacity) as any_type:
             manager.allocate("vm-x", 1)
         assert owners(sim) == before
+        # Issue 34: the refusal says why (the types are Nova's), not "insufficient
+        # capacity for type any configured type on any configured parent".
+        for refused, asked in ((by_class, f"class {resource_class}"), (any_type, "any type")):
+            assert isinstance(refused.value, exception.OnlyNovaTypes)
+            assert refused.value.message.startswith(
+                f"no device of {asked} for the agent to hand out: the configured type(s) that "
+                f"would serve it ({TYPE}) are reported_by = nova")
     finally:
         manager.ledger.close()
 
