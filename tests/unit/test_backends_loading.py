@@ -219,11 +219,12 @@ def test_a_registered_backend_that_cannot_be_loaded_is_refused_naming_it(tmp_pat
 import json
 from accel_agent import backends, exception
 try:
-    backends.for_reading()
+    print(json.dumps({"loaded": sorted(backends.for_reading())}))
 except exception.BackendNotLoaded as exc:
     print(json.dumps({"message": exc.message}))
 """
     seen = _run(code, site)
+    assert "message" in seen, seen
     assert seen["message"].startswith(
         "device backend broken (toyvf.nothing:Backend, registered under the "
         "accel_agent.backends entry points) cannot be loaded: ModuleNotFoundError"
