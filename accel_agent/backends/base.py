@@ -9,8 +9,10 @@ only for the device half of an operation.  Which backend serves a parent is
 what the scan found (``Parent.backend``), never configuration.
 
 A backend is a class registered under the ``accel_agent.backends`` entry
-points (:data:`NAMESPACE`), by this package or by another distribution
-(``accel_agent.backends.load``).  What it brings of its own:
+points (:data:`NAMESPACE`), by this package or by another distribution,
+loaded through stevedore (``accel_agent.backends.classes``) and built by
+``wiring.build_backends`` for the daemon and the mutating commands.  What it
+brings of its own:
 
 * its **writer protocol**: a small ``Protocol`` of the privileged writes it
   calls on the ``writer`` it is handed (``MdevWriter``, ``VgpuWriter``,
