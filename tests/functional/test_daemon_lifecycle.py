@@ -589,6 +589,9 @@ def test_a_backend_another_distribution_registers_is_loaded_and_used(setup, tmp_
     monkeypatch.setenv("TOYVF_TRACE", str(trace))
     DirectWriter(setup.host.root).set_num_vfs(IGB_PF, 2)  # the NIC's VFs, as its driver enables
     daemon = setup.start(TOY)
+    # The start's check scanned with it too, and knew its option.
+    assert f"{IGB_PF} (configured for" not in daemon.log()
+    assert "unknown section [toy_vf]" not in daemon.log()
     client = daemon.client()
     parents = {p["name"]: p for p in client.types()["parents"] if p["backend"] == "toy_vf"}
     assert sorted(parents) == TOY_VFS
@@ -613,5 +616,4 @@ def test_a_backend_another_distribution_registers_is_loaded_and_used(setup, tmp_
     assert trace.read_text().splitlines()[1:] == [f"unmade {vf} {uuid} give_back=False"]
     assert _driver(setup.host, vf) is None  # [toy_vf] give_back = false, as configured
     assert ledger_sql.owners(setup.host.state_dir) == {}
-    assert "unknown section [toy_vf]" not in daemon.log()
     assert daemon.stop() == 0
