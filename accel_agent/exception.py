@@ -139,6 +139,18 @@ class MdevNotFound(AccelAgentException):
     msg_fmt = "mediated device %(uuid)s not found"
 
 
+class BackendNotLoaded(AccelAgentException):
+    """A device backend registered under the ``accel_agent.backends`` entry
+    points (by this package or another) that cannot be loaded: the daemon
+    does not start, a command that loads the backends fails."""
+
+    msg_fmt = (
+        "device backend %(name)s (%(target)s, registered under the accel_agent.backends "
+        "entry points) cannot be loaded: %(reason)s; fix or uninstall the package that "
+        "registers it"
+    )
+
+
 # --- privileged sysfs writes (errno mapping) -------------------------------------
 
 

@@ -1,7 +1,12 @@
 """What the daemon and accelctl both build from a configuration: the
 listings' view of it (cached between runs by config/cache.py), the host
 state (policy, scan, ledger) the listings and the check read, the ledger's
-read-only views, the device manager and its VF pools.
+read-only views, the device backends and the device manager.
+
+It names no backend: every registered one is loaded (accel_agent.backends)
+and builds what it needs from the configuration itself
+(``DeviceBackend.from_conf``: the ``sriov_vf`` backend its VF pools);
+tests/unit/test_house.py holds it to that.
 
 The configuration itself (its options, loading, values, lint and the one
 order of checks) is the configuration room's, accel_agent/config/, whose
@@ -93,30 +98,43 @@ class ListingConfig:
         )
 
 
-def build_vf_pools(conf: cfg.ConfigOpts, writer, net=None):
-    """The configured SR-IOV VF pools (None when ``[devices] enabled_vf_pools``
-    is empty): PCI writes through ``writer``, network settings through the
-    CAP_NET_ADMIN privsep daemon unless ``net`` says otherwise (tests)."""
-    from accel_agent.sriov.pools import build_pools
+def build_backends(conf: cfg.ConfigOpts, writer=None, net=None):
+    """Every registered device backend (accel_agent.backends.classes:
+    stevedore, the accel_agent.backends entry points, whatever package
+    registers them), built from ``conf``: the backend's options registered
+    on it first (config/registry.py's hook, ``DeviceBackend.opts``: accelctl
+    acting directly has registered only the core's), then
+    ``DeviceBackend.from_conf``, writing through ``writer`` and, for a VF's
+    network settings, ``net`` (the CAP_NET_ADMIN privsep helper when None;
+    tests give a stand-in).  BackendNotLoaded, or a backend's own
+    configuration error (InvalidVfPoolConfig), refuses."""
+    from types import MappingProxyType
 
-    pools = build_pools(conf)  # InvalidVfPoolConfig
-    if not pools:
-        return None
-    from accel_agent.sriov.vfpool import PrivsepNet, VfPools
+    from accel_agent import backends
+    from accel_agent.config import registry
 
-    return VfPools(conf.sysfs_root, pools, pci=writer, net=net or PrivsepNet(), host=conf.host)
+    found = backends.classes()
+    for backend in found.values():
+        registry.register_backend(conf, backend)
+    return MappingProxyType(
+        {name: backend.from_conf(conf, writer, net) for name, backend in found.items()}
+    )
 
 
 def attach_requests(manager, raw: Any) -> list:
-    """An attach call's requests checked against the pools ``manager`` serves
-    (InvalidAttachRequest naming the field); nothing is done.  The pools are
-    the ones its SR-IOV backend was built with: a reloaded config's pools
-    apply at the next start, so requests are not checked against them."""
+    """An attach call's requests checked against the pools ``manager``'s
+    backends serve (InvalidAttachRequest naming the field); nothing is
+    done.  The pools are the ones the backends were built with: a reloaded
+    config's pools apply at the next start, so requests are not checked
+    against them."""
     from accel_agent import attach_requests as parser
-    from accel_agent.backends.sriov_vf import BACKEND
 
-    vf_pools = getattr(manager.backends.get(BACKEND), "pools", None)
-    return parser.parse(raw, vf_pools.pools if vf_pools is not None else {})
+    pools = {
+        name: pool
+        for backend in manager.backends.values()
+        for name, pool in backend.served_pools().items()
+    }
+    return parser.parse(raw, pools)
 
 
 def build_manager(
@@ -143,22 +161,12 @@ def build_manager(
             domains=domains.for_conf(conf),
             remove_timeout=conf.remove_timeout,
             on_step=on_step,
-            backends=_backends(build_vf_pools(conf, writer, net)),
+            backends=build_backends(conf, writer, net),
             define_mdevs=conf.libvirt.define_mdevs,
         )
     except BaseException:
         book.close()
         raise
-
-
-def _backends(vf_pools):
-    """The built-in backends, the SR-IOV VF one with the host's pool service."""
-    from types import MappingProxyType
-
-    from accel_agent import backends
-    from accel_agent.backends.sriov_vf import BACKEND, SriovVfBackend
-
-    return MappingProxyType({**backends.builtin(), BACKEND: SriovVfBackend(vf_pools)})
 
 
 @dataclass(frozen=True)
@@ -286,7 +294,9 @@ def host_state(
     """Policy (raises ConfigErrors with ``errors`` and its own), a fresh scan
     of ``sysfs_root`` and the ledger: ``ledger`` when given (the daemon's
     own, or what the running daemon said), else read from ``state_dir``
-    read-only."""
+    read-only.  The scan is every backend's as a read-only command sees
+    them (accel_agent.backends.for_reading: the built-in ones, or every
+    registered one when another package registers one)."""
     from accel_agent import backends
     from accel_agent.backends.host import scan_host
 
@@ -294,7 +304,7 @@ def host_state(
     notes: list[str] = []
     snapshot = scan_host(
         listing.sysfs_root,
-        backends.builtin(),
+        backends.for_reading(),
         workers=scan_workers,
         notes=notes,
         state_dir=listing.state_dir,

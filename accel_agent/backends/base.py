@@ -8,8 +8,28 @@ the recovery and the ownership for every backend alike, and calls a backend
 only for the device half of an operation.  Which backend serves a parent is
 what the scan found (``Parent.backend``), never configuration.
 
-A backend imports the sysfs reader and the privileged writer (through the
-``writer`` it is handed), never the manager.
+A backend is a class registered under the ``accel_agent.backends`` entry
+points (:data:`NAMESPACE`), by this package or by another distribution,
+loaded through stevedore (``accel_agent.backends.classes``) and built by
+``wiring.build_backends`` for the daemon and the mutating commands.  What it
+brings of its own:
+
+* its **writer protocol**: a small ``Protocol`` of the privileged writes it
+  calls on the ``writer`` it is handed (``MdevWriter``, ``VgpuWriter``,
+  ``PciWriter``); the host's privileged writer (``devices/writers.py``)
+  implements every one of them, and a backend from another package uses those
+  same writes (a new write is a new privileged entrypoint, reviewed in
+  ``accel_agent/privileged/``, never something a plugin brings);
+* its **options**: :attr:`DeviceBackend.opts` names the module that declares
+  them, which config/registry.py registers and lists with every room's
+  (the sample config, ``check-config``);
+* its **service**: :meth:`DeviceBackend.from_conf` builds the backend the
+  daemon and the mutating commands use from the configuration (the
+  ``sriov_vf`` backend its VF pools); a backend built with no arguments
+  reads (discovers, describes) and cannot need its configuration for that.
+
+A backend imports the sysfs reader and the privileged writer's protocols,
+never the manager.
 """
 
 from __future__ import annotations
@@ -17,14 +37,19 @@ from __future__ import annotations
 import abc
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from accel_agent import exception
 from accel_agent.sysfs.model import HostSnapshot, Parent
 
 if TYPE_CHECKING:
+    from oslo_config import cfg
+
     from accel_agent.devices.inventory import Provider
     from accel_agent.libvirt_xml.devices import DeviceDescription
+
+#: The entry point group every backend is registered under (pyproject.toml).
+NAMESPACE = "accel_agent.backends"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,29 +75,46 @@ class Discoverer(Protocol):
 
 
 class DeviceWriter(Protocol):
-    """The privileged half (``accel_agent.privileged``, through privsep or in
-    process): every write any backend needs."""
-
-    def create(self, parent: str, mdev_type: str, uuid: str) -> None: ...
-
-    def remove(self, uuid: str, timeout: float) -> None: ...
-
-    def set_vgpu_type(self, vf: str, type_id: int) -> None: ...
-
-    def clear_vgpu_type(self, vf: str, timeout: float) -> None: ...
-
-    def set_num_vfs(self, pf: str, count: int) -> int: ...
-
-    def bind_vfio(self, vf: str) -> None: ...
-
-    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None: ...
+    """The host's privileged writer as the decider holds it
+    (``devices/writers.py``: through the privsep helpers, or in process): it
+    hands it to each backend and calls none of its writes itself.  What a
+    backend calls on it is that backend's own writer protocol, declared
+    beside it (``backends.mdev.MdevWriter``, ``backends.nvidia_vfio.VgpuWriter``,
+    ``backends.sriov_vf.PciWriter``); the privileged writer implements them
+    all."""
 
 
-class DeviceBackend(abc.ABC):
-    """One device model.  Stateless apart from its discoverer."""
+#: What a backend's make and destroy are handed: its writer protocol.
+W = TypeVar("W")
+
+
+class DeviceBackend(abc.ABC, Generic[W]):
+    """One device model, writing through ``W``, its writer protocol.
+    Stateless apart from its discoverer and what :meth:`from_conf` gave it."""
 
     #: The entry point name (``accel_agent.backends``) and ``Parent.backend``.
     name: ClassVar[str]
+
+    #: The module that declares this backend's options (dotted name), or
+    #: None: ``list_opts()``, the groups as the sample config lists them
+    #: (a per-name group as its stand-in, ``[vf_pool_$(pool)]``), and, for
+    #: per-name groups, ``named_opts(conf)``, the groups of the names ``conf``
+    #: enables.  config/registry.py registers them (the one hook: found from
+    #: the entry points, never imported by name); the backend reads them in
+    #: :meth:`from_conf`.  A module, not the options themselves: naming it
+    #: costs nothing, and the read-only listings load the backends without
+    #: oslo.config.
+    opts: ClassVar[str | None] = None
+
+    @classmethod
+    def from_conf(cls, conf: cfg.ConfigOpts, writer: Any, net: Any = None) -> DeviceBackend[Any]:
+        """The backend the daemon and the mutating commands use: its options
+        read from ``conf`` (registered first, config/registry.py), the
+        services it needs built, writing through ``writer`` (the host's
+        privileged writer) and, for a VF's network settings, ``net`` (the
+        CAP_NET_ADMIN helper when None).  Refuses a bad configuration of its
+        own with the error that names it.  By default: the plain backend."""
+        return cls()
 
     def discoverer(
         self, sysfs_root: str, state_dir: str | None = None, persist: bool = False
@@ -108,7 +150,7 @@ class DeviceBackend(abc.ABC):
 
     def make(
         self,
-        writer: DeviceWriter,
+        writer: W,
         parent: str,
         device_type: str,
         uuid: str,
@@ -117,6 +159,12 @@ class DeviceBackend(abc.ABC):
         """Make (or re-make) a device with its per-instance ``settings``; a
         backend whose devices have none just creates it."""
         self.create(writer, parent, device_type, uuid)
+
+    def served_pools(self) -> Mapping[str, Any]:
+        """The named pools an ``outside_snapshot`` backend hands parents out
+        of, by name (what an attach request's ``pool`` names; each with its
+        ``name`` and ``device_addresses``); none by default."""
+        return {}
 
     def pick(self, pool: str, where: str | None, exclude: Collection[str]) -> str:
         """A free parent of ``pool`` (of physical device ``where`` when given),
@@ -144,12 +192,12 @@ class DeviceBackend(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
+    def create(self, writer: W, parent: str, device_type: str, uuid: str) -> None:
         """Make device ``uuid`` of ``device_type`` on ``parent`` (or re-make it,
         same UUID, same parent, after a reboot)."""
 
     @abc.abstractmethod
-    def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
+    def destroy(self, writer: W, device: DeviceRef, timeout: float) -> None:
         """Unmake ``device``; MdevInUse when something holds it (nothing done),
         MdevNotFound when it is gone already."""
 

@@ -15,10 +15,10 @@ UUID stays refused (MdevAlreadyExists).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from accel_agent import exception
-from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
+from accel_agent.backends.base import DeviceBackend, DeviceRef
 from accel_agent.sysfs.model import Parent
 
 if TYPE_CHECKING:
@@ -27,7 +27,15 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 
-class MdevBackend(DeviceBackend):
+class MdevWriter(Protocol):
+    """The writes of the mdev backend (``privileged/mdev.py``)."""
+
+    def create(self, parent: str, mdev_type: str, uuid: str) -> None: ...
+
+    def remove(self, uuid: str, timeout: float) -> None: ...
+
+
+class MdevBackend(DeviceBackend[MdevWriter]):
     name = "mdev"
 
     def new_device_uuid(self, parent: Parent) -> str:
@@ -37,7 +45,7 @@ class MdevBackend(DeviceBackend):
 
         return str(uuid.uuid4())
 
-    def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
+    def create(self, writer: MdevWriter, parent: str, device_type: str, uuid: str) -> None:
         try:
             writer.create(parent, device_type, uuid)
         except exception.MdevAlreadyExists:
@@ -48,7 +56,7 @@ class MdevBackend(DeviceBackend):
                 "created it first; it is the agent's device", uuid, device_type, parent,
             )
 
-    def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
+    def destroy(self, writer: MdevWriter, device: DeviceRef, timeout: float) -> None:
         writer.remove(device.uuid, timeout)
 
     def guest_device(self, device: DeviceRef) -> MdevDevice:
@@ -58,7 +66,7 @@ class MdevBackend(DeviceBackend):
         return MdevDevice(device.uuid)
 
 
-def _same_mdev_exists(writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> bool:
+def _same_mdev_exists(writer: MdevWriter, parent: str, device_type: str, uuid: str) -> bool:
     from accel_agent.sysfs import scanner
 
     root = getattr(writer, "sysfs_root", None) or "/sys"

@@ -13,10 +13,10 @@ libvirt rebind the VF away from ``nvidia`` and break the vGPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from accel_agent import exception
-from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter, Discoverer
+from accel_agent.backends.base import DeviceBackend, DeviceRef, Discoverer
 from accel_agent.sysfs import nvidia_vfio
 from accel_agent.sysfs.model import HostSnapshot, Parent
 
@@ -24,7 +24,15 @@ if TYPE_CHECKING:
     from accel_agent.libvirt_xml.devices import PciHostdev
 
 
-class NvidiaVfioBackend(DeviceBackend):
+class VgpuWriter(Protocol):
+    """The writes of the nvidia_vfio backend (``privileged/vgpu.py``)."""
+
+    def set_vgpu_type(self, vf: str, type_id: int) -> None: ...
+
+    def clear_vgpu_type(self, vf: str, timeout: float) -> None: ...
+
+
+class NvidiaVfioBackend(DeviceBackend[VgpuWriter]):
     name = nvidia_vfio.BACKEND
     device_uuid_is_fixed = True
 
@@ -36,7 +44,7 @@ class NvidiaVfioBackend(DeviceBackend):
     def new_device_uuid(self, parent: Parent) -> str:
         return nvidia_vfio.device_uuid(parent.name)
 
-    def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
+    def create(self, writer: VgpuWriter, parent: str, device_type: str, uuid: str) -> None:
         type_id = nvidia_vfio.type_id_of(device_type)
         if type_id is None:
             raise exception.MdevTypeNotSupported(parent=parent, mdev_type=device_type)
@@ -48,7 +56,7 @@ class NvidiaVfioBackend(DeviceBackend):
             )
         writer.set_vgpu_type(parent, type_id)
 
-    def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
+    def destroy(self, writer: VgpuWriter, device: DeviceRef, timeout: float) -> None:
         writer.clear_vgpu_type(device.parent, timeout)
 
     def pci_address(self, device: DeviceRef) -> str | None:

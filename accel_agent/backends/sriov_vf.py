@@ -12,27 +12,31 @@ per instance: they are not part of the device's identity.
 The pools are not in the mdev snapshot (no discoverer): their inventory is
 one provider per PF of a configured pool, which ``vfpool.VfPools.inventory``
 builds, and the mdev policy, which walks mdev types, has nothing to say
-about them.  The backend is built with the host's pool service
-(``vfpool.VfPools``, ``wiring.build_manager``): it picks free VFs, says
-which VFs exist and which are handed over (for recovery), and makes and
-unmakes a device through the pool service, which sets a VF's network settings
-before the hand-over and resets them on the way back.  Without pools (a
-listing, a host with none configured) it can still give a recorded VF back
-to its driver.
+about them.  The backend owns its options (``[devices] enabled_vf_pools``,
+``[vf_pool_<name>]``: ``accel_agent.sriov.opts``, named by :attr:`opts`) and
+builds its pool service from them (:meth:`SriovVfBackend.from_conf`): it
+picks free VFs, says which VFs exist and which are handed over (for
+recovery), and makes and unmakes a device through the pool service, which
+sets a VF's network settings before the hand-over and resets them on the way
+back.  Without pools (a listing, a host with none configured) it can still
+give a recorded VF back to its driver.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accel_agent import exception
-from accel_agent.backends.base import DeviceBackend, DeviceRef, DeviceWriter
+from accel_agent.backends.base import DeviceBackend, DeviceRef
 from accel_agent.sysfs.model import Parent
 
 if TYPE_CHECKING:
+    from oslo_config import cfg
+
     from accel_agent.devices.inventory import Provider
     from accel_agent.libvirt_xml.devices import DeviceDescription
+    from accel_agent.sriov.pools import Pool
     from accel_agent.sriov.vfpool import VfPools
 
 BACKEND = "sriov_vf"
@@ -48,14 +52,47 @@ def device_uuid(vf: str) -> str:
     return str(uuid.uuid5(uuid.UUID(_NAMESPACE), f"{BACKEND}:{vf}"))
 
 
-class SriovVfBackend(DeviceBackend):
+class PciWriter(Protocol):
+    """The writes of the sriov_vf backend and its pool service
+    (``privileged/pci.py``); a VF's network settings are the pool service's
+    other writer (``vfpool.NetWriter``, ``privileged/net.py``)."""
+
+    def set_num_vfs(self, pf: str, count: int) -> int: ...
+
+    def bind_vfio(self, vf: str) -> None: ...
+
+    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None: ...
+
+
+class SriovVfBackend(DeviceBackend[PciWriter]):
     name = BACKEND
     device_uuid_is_fixed = True
     outside_snapshot = True
     unmade_on_release = True
+    opts = "accel_agent.sriov.opts"
 
     def __init__(self, pools: VfPools | None = None) -> None:
         self.pools = pools
+
+    @classmethod
+    def from_conf(cls, conf: cfg.ConfigOpts, writer: Any, net: Any = None) -> SriovVfBackend:
+        """With the host's pool service when ``[devices] enabled_vf_pools``
+        names any (InvalidVfPoolConfig for a bad one): PCI writes through
+        ``writer``, network settings through ``net`` (the CAP_NET_ADMIN
+        privsep helper, started on first use, when None)."""
+        from accel_agent.sriov.pools import build_pools
+
+        pools = build_pools(conf)  # InvalidVfPoolConfig
+        if not pools:
+            return cls()
+        from accel_agent.sriov.vfpool import PrivsepNet, VfPools
+
+        return cls(VfPools(
+            conf.sysfs_root, pools, pci=writer, net=net or PrivsepNet(), host=conf.host
+        ))
+
+    def served_pools(self) -> Mapping[str, Pool]:
+        return self.pools.pools if self.pools is not None else {}
 
     def new_device_uuid(self, parent: Parent) -> str:
         return device_uuid(parent.name)
@@ -111,7 +148,7 @@ class SriovVfBackend(DeviceBackend):
 
     def make(
         self,
-        writer: DeviceWriter,
+        writer: PciWriter,
         parent: str,
         device_type: str,
         uuid: str,
@@ -125,13 +162,13 @@ class SriovVfBackend(DeviceBackend):
         # Settings first, then the hand-over (vfpool's docstring says why).
         self.pools.prepare(device_type, settings or {}, vf=parent)
 
-    def create(self, writer: DeviceWriter, parent: str, device_type: str, uuid: str) -> None:
+    def create(self, writer: PciWriter, parent: str, device_type: str, uuid: str) -> None:
         """Hand VF ``parent`` to vfio-pci; ``device_type`` is its pool's name."""
         if uuid != device_uuid(parent):
             raise exception.LedgerError(reason=f"device {uuid} is not the UUID of VF {parent}")
         writer.bind_vfio(parent)
 
-    def destroy(self, writer: DeviceWriter, device: DeviceRef, timeout: float) -> None:
+    def destroy(self, writer: PciWriter, device: DeviceRef, timeout: float) -> None:
         # VfInUse (an MdevInUse) when its group is held: nothing done.  Through
         # the pool service when there is one: the settings are reset too, and
         # whatever step a prepare reached is undone (idempotent).

@@ -206,9 +206,9 @@ def _providers(args: argparse.Namespace, state: Any) -> int:
     of a VF pool that has VFs."""
     from accel_agent.config.options import CONF  # the configuration _check loaded and checked
 
-    pools = wiring.build_vf_pools(CONF, writer=None)
-    return len(state.reported_inventory().providers) + (
-        len(pools.inventory()) if pools is not None else 0
+    outside = wiring.build_backends(CONF).values()  # no writer: nothing is written
+    return len(state.reported_inventory().providers) + sum(
+        len(backend.providers(CONF.host)) for backend in outside
     )
 
 

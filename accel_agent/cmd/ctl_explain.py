@@ -71,7 +71,7 @@ def offline_document(args: argparse.Namespace, conf: Any) -> dict[str, Any]:
         policy, pools,
         f"{problems[0]}; accelctl check-config lists every error" if problems else None,
     )
-    snapshot = scan_host(conf.sysfs_root, backends.builtin(), state_dir=conf.state_dir)
+    snapshot = scan_host(conf.sysfs_root, backends.for_reading(), state_dir=conf.state_dir)
     return explain.explain(snapshot, asks, args.address, host_name=conf.host)
 
 

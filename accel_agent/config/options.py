@@ -3,11 +3,11 @@
 Option names follow Nova's (``[devices] enabled_mdev_types``, ``[mdev_<type>]``
 groups) so that an operator's existing ``nova.conf`` fragment works unchanged.
 The per-type groups are dynamic: they exist only for enabled types and are
-registered by :func:`register_dynamic_opts` once the enabled list is known
-(``[vf_pool_<name>]`` likewise, :func:`register_vf_pool_opts`).
+registered by :func:`register_dynamic_opts` once the enabled list is known.
 
-The VF pools' options (``[devices] enabled_vf_pools``, ``[vf_pool_<name>]``)
-are declared here with the core's until the ``sriov_vf`` backend owns its own.
+A device backend declares its own options (the ``sriov_vf`` backend's VF
+pools, ``[devices] enabled_vf_pools`` and ``[vf_pool_<name>]``:
+accel_agent/sriov/opts.py), registered through config/registry.py's hook.
 
 The other rooms' options (the privileged helpers', ``[placement]``, oslo.log's)
 are registered with these by config/registry.py, the one table of every
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from oslo_config import cfg, types
 
-from accel_agent.config.types import FiniteFloatOpt, ListenAddress, ResourceClassName, TraitName
+from accel_agent.config.types import FiniteFloatOpt, ListenAddress
 
 CONF = cfg.CONF
 
@@ -142,63 +142,6 @@ devices_opts.append(
         "placed when it appears. 0: do not wait.",
     )
 )
-
-devices_opts.append(
-    cfg.ListOpt(
-        "enabled_vf_pools",
-        default=[],
-        help="""
-Pools of SR-IOV accelerator VFs the agent hands to instances (backend
-sriov_vf), one [vf_pool_<name>] section each. A pool name is lower-case
-letters, digits and '_'. Empty: no VF pool.
-""",
-    )
-)
-
-VF_POOL_NAME_REGEX = r"^[a-z0-9_]{1,32}$"
-
-
-def _vf_pool_opts(pool: str) -> list[cfg.Opt]:
-    return [
-        cfg.ListOpt(
-            "device_addresses",
-            default=[],
-            help=f"The SR-IOV PFs (PCI addresses such as 0000:3b:00.0) whose VFs make pool "
-            f"{pool}. A PF belongs to one pool.",
-        ),
-        cfg.Opt(
-            "resource_class",
-            type=ResourceClassName(),
-            default="SRIOV_NET_VF",
-            help="Placement resource class of each PF's VFs (one provider per PF): "
-            "CUSTOM_[A-Z0-9_]+ or a standard class (SRIOV_NET_VF, PCI_DEVICE, FPGA, ...).",
-        ),
-        cfg.ListOpt(
-            "traits",
-            default=[],
-            item_type=TraitName(),
-            help="Placement traits of each PF's provider: CUSTOM_[A-Z0-9_]+ (e.g. "
-            "CUSTOM_NIC_A) or a standard trait of os-traits.",
-        ),
-        cfg.IntOpt(
-            "num_vfs",
-            min=0,
-            max=65535,
-            help="VFs to enable on each PF (sriov_numvfs) when the agent is asked to "
-            "(accelctl / the backend's ensure_num_vfs); never changed while a VF is on "
-            "vfio-pci. Unset: the PFs keep what they have.",
-        ),
-    ]
-
-
-def register_vf_pool_opts(conf: cfg.ConfigOpts, pools: Iterable[str] | None = None) -> None:
-    """Register ``[vf_pool_<name>]`` for each enabled pool (idempotent)."""
-    for pool in pools if pools is not None else conf.devices.enabled_vf_pools:
-        group = f"vf_pool_{pool}"
-        for opt in _vf_pool_opts(pool):
-            if group not in conf or opt.dest not in conf[group]:
-                conf.register_opt(opt, group=group)
-
 
 api_opts = [
     cfg.StrOpt(
@@ -395,7 +338,6 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
         ("DEFAULT", default_opts),
         ("devices", devices_opts),
         ("mdev_$(mdev_type)", _dynamic_opts("$(mdev_type)")),
-        ("vf_pool_$(pool)", _vf_pool_opts("$(pool)")),
         ("api", api_opts),
         ("libvirt", libvirt_opts),
         ("metrics", metrics_opts),

@@ -1,6 +1,9 @@
-"""The privileged half of every device model (accel_agent.backends.base.DeviceWriter):
-the writes that need root, through the privileged helpers (production) or in
-this process (an unprivileged tree: the simulator as its owner, benchmarks).
+"""The privileged half of every device model: the writes that need root,
+through the privileged helpers (production) or in this process (an
+unprivileged tree: the simulator as its owner, benchmarks).  Each backend
+declares the writes it calls as a protocol of its own (MdevWriter,
+VgpuWriter, PciWriter in accel_agent/backends/); both writers here implement
+every one of them (tests/unit/test_backends_loading.py checks it).
 Both go through accel_agent.privileged's facade, imported on the first write:
 oslo.privsep is heavy, and read-only commands build a manager too.
 """

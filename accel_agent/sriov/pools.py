@@ -1,5 +1,6 @@
 """VF pools from configuration: ``[devices] enabled_vf_pools`` and one
-``[vf_pool_<name>]`` section each (Nova's per-group style, issue 15).
+``[vf_pool_<name>]`` section each (Nova's per-group style, issue 15; the
+options are declared in :mod:`accel_agent.sriov.opts`).
 
 Addresses are normalised (case, short ``BB:SS.F`` form) before matching and
 before the duplicate check, as for mdev types; a PF named twice, in one pool
@@ -16,7 +17,8 @@ from types import MappingProxyType
 from oslo_config import cfg
 
 from accel_agent import exception
-from accel_agent.config import options as agent_conf
+from accel_agent.config import registry
+from accel_agent.sriov import opts as pool_opts
 from accel_agent.sysfs import address
 
 
@@ -30,20 +32,24 @@ class Pool:
 
 
 def build_pools(conf: cfg.ConfigOpts) -> Mapping[str, Pool]:
-    """The enabled pools by name, validated; InvalidVfPoolConfig otherwise."""
+    """The enabled pools by name, validated; InvalidVfPoolConfig otherwise.
+    Registers the backend's options on ``conf`` first (through the
+    configuration room, config/registry.py), so any loaded configuration
+    will do."""
+    registry.register_room(conf, pool_opts, named=False)
     names = list(conf.devices.enabled_vf_pools or [])
     pools: dict[str, Pool] = {}
     owner: dict[str, str] = {}
     for name in names:
-        if not re.fullmatch(agent_conf.VF_POOL_NAME_REGEX, name):
+        if not re.fullmatch(pool_opts.VF_POOL_NAME_REGEX, name):
             raise exception.InvalidVfPoolConfig(
-                pool=name, reason=f"a pool name must match {agent_conf.VF_POOL_NAME_REGEX}"
+                pool=name, reason=f"a pool name must match {pool_opts.VF_POOL_NAME_REGEX}"
             )
         if name in pools:
             raise exception.InvalidVfPoolConfig(
                 pool=name, reason="listed twice in [devices] enabled_vf_pools"
             )
-        agent_conf.register_vf_pool_opts(conf, [name])
+        registry.register_groups(conf, pool_opts.named_opts(conf, [name]))
         group = conf[f"vf_pool_{name}"]
         addresses = []
         for raw in group.device_addresses:

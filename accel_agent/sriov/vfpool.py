@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from accel_agent import exception
-from accel_agent.backends.sriov_vf import device_uuid
+from accel_agent.backends.sriov_vf import PciWriter, device_uuid
 from accel_agent.backends.sriov_vf import guest_device as sriov_guest_device
 from accel_agent.sriov import vfconfig
 from accel_agent.sriov.pools import Pool
@@ -42,16 +42,6 @@ from accel_agent.sysfs import sriov as sriov_sysfs
 from accel_agent.sysfs.sriov import PfInfo, VfInfo
 
 LOG = logging.getLogger(__name__)
-
-
-class PciWriter(Protocol):
-    """The sysfs half (``manager.PrivsepWriter`` / ``DirectWriter``)."""
-
-    def set_num_vfs(self, pf: str, count: int) -> int: ...
-
-    def bind_vfio(self, vf: str) -> None: ...
-
-    def unbind_vfio(self, vf: str, give_back: bool = True) -> str | None: ...
 
 
 class NetWriter(Protocol):

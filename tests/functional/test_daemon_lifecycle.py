@@ -1,6 +1,7 @@
 """The real ``accel-agent`` daemon (subprocess, real privsep daemon, FUSE-simulated
 host): readiness, the socket, SIGTERM draining, SIGHUP reloads, rescans that
-re-create vanished mdevs, and accelctl as its client."""
+re-create vanished mdevs, accelctl as its client, and a device backend another
+distribution registers, loaded and used."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from accel_agent import exception
-from tests import ledger_sql
+from accel_agent.devices.writers import DirectWriter
+from tests import ledger_sql, toy_backend
 from tests.functional.daemon_fixture import (
     BOTH,
     AgentDaemon,
@@ -45,7 +47,9 @@ enabled_mdev_types = nvidia-35
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     skip_unless_root()
-    with simulated_host(tmp_path_factory.mktemp("daemon"), ["nvidia-pf", "mtty"], gpus=2) as host:
+    with simulated_host(
+        tmp_path_factory.mktemp("daemon"), ["nvidia-pf", "mtty", "igb-sriov"], gpus=2, nics=1
+    ) as host:
         yield host
 
 
@@ -550,3 +554,66 @@ def test_systemd_unit_verifies(tmp_path):
     assert proc.returncode == 0, output
     for complaint in ("Unknown key", "Unknown section", "ignoring", "Failed", "not executable"):
         assert complaint not in output, output
+
+
+# --- a backend from another distribution ----------------------------------------------------
+
+IGB_PF = "0000:10:00.0"  # the igb-sriov profile's port; its first VFs:
+TOY_VFS = ["0000:10:10.0", "0000:10:10.2"]
+TOY = f"""
+[devices]
+enabled_mdev_types = {toy_backend.TYPE}
+[mdev_{toy_backend.TYPE}]
+device_addresses = {IGB_PF}
+[{toy_backend.NAME}]
+give_back = false
+"""
+
+
+def _driver(host, address: str) -> str | None:
+    link = os.path.join(host.root, "bus", "pci", "devices", address, "driver")
+    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+
+def test_a_backend_another_distribution_registers_is_loaded_and_used(setup, tmp_path,
+                                                                     monkeypatch):
+    """Issue 35: the toy_vf backend (tests/toy_backend.py), installed as a
+    distribution of its own on the daemon's PYTHONPATH and named nowhere in
+    the agent, is loaded by the daemon through its entry point: its parents
+    are scanned and listed (by the offline listing too), an allocation on
+    them is made by its make() and a release unmade by its destroy(), with
+    the option it declares ([toy_vf] give_back) read by the daemon."""
+    site = toy_backend.install(tmp_path / "site")
+    trace = tmp_path / "toy.trace"
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("TOYVF_TRACE", str(trace))
+    DirectWriter(setup.host.root).set_num_vfs(IGB_PF, 2)  # the NIC's VFs, as its driver enables
+    daemon = setup.start(TOY)
+    # The start's check scanned with it too, and knew its option.
+    assert f"{IGB_PF} (configured for" not in daemon.log()
+    assert "unknown section [toy_vf]" not in daemon.log()
+    client = daemon.client()
+    parents = {p["name"]: p for p in client.types()["parents"] if p["backend"] == "toy_vf"}
+    assert sorted(parents) == TOY_VFS
+    assert {p["configured_type"] for p in parents.values()} == {toy_backend.TYPE}
+    (provider,) = client.inventory()["providers"]
+    assert (provider["physical_gpu"], provider["inventory"]["total"]) == (IGB_PF, 2)
+    # accelctl's offline listing scans with it too (another distribution registers a backend).
+    offline = ctl(setup.config, "--offline", "types", "--json")
+    assert offline.returncode == 0, offline.stderr
+    assert json.loads(offline.stdout) == json.loads(ctl(setup.config, "types", "--json").stdout)
+
+    (device,) = client.allocate("vm-toy", 1)["mdevs"]
+    vf, uuid = device["parent"], device["uuid"]
+    assert vf in TOY_VFS and device["mdev_type"] == toy_backend.TYPE
+    assert trace.read_text().splitlines() == [f"made {vf} {toy_backend.TYPE} {uuid}"]
+    assert _driver(setup.host, vf) == "vfio-pci"
+    assert ledger_sql.owners(setup.host.state_dir) == {uuid: "vm-toy"}
+    wait_for(lambda: any(m["uuid"] == uuid and m["backend"] == "toy_vf" and m["instance"]
+                         == "vm-toy" for m in client.mdevs()["mdevs"]), what="the toy device")
+
+    client.release("vm-toy")
+    assert trace.read_text().splitlines()[1:] == [f"unmade {vf} {uuid} give_back=False"]
+    assert _driver(setup.host, vf) is None  # [toy_vf] give_back = false, as configured
+    assert ledger_sql.owners(setup.host.state_dir) == {}
+    assert daemon.stop() == 0

@@ -1,14 +1,15 @@
 """Which room may import which (issue 14, item 8), checked on the source.
 
 The neutral rooms (manager, ledger, inventory, policy) name no device
-model; a backend uses the sysfs reader and the privileged writer, never the
-manager; the daemon does not reach into the console scripts' room, and in
-that room accelctl's command modules meet only in ctl.py's registration;
-nothing below the daemon imports the daemon; the core's options and the
-ledger import no other room's; the configuration room has no circle and
-registers every option from one place; the privileged package and the
-ledger's are used through their facades only, and what runs as root
-imports little.  Each rule lists the imports the package really has, so a
+model; a backend (and the sriov_vf backend's pool service, sriov/) uses the
+sysfs reader and the privileged writer, never the manager; wiring.py, which
+builds the backends, names none of them; the daemon does not reach into
+the console scripts' room, and in that room accelctl's command modules meet
+only in ctl.py's registration; nothing below the daemon imports the daemon;
+the core's options and the ledger import no other room's; the configuration
+room has no circle and registers every option from one place; the
+privileged package and the ledger's are used through their facades only,
+and what runs as root imports little.  Each rule lists the imports the package really has, so a
 new arrow the wrong way fails here by name.
 """
 
@@ -84,8 +85,21 @@ DEVICE_MODELS = (
     [
         # The one decider drives backends through the interface only.
         (("devices",), DEVICE_MODELS),
-        # A backend is driven; it never decides.
-        (("backends",), ("accel_agent.devices.manager", "accel_agent.service", "accel_agent.cmd")),
+        # A backend (and its service) is driven; it never decides, nor builds
+        # itself into the agent.
+        (
+            ("backends", "sriov"),
+            (
+                "accel_agent.devices.manager",
+                "accel_agent.wiring",
+                "accel_agent.daemon",
+                "accel_agent.service",
+                "accel_agent.cmd",
+            ),
+        ),
+        # What builds the backends loads every registered one, each building
+        # its own service from the configuration: it names no device model.
+        (("wiring.py",), DEVICE_MODELS),
         # Everything but the console scripts themselves stays out of cmd/.
         (
             (
@@ -117,10 +131,38 @@ DEVICE_MODELS = (
             ("accel_agent.daemon", "accel_agent.service", "accel_agent.cmd"),
         ),
     ],
-    ids=["neutral-rooms", "backends", "not-into-cmd", "core-options", "config-room"],
+    ids=["neutral-rooms", "backends", "wiring", "not-into-cmd", "core-options", "config-room"],
 )
 def test_no_arrow_goes_the_wrong_way(rooms: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
     assert _offenders(_module_files(*rooms), forbidden) == []
+
+
+def _names_a_backend(path: Path) -> list[str]:
+    """Every string of ``path`` (docstrings aside) that is the entry point
+    name of a built-in backend: looking one up by name is naming it."""
+    from accel_agent.backends import BUILTIN
+
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        f"{path.name}:{node.lineno} {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in BUILTIN and id(node) not in docstrings
+    ]
+
+
+def test_wiring_looks_up_no_backend_by_name(tmp_path: Path) -> None:
+    """wiring.py builds every registered backend alike: no import of one
+    (test_no_arrow_goes_the_wrong_way[wiring]) and no lookup by name."""
+    assert _names_a_backend(PACKAGE / "wiring.py") == []
+    module = tmp_path / "m.py"
+    module.write_text('"""sriov_vf"""\ndef f(m):\n    return m.backends.get("sriov_vf")\n')
+    assert _names_a_backend(module) == ["m.py:3 'sriov_vf'"]
 
 
 def test_nothing_below_the_daemon_imports_the_daemon() -> None:
