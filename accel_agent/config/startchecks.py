@@ -289,17 +289,17 @@ def owner_problems(conf: cfg.ConfigOpts, state: HostState) -> list[str]:
 
 
 def _outside_devices(conf: cfg.ConfigOpts) -> dict[str, dict[str, tuple[str, bool]]]:
-    """The pool VFs of ``conf``'s VF pools now (the backend outside the host
-    scan), read from sysfs: {backend: {vf: (pool, on vfio-pci)}}."""
-    from accel_agent.backends.sriov_vf import BACKEND
-    from accel_agent.sriov.pools import build_pools
-    from accel_agent.sriov.vfpool import VfPools
+    """The devices of every backend outside the host scan (a VF pool's VFs,
+    an out-of-tree backend's), read from sysfs as the start's recovery sees
+    them: {backend: {device: (its pool, in use)}}.  The backends are built
+    as the start builds them (wiring.build_backends), writing nothing."""
+    from accel_agent import wiring
 
     try:
-        pools = build_pools(conf)
+        built = wiring.build_backends(conf)
     except exception.AccelAgentException:
-        return {}  # a bad pool configuration: an error of its own (config.check)
-    if not pools:
-        return {}
-    members = VfPools(conf.sysfs_root, pools, pci=None, net=None).members()  # type: ignore[arg-type]
-    return {BACKEND: members}
+        return {}  # a backend's configuration refused: an error of its own (config.check)
+    return {
+        name: dict(backend.outside_devices())
+        for name, backend in built.items() if backend.outside_snapshot
+    }

@@ -316,7 +316,8 @@ class _CountingWriter:
     """The manager's writer, counting every privileged write it is asked for
     (:attr:`DeviceManager.mutations`); anything else is the writer's own."""
 
-    # The writes of accel_agent.backends.base.DeviceWriter.
+    # Every write of the backends' writer protocols (backends.mdev.MdevWriter,
+    # nvidia_vfio.VgpuWriter, sriov_vf.PciWriter: tests/unit/test_backends_loading.py).
     WRITES = frozenset({
         "create", "remove", "set_vgpu_type", "clear_vgpu_type", "set_num_vfs", "bind_vfio",
         "unbind_vfio",

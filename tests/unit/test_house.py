@@ -372,8 +372,32 @@ def _done_for_effect(cls: type) -> frozenset[str]:
 
 
 LEDGER_WRITES = _ledger_writes()
-# Every method of the privileged writer's interface is a write.
-PRIVILEGED_WRITES = frozenset(name for name in _methods(DeviceWriter) if not name.startswith("_"))
+def _writer_protocols() -> list[type]:
+    """Every writer protocol a backend declares beside it (a ``Protocol``
+    class of ``accel_agent/backends/``, ``MdevWriter``, ``VgpuWriter``, ...):
+    what a backend may call on the privileged writer."""
+    import importlib
+    from typing import Protocol
+
+    found = []
+    for path in _module_files("backends"):
+        module = importlib.import_module(
+            ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        )
+        found += [
+            value for value in vars(module).values()
+            if isinstance(value, type) and Protocol in value.__mro__[1:]
+            and value.__module__ == module.__name__ and value is not DeviceWriter
+            and _methods(value)
+        ]
+    return found
+
+
+# Every method of a backend's writer protocol is a privileged write.
+PRIVILEGED_WRITES = frozenset(
+    name for protocol in _writer_protocols() for name in _methods(protocol)
+    if not name.startswith("_")
+)
 BACKEND_WRITES = _done_for_effect(DeviceBackend)
 LIBVIRT_WRITES = _done_for_effect(NodeDevices)
 
