@@ -100,7 +100,12 @@ def _device(operation: str, gpu: str) -> Iterator[tuple[Any, Any]]:
     try:
         nv.nvmlInit()
     except nv.NVMLError as err:
-        raise _mapped(nv, err, operation, gpu) from None
+        code = getattr(err, "value", None)
+        name = exception.NVML_RETURN_NAMES.get(code, code) if isinstance(code, int) else err
+        raise exception.NvmlNotAvailable(
+            operation=operation, gpu=gpu, nvml="",
+            reason=f"nvmlInit failed: NVML_ERROR_{name} (is NVIDIA's driver loaded, is "
+                   "libnvidia-ml.so.1 installed?)") from None
     try:
         handle = nv.nvmlDeviceGetHandleByPciBusId(gpu.encode("ascii"))
         yield nv, handle
