@@ -20,8 +20,10 @@ socket's path depends on the simulator's run directory (its user, its
 environment), which a process reading the tree cannot derive; and an
 operator cannot point a real ``/sys`` at a simulator, or forget to, because
 no file can be created under a real sysfs (the check for ``/sys`` comes
-first, whatever the tree holds).  A static tree written from a simulated
-host (``accelctl simulate materialise``) has no live simulator and no such
+first, whatever the tree holds).  Whoever can write such a tree could name
+another socket, but could as well change every file the agent reads there:
+the marker is trusted exactly as much as the tree.  A static tree written
+from a simulated host (``accelctl simulate materialise``) has no live simulator and no such
 file, so it has no NVML either.
 
 Nothing here imports NVML or the simulator: accelctl's fast paths and hosts
