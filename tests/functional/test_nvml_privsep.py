@@ -72,6 +72,6 @@ def test_bad_input_is_refused_in_the_helper(helper: int, call) -> None:
 def test_nvmls_answer_crosses_the_channel_as_its_class(helper: int) -> None:
     if Path("/proc/driver/nvidia/version").exists():
         pytest.skip("this host has an NVIDIA driver: the tier tests/nvml reads it instead")
-    with pytest.raises(exception.NvmlNotAvailable, match="nvmlInit|pynvml") as info:
+    with pytest.raises(exception.NvmlNotAvailable, match=r"nvmlInit|pynvml") as info:
         privileged.nvml_set_heterogeneous_mode(GPU, True)
     assert info.value.kwargs["gpu"] == GPU
