@@ -710,3 +710,73 @@ class LedgerSchemaOld(LedgerError):
         "(%(supported)s); left unchanged: run 'accelctl ledger upgrade' (it keeps a backup "
         "copy), or restart accel-agent, which upgrades it the same way"
     )
+
+
+
+# --- NVIDIA's management library, NVML (appended) ------------------------------------------
+
+# nvml.h's nvmlReturn_t by number, named without NVML_ERROR_: a message says what NVML said.
+NVML_RETURN_NAMES = {
+    1: "UNINITIALIZED", 2: "INVALID_ARGUMENT", 3: "NOT_SUPPORTED", 4: "NO_PERMISSION",
+    6: "NOT_FOUND", 9: "DRIVER_NOT_LOADED", 10: "TIMEOUT", 12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND", 15: "GPU_IS_LOST", 16: "RESET_REQUIRED", 17: "OPERATING_SYSTEM",
+    18: "LIB_RM_VERSION_MISMATCH", 19: "IN_USE", 23: "INSUFFICIENT_RESOURCES",
+    28: "GPU_NOT_FOUND", 29: "INVALID_STATE", 999: "UNKNOWN",
+}
+
+
+class NvmlError(AccelAgentException):
+    """NVML's answer to one call; the subclass keeps NVML's return code (for_code)."""
+
+    msg_fmt = "NVML %(operation)s on %(gpu)s failed: %(nvml)s (%(reason)s)"
+    nvml_codes: tuple[int, ...] = ()
+
+    @classmethod
+    def for_code(cls, code: int, *, operation: str, gpu: str, reason: str = "") -> NvmlError:
+        chosen = next((sub for sub in _NVML_CLASSES if code in sub.nvml_codes), NvmlError)
+        name = NVML_RETURN_NAMES.get(code, f"return code {code}")
+        return chosen(operation=operation, gpu=gpu, nvml=f"NVML_ERROR_{name}",
+                      reason=reason or name.lower().replace("_", " "))
+
+
+class NvmlInUse(NvmlError):
+    nvml_codes = (19,)  # e.g. mixed-size mode set while a vGPU exists
+
+
+class NvmlNotSupported(NvmlError):
+    nvml_codes = (3,)  # e.g. mixed-size mode with MIG enabled
+
+
+class NvmlResetRequired(NvmlError):
+    nvml_codes = (16,)  # a MIG mode change waits for a GPU reset
+
+
+class NvmlNoPermission(NvmlError):
+    nvml_codes = (4,)
+
+
+class NvmlInvalidArgument(NvmlError):
+    nvml_codes = (2,)  # e.g. a placement the profile does not have
+
+
+class NvmlNotFound(NvmlError):
+    nvml_codes = (6, 28)
+
+
+class NvmlInsufficientResources(NvmlError):
+    nvml_codes = (23,)  # e.g. a GPU instance on a taken placement
+
+
+class NvmlNotAvailable(NvmlError):
+    # No library, no driver, or a sysfs root that is neither /sys nor a simulated host.
+    msg_fmt = "NVML is not available for %(gpu)s: %(reason)s"
+    nvml_codes = (9, 12, 13, 18)
+
+
+class NvmlCallTimeout(NvmlError):
+    # A read that missed [nvml] call_timeout (a wedged driver); later reads fail at once.
+    msg_fmt = "NVML %(operation)s on %(gpu)s did not answer within %(timeout)s s"
+
+
+_NVML_CLASSES = (NvmlInUse, NvmlNotSupported, NvmlResetRequired, NvmlNoPermission,
+                 NvmlInvalidArgument, NvmlNotFound, NvmlInsufficientResources, NvmlNotAvailable)

@@ -56,6 +56,8 @@ NAME_OPTIONS = frozenset(
         ("accel_agent_privileged", "group"),
         ("accel_agent_net_privileged", "user"),
         ("accel_agent_net_privileged", "group"),
+        ("accel_agent_nvml_privileged", "user"),
+        ("accel_agent_nvml_privileged", "group"),
         ("placement", "auth_type"),
         ("placement", "auth_section"),
         ("placement", "auth_url"),

@@ -66,6 +66,8 @@ NAMED_FILES: tuple[tuple[str, tuple[str, ...], str, bool], ...] = (
      "the privileged helper's program (run as root)", True),
     ("accel_agent_net_privileged", ("helper_command",),
      "the network helper's program (run as root)", True),
+    ("accel_agent_nvml_privileged", ("helper_command",),
+     "the NVML helper's program (run as root)", True),
     ("placement", ("cafile",),
      "the CA bundle Placement and Keystone are checked against", False),
     ("placement", ("certfile",), "the client certificate sent to Placement", False),

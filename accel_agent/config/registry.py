@@ -60,9 +60,12 @@ def rooms() -> tuple[ModuleType, ...]:
     reporter keystoneauth1."""
     from accel_agent import privileged
     from accel_agent.migration import opts as migration_opts
+    from accel_agent.nvml import opts as nvml_opts
     from accel_agent.reporting import placement_opts
 
-    return (options, privileged, migration_opts, placement_opts, *backend_rooms())
+    return (
+        options, privileged, migration_opts, placement_opts, nvml_opts, *backend_rooms()
+    )
 
 
 def backend_rooms() -> tuple[ModuleType, ...]:

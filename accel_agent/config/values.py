@@ -47,6 +47,7 @@ LIBRARY_BOUNDS: dict[tuple[str, str], tuple[int, int]] = {
     ("DEFAULT", "rate_limit_burst"): (0, 1_000_000),
     ("accel_agent_privileged", "thread_pool_size"): (1, 256),
     ("accel_agent_net_privileged", "thread_pool_size"): (1, 256),
+    ("accel_agent_nvml_privileged", "thread_pool_size"): (1, 256),
 }
 
 

@@ -1,7 +1,7 @@
-"""The only code of accel-agent that runs with privileges: a few sysfs writes
-and a VF's network settings, each in a small module of its own.
+"""The only code of accel-agent that runs with privileges: a few sysfs writes,
+a VF's network settings and NVML's writes, each in a small module of its own.
 
-Two oslo.privsep contexts (context.py), each a helper process started by
+Three oslo.privsep contexts (context.py), each a helper process started by
 the agent (lifecycle.py) and watched by a guard (guard.py):
 
 * ``sysfs_admin``, **no** capability, uid 0, for the sysfs writers:
@@ -15,7 +15,11 @@ the agent (lifecycle.py) and watched by a guard (guard.py):
   until the holder lets go, and the probe belongs next to the write it guards;
 * ``net_admin``, **CAP_NET_ADMIN only**, for net.py: a VF's MAC, VLAN,
   spoof check, trust, link state and rate over rtnetlink (net.py says why
-  it is a context of its own).
+  it is a context of its own);
+* ``nvml_admin``, **CAP_SYS_ADMIN only**, for nvml.py: through NVIDIA's
+  management library, a GPU's vGPU heterogeneous (mixed-size) mode, its MIG
+  mode, its GPU instances (nvml.py says why that capability: the driver's
+  administrator test is ``capable(CAP_SYS_ADMIN)``).
 
 Everything else (scans, policy, ledger) runs unprivileged; reads are never
 privileged (os-vif's style, see research/cyborg-osacc-placement.md §3.4 and
@@ -97,8 +101,10 @@ warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated", category
 from accel_agent.privileged.context import (  # noqa: E402
     CFG_SECTION,
     NET_CFG_SECTION,
+    NVML_CFG_SECTION,
     list_opts,
     net_admin,
+    nvml_admin,
     sysfs_admin,
 )
 from accel_agent.privileged.inuse import vfio_dev_dir  # noqa: E402
@@ -127,6 +133,12 @@ from accel_agent.privileged.net import (  # noqa: E402
     reset_local,
     reset_vf_settings,
 )
+from accel_agent.privileged.nvml import (  # noqa: E402
+    nvml_create_gpu_instance,
+    nvml_destroy_gpu_instance,
+    nvml_set_heterogeneous_mode,
+    nvml_set_mig_mode,
+)
 from accel_agent.privileged.pci import (  # noqa: E402
     bind_vfio,
     set_num_vfs,
@@ -145,6 +157,7 @@ from accel_agent.privileged.vgpu import (  # noqa: E402
 __all__ = [
     "CFG_SECTION",
     "NET_CFG_SECTION",
+    "NVML_CFG_SECTION",
     "apply_local",
     "apply_vf_settings",
     "bind_vfio",
@@ -157,6 +170,11 @@ __all__ = [
     "helper_command",
     "list_opts",
     "net_admin",
+    "nvml_admin",
+    "nvml_create_gpu_instance",
+    "nvml_destroy_gpu_instance",
+    "nvml_set_heterogeneous_mode",
+    "nvml_set_mig_mode",
     "read_vf",
     "remove_mdev",
     "reset_local",

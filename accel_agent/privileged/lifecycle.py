@@ -25,9 +25,12 @@ from accel_agent.privileged import guard as guard_mod
 from accel_agent.privileged.context import (
     CFG_SECTION,
     NET_CFG_SECTION,
+    NVML_CFG_SECTION,
     _priv_net_pid,
+    _priv_nvml_pid,
     _priv_sysfs_pid,
     net_admin,
+    nvml_admin,
     sysfs_admin,
 )
 from accel_agent.privileged.wire import WireError, from_wire
@@ -181,3 +184,5 @@ def stop_net_privsep() -> None:
 
 register_guard(sysfs_admin, "sysfs", CFG_SECTION, _priv_sysfs_pid)
 register_guard(net_admin, "net", NET_CFG_SECTION, _priv_net_pid)
+# The NVML writer's helper starts on its first call, like the net one.
+register_guard(nvml_admin, "nvml", NVML_CFG_SECTION, _priv_nvml_pid)

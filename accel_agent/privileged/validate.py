@@ -30,6 +30,12 @@ MAX_ROOT_LEN = 4096
 MAX_REMOVE_TIMEOUT = 3600.0
 MAX_VGPU_TYPE_ID = 999_999
 MAX_NUM_VFS = 0xFFFF
+# NVML's GPU instance profile ids (nvmlGpuInstanceProfileInfo_v2_t.id) are
+# below 64 today, a GPU has 8 memory slices, GPU instance ids are small: the
+# bounds keep a bad value from reaching the library.
+MAX_GPU_INSTANCE_PROFILE_ID = 255
+MAX_GPU_SLICE = 255
+MAX_GPU_INSTANCE_ID = 4096
 
 
 def reject(reason: str) -> exception.PrivilegedInputRejected:
@@ -149,6 +155,37 @@ def validate_vgpu_type_id(value: Any) -> int:
 def validate_count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NUM_VFS:
         raise reject(f"number of VFs {value!r} must be an integer in 0..{MAX_NUM_VFS}")
+    return value
+
+
+def validate_flag(value: Any, what: str) -> bool:
+    """An on/off setting: a real boolean, never a truthy string or number."""
+    if not isinstance(value, bool):
+        raise reject(f"{what} {value!r} must be true or false")
+    return value
+
+
+def validate_profile_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        0 <= value <= MAX_GPU_INSTANCE_PROFILE_ID
+    ):
+        raise reject(f"GPU instance profile id {value!r} must be an integer in "
+                     f"0..{MAX_GPU_INSTANCE_PROFILE_ID}")
+    return value
+
+
+def validate_slice(value: Any, what: str, low: int) -> int:
+    """A GPU instance placement's start (``low`` 0) or size (``low`` 1), in slices."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_GPU_SLICE:
+        raise reject(f"GPU instance {what} {value!r} must be an integer in {low}..{MAX_GPU_SLICE}")
+    return value
+
+
+def validate_gpu_instance_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        0 <= value <= MAX_GPU_INSTANCE_ID
+    ):
+        raise reject(f"GPU instance id {value!r} must be an integer in 0..{MAX_GPU_INSTANCE_ID}")
     return value
 
 

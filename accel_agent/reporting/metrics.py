@@ -60,7 +60,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 MDEV_STATES = ("assigned", "claimed", "free", "foreign", "missing", "transient", "standing")
 SYNC_STATES = ("disabled", "ok", "failing")
-HELPERS = ("sysfs", "net")  # the privsep contexts (accel_agent.privileged.guard)
+HELPERS = ("sysfs", "net", "nvml")  # the privsep contexts (accel_agent.privileged.guard)
 # What asks for a rescan (accel_agent.events, daemon.core, daemon.reloads).
 RESCAN_REASONS = ("startup", "periodic", "udev", "api", "reload", "helper")
 RELOAD_RESULTS = ("applied", "refused")
@@ -370,7 +370,7 @@ class AgentMetrics:
         self.helper_restarts = Counter(
             f"{PREFIX}_privileged_helper_restarts",
             "Privileged helpers killed and started again because they missed a call's "
-            "deadline or died, by helper (sysfs, net).",
+            "deadline or died, by helper (sysfs, net, nvml).",
             ["helper"],
             registry=r,
         )

@@ -14,6 +14,7 @@ accel_agent.simulator``, which is also how ``mount`` starts its server).
   simulate fail-next-create DIR ERRNO [--parent P] [--type T]
   simulate fail-next-vgpu-write DIR ERRNO [--vf ADDR] [--type-id N]
   simulate accept-held-vgpu-destroy DIR [--refuse]
+  simulate gpu-reset DIR PF
   simulate materialise DIR [profile options]      (static tree, no process)
   simulate spec [profile options]                 (print the JSON spec)
   simulate profiles                               (list profiles and their options)
@@ -188,6 +189,13 @@ def cmd_accept_held_vgpu_destroy(args: argparse.Namespace) -> int:
 
 
 @_handled
+def cmd_gpu_reset(args: argparse.Namespace) -> int:
+    _client(args).gpu_reset(args.pf)
+    print(f"reset GPU {args.pf}")
+    return 0
+
+
+@_handled
 def cmd_status(args: argparse.Namespace) -> int:
     status = _client(args).status(counters=True)
     if args.json:
@@ -224,6 +232,7 @@ def _print_pci(status: dict[str, Any]) -> None:
     for v in status.get("vgpus", []):
         print(f"  vgpu {v['address']} {v['type_id']} {v['name']} group {v['iommu_group']}"
               f"{'  held' if v['held'] else ''}")
+    _print_nvidia(status)
     for f in status.get("vfs", []) + status.get("pci_functions", []):
         if (f["driver"] == f["default_driver"] and f["driver_override"] is None
                 and not f["held"]):
@@ -231,6 +240,28 @@ def _print_pci(status: dict[str, Any]) -> None:
         override = f"  override {f['driver_override']}" if f["driver_override"] is not None else ""
         print(f"  pci {f['address']} {f['driver'] or '(unbound)'} group {f['iommu_group']}"
               f"{override}{'  held' if f['held'] else ''}")
+
+
+def _print_nvidia(status: dict[str, Any]) -> None:
+    """What NVML would say of each vGPU 17+ GPU: mixed-size mode, MIG, GPU instances."""
+    for gpu in status.get("nvidia_gpus", []):
+        mig, mig_text = gpu["mig"], ""
+        if mig is not None:
+            mig_text = f"  mig {'on' if mig['current'] else 'off'}"
+            if mig["pending"] != mig["current"]:
+                mig_text += f" (pending {'on' if mig['pending'] else 'off'})"
+        print(f"  gpu {gpu['address']} mixed-size {'on' if gpu['heterogeneous'] else 'off'}"
+              f"{'' if gpu['heterogeneous_capable'] else ' (not capable)'}{mig_text}")
+        for gi in gpu["gpu_instances"]:
+            start, size = gi["placement"]
+            print(f"  gpu-instance {gpu['address']} {gi['gpu_instance_id']} {gi['name']} "
+                  f"at {start}:{size}")
+        for v in gpu["vgpus"]:
+            where = (f"gpu-instance {v['gpu_instance_id']}" if v["gpu_instance_id"] is not None
+                     else f"placement {v['placement_id']}")
+            print(f"  placed {v['vf']} {v['type_id']} {where}")
+    for failed in status.get("vgpu_boot_failures", []):
+        print(f"  boot failed on {failed['vf']}: {failed['reason']}")
 
 
 @_handled
@@ -283,9 +314,12 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="append", choices=sorted(PROFILES), metavar="PROFILE",
                    help=f"host profile, repeatable ({', '.join(PROFILES)}); "
                         f"default {DEFAULT_PROFILE}")
-    p.add_argument("--gpus", type=_positive, help="GPUs (nvidia-pf, nvidia-sriov, nvidia-vfio)")
+    p.add_argument("--gpus", type=_positive,
+                   help="GPUs (nvidia-pf, nvidia-sriov, nvidia-vfio; nvidia-l4, nvidia-h200, "
+                        "nvidia-a100-mig: <= 8)")
     p.add_argument("--vfs", type=_positive,
-                   help="VFs per GPU (nvidia-sriov; nvidia-vfio: enabled at boot, <= 32)")
+                   help="VFs per GPU (nvidia-sriov; nvidia-vfio, nvidia-l4, nvidia-h200: "
+                        "enabled at boot, <= 32; nvidia-a100-mig: <= 16)")
     p.add_argument("--nics", type=_positive, help="SR-IOV NIC ports (igb-sriov)")
     p.add_argument("--parents", type=_positive, help="parents (synthetic)")
     p.add_argument("--types", type=_positive, help="types per parent (synthetic)")
@@ -371,6 +405,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                "holds destroys its vGPU instead of failing with EBUSY (a driver that does "
                "not refuse)")
     p.add_argument("--refuse", action="store_true", help="back to EBUSY")
+    p = action("gpu-reset", cmd_gpu_reset,
+               "reset an NVIDIA vGPU 17+ GPU as 'nvidia-smi -r' does: a pending MIG mode "
+               "applies, mixed-size mode and every GPU instance are gone; refused while a "
+               "vGPU exists on it or a VM holds one of its VFs")
+    p.add_argument("pf", metavar="PF", help="the GPU's PCI address")
     p = action("materialise", cmd_materialise, "write a static tree (no process, no FUSE)",
                directory="empty or new directory")
     _spec_args(p)

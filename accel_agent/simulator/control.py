@@ -20,7 +20,16 @@ VFIO driver, ``after_probe``)/``release`` (``uuid``),
 ``fail-next-create`` (``errno`` name such as ``"ENOSPC"``, optional ``parent``,
 ``type_id``), ``fail-next-vgpu-write`` (``errno``, optional ``vf`` address and
 ``type_id``: the value written, 0 for a destroy), ``accept-held-vgpu-destroy``
-(``accept``: bool; until the next reboot), ``stop``.
+(``accept``: bool; until the next reboot), ``gpu-reset`` (``pf``: an NVIDIA
+vGPU GPU's address; refused while it is in use), ``nvml`` (``call``: a
+method of the agent's NVML interface, ``args``: its arguments; answered by
+:class:`~.nvml.SimulatedNvml` over the same state; an NVML error's reply
+also carries ``nvml_error``: ``{"class": name, "kwargs": {...}}``), ``stop``.
+
+The simulator names its control socket in the tree it serves, in
+``accel-agent-simulator/control_socket`` (``accel_agent.nvml.SIMULATOR_MARKER``):
+that is how the agent, given only a sysfs root, finds the NVML that belongs
+to it (accel_agent/nvml/__init__.py says why a file and not an option).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from typing import Any
 
 from accel_agent import exception
 from accel_agent.simulator.model import SimulatedHost
+from accel_agent.simulator.nvml import SimulatedNvml
 from accel_agent.simulator.spec import HostSpec
 
 LOG = logging.getLogger(__name__)
@@ -224,6 +234,10 @@ class SimulatorClient:
     def accept_held_vgpu_destroy(self, accept: bool = True) -> None:
         self.call("accept-held-vgpu-destroy", accept=accept)
 
+    def gpu_reset(self, pf: str) -> None:
+        """A reset of NVIDIA GPU ``pf`` (``nvidia-smi -r``; accel_agent/simulator/nvidia_gpu.py)."""
+        self.call("gpu-reset", pf=pf)
+
     def stall_reads(self, match: str, seconds: float | None = None) -> None:
         """Reads of paths containing ``match`` wait ``seconds`` (None: until
         :meth:`unstall_reads`): a slow driver, for tests."""
@@ -267,6 +281,11 @@ class _Handler(socketserver.StreamRequestHandler):
                 reply = {"ok": False, "error": f"bad request: {exc}"}
             except exception.AccelAgentException as exc:
                 reply = {"ok": False, "error": exc.message}
+                if isinstance(exc, exception.NvmlError):
+                    # The class keeps NVML's meaning (IN_USE, NOT_SUPPORTED, ...).
+                    reply["nvml_error"] = {"class": type(exc).__name__, "kwargs": {
+                        k: v if isinstance(v, bool | int | float | str) or v is None
+                        else str(v) for k, v in exc.kwargs.items()}}
             except OSError as exc:
                 reply = {"ok": False, "error": f"{errno.errorcode.get(exc.errno or 0, '?')}: {exc}"}
             self._reply(reply)
@@ -287,6 +306,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, path: str, host: SimulatedHost, mountpoint: str,
                  mounted: threading.Event, on_stop: Callable[[], None]) -> None:
         self.host = host
+        self.nvml = SimulatedNvml(host)
         self.mountpoint = mountpoint
         self.mounted = mounted
         self.on_stop = on_stop
@@ -328,6 +348,13 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                                       None if vf is None else str(vf), type_id)
         elif op == "accept-held-vgpu-destroy":
             host.accept_held_vgpu_destroy(_flag(req, "accept", True))
+        elif op == "gpu-reset":
+            host.gpu_reset(_text(req, "pf"))
+        elif op == "nvml":
+            args = req.get("args", {})
+            if not isinstance(args, dict):
+                raise ValueError("args must be an object")
+            return self.nvml.serve(_text(req, "call"), args)
 
         elif op == "stall-reads":
             seconds = req.get("seconds")
@@ -394,6 +421,7 @@ def serve(spec: HostSpec, mountpoint: str, *, rundir: str | None = None,
 
     kwargs = {} if remove_block_timeout is None else {"remove_block_timeout": remove_block_timeout}
     host = SimulatedHost(spec, **kwargs)
+    host.announce_control_socket(paths["socket"])
     mounted = threading.Event()
     main_thread = threading.main_thread().ident
 

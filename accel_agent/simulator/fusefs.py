@@ -102,7 +102,8 @@ class SysfsOperations(mfusepy.Operations):
     # -- files ----------------------------------------------------------------------
 
     def open(self, path: str, flags: int) -> int:
-        handle = self._host.open(path)
+        # The flags matter to a VFIO group node: a VM opens it read-write.
+        handle = self._host.open(path, flags)
         with self._hlock:
             fh = next(self._ids)
             self._handles[fh] = handle

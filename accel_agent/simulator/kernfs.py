@@ -30,6 +30,7 @@ served) before it is answered.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -97,8 +98,9 @@ class Kernfs:
         self.stalled_reads = 0  # reads that matched, in all
         self.stalled_readers = 0  # readers waiting now
 
-    def _open_attr(self, node: Attr, path: str) -> Handle:
-        """Open one attribute, lock held; a subclass adds what its nodes do on open."""
+    def _open_attr(self, node: Attr, path: str, flags: int) -> Handle:
+        """Open one attribute, lock held; a subclass adds what its nodes do on
+        open (``flags``: open(2)'s, for a node whose opener matters)."""
         return Handle(self, node, path)
 
     def _locked(self, func: Callable[[], None]) -> Callable[[], None]:
@@ -152,13 +154,18 @@ class Kernfs:
         with self._lock:
             return "/".join(self._tree.resolve(path)[1])
 
-    def open(self, path: str) -> Handle:
+    def open(self, path: str, flags: int = os.O_RDONLY) -> Handle:
         with self._lock:
             node = self._tree.lookup(path)
             if isinstance(node, Dir):
                 raise oserror(errno.EISDIR, path)
             assert isinstance(node, Attr)
-            return self._open_attr(node, path)
+            return self._open_attr(node, path, flags)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The one lock of the tree and all built on it (for :mod:`.nvml`)."""
+        return self._lock
 
     def read(self, path: str) -> bytes:
         return self.open(path).read()

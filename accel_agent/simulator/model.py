@@ -68,11 +68,13 @@ devices of the model.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from accel_agent import exception
+from accel_agent.nvml import SIMULATOR_MARKER
 from accel_agent.simulator.kabi import pci_path
 from accel_agent.simulator.kernfs import Handle, Kernfs, TreeEntry
 from accel_agent.simulator.mdev import (
@@ -129,7 +131,7 @@ class SimulatedHost(Kernfs):
                                self._alloc_group)
         self._mdev = MdevBus(self._tree, self._cond, self._event, self._changed,
                              self._alloc_group, self._groups_used.discard, remove_block_timeout)
-        self._vgpus = NvidiaVgpus(self._tree, self._changed)
+        self._vgpus = NvidiaVgpus(self._tree, self._changed, spec.sriov_pfs)
         # In the order the drivers act: a PF driver's remove() disables SR-IOV
         # before anything else living on a binding hears of the unbind.
         self._pci.add_listener(self._sriov)
@@ -192,15 +194,17 @@ class SimulatedHost(Kernfs):
     def _changed(self) -> None:
         self.generation += 1
 
-    def _open_attr(self, node: Attr, path: str) -> Handle:
-        """A VFIO group node is taken while open (:mod:`.mdev`, :mod:`.pci`)."""
+    def _open_attr(self, node: Attr, path: str, flags: int) -> Handle:
+        """A VFIO group node is taken while open (:mod:`.mdev`, :mod:`.pci`);
+        a read-write open of a PCI function's is a VM's (:mod:`.nvidia_vfio`)."""
         if isinstance(node, GroupNode):
             return Handle(self, node, path, on_close=self._locked(self._mdev.open_group(
                 node, path)))
         if isinstance(node, PciGroupNode):
+            vm = (flags & os.O_ACCMODE) != os.O_RDONLY
             return Handle(self, node, path, on_close=self._locked(self._pci.open_group(
-                node, path)))
-        return super()._open_attr(node, path)
+                node, path, vm=vm)))
+        return super()._open_attr(node, path, flags)
 
     # ---------------------------------------------------------------- host operations
 
@@ -231,6 +235,7 @@ class SimulatedHost(Kernfs):
             self._pci.reboot()
             self._sriov.boot(vgpu_vfs=not vfs_disabled)
             self._vgpus.reset()
+            self._vgpus.rebooted()
             self._mdev.rebooted()
             self.boot_count += 1
             self._changed()
@@ -242,10 +247,15 @@ class SimulatedHost(Kernfs):
         :meth:`.pci_sriov.SriovPfs.sriov_manage_enable`)."""
         with self._lock:
             if pf.lower() == "all":
-                return self._sriov.sriov_manage_enable(None)
-            if not address.is_pci_address(pf):
+                done = self._sriov.sriov_manage_enable(None)
+            elif not address.is_pci_address(pf):
                 raise exception.SimulatorError(reason=f"{pf!r} is neither a PCI address nor ALL")
-            return self._sriov.sriov_manage_enable(address.parse_pci_address(pf))
+            else:
+                done = self._sriov.sriov_manage_enable(address.parse_pci_address(pf))
+            for enabled in done["enabled"]:
+                # Enabling the VFs clears mixed-size mode and wipes GPU instances.
+                self._vgpus.vfs_enabled(enabled)
+            return done
 
     def driver_reload(self, driver: str = "nvidia") -> list[str]:
         """``rmmod``/``modprobe`` of a PCI driver: what it had bound goes and is
@@ -257,8 +267,33 @@ class SimulatedHost(Kernfs):
         use.  Returns the addresses bound to ``driver`` afterwards."""
         with self._lock:
             out = self._pci.reload_driver(driver)
+            self._vgpus.driver_reloaded(driver)
             self._changed()
             return out
+
+    def gpu_reset(self, pf: str) -> None:
+        """A reset of NVIDIA GPU ``pf`` (``nvidia-smi -r``): its pending MIG
+        mode applies, mixed-size mode and GPU instances are gone; refused
+        while anything uses it (:mod:`.nvidia_gpu`)."""
+        with self._lock:
+            if not address.is_pci_address(pf):
+                raise exception.SimulatorError(reason=f"{pf!r} is not a PCI address")
+            try:
+                self._vgpus.gpu_reset(address.parse_pci_address(pf))
+            except exception.NvmlError as err:
+                raise exception.SimulatorError(reason=err.message) from None
+
+    def announce_control_socket(self, path: str) -> None:
+        """Serve ``accel-agent-simulator/control_socket`` (0444) in the tree,
+        naming the control socket: how the agent finds this host's NVML
+        (accel_agent/nvml/__init__.py).  Not part of a real /sys."""
+        with self._lock:
+            self._tree.attr(SIMULATOR_MARKER, f"{path}\n")
+
+    @property
+    def nvidia(self) -> NvidiaVgpus:
+        """The NVIDIA vGPU GPUs' files and driver state (for :mod:`.nvml`)."""
+        return self._vgpus
 
     def hold(self, uuid: str, after_probe: bool = False) -> None:
         """Mark an mdev (by UUID) or a PCI function bound to a VFIO driver (by
@@ -386,6 +421,8 @@ class SimulatedHost(Kernfs):
                 **self._pci_status(),
                 "vgpus": self._vgpus.vgpus(),
                 "vgpu_writes": self._vgpus.writes(),
+                "nvidia_gpus": self._vgpus.gpus_status(),
+                "vgpu_boot_failures": self._vgpus.boot_failures(),
             }
 
 

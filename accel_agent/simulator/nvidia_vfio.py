@@ -15,15 +15,21 @@ creatable_vgpu_types      0444  ``ID    : vGPU Name`` then ``<id>  : <name>`` pe
                                 driver's layout: id left-justified in 6 columns)
 current_vgpu_type         0644  decimal id, ``0`` = none; writing an id creates
                                 the vGPU, writing ``0`` destroys it
-gpu_instance_id           0644  ``0`` on a typed VF; ENXIO while untyped (research
+gpu_instance_id           0644  a MIG-backed vGPU's GPU instance, ``0`` for a
+                                time-sliced one; ENXIO while untyped (research
                                 §3: "reads fail with ENXIO until a vGPU exists")
-placement_id              0644  like gpu_instance_id (its values are unpublished)
-vgpu_params               0644  reads empty (research §3)
+placement_id              0644  the vGPU's placement id (``0`` for a MIG-backed
+                                one or a type without placements: a choice);
+                                ENXIO while untyped
+vgpu_params               0644  reads empty (research §3); takes
+                                ``vgpu-placement-id=<id>`` on a typed VF
 ========================  ====  ===============================================
 
-What is creatable (the homogeneous rule; the mixed-size mode of ``nvidia-smi
-vgpu -shm 1`` is not modelled): nothing on a typed VF (it lists the header
-only); on a free VF every type while the card holds no vGPU; once it holds
+What is creatable is the GPU's business (:mod:`.nvidia_gpu`: the equal-size
+rule below, mixed-size mode's placements, MIG-backed types on free GPU
+instances); nothing is creatable on a typed VF (it lists the header only).
+The equal-size rule, while mixed-size mode is off: on a free VF every type
+while the card holds no vGPU; once it holds
 vGPUs of framebuffer size S, only the types of size S, each while fewer than
 its ``max_instances`` vGPUs of that size exist on the card.  A card whose VFs
 are all typed therefore shows the header only everywhere.  Sources: research
@@ -53,9 +59,36 @@ an id on a VF already typed            EINVAL   choice: nothing is creatable the
                                        ok       after accept-held-vgpu-destroy: a
                                                 driver that does not refuse (the vGPU
                                                 is destroyed under the VM)
+a MIG-backed id without a free GPU     EIO      cubecos config_gpu.cpp (PR #1338):
+  instance of its profile                       "NVRM: Failed to add vgpu create
+                                                request: 0x38" (:mod:`.nvidia_gpu`)
 fail-next-vgpu-write (control hook)    chosen   e.g. EIO as with a MIG-backed type
                                                 whose GPU instance is missing (§3)
 =====================================  =======  ===================================
+
+Writes to ``vgpu_params`` (NVIDIA vGPU 17 User Guide §2.12 places an mdev's
+vGPU with ``echo "vgpu-placement-id=<id>" > .../nvidia/vgpu_params`` after it
+is created; how a VF's vGPU is placed is not published, so the simulator takes
+the same line on a VF: a choice):
+
+=====================================  =======  ===================================
+write                                  errno    source
+=====================================  =======  ===================================
+on an untyped VF                       ENXIO    like the other files of a vGPU
+while the VF's group is open or held   EBUSY    choice (the VM runs on the placement)
+not ``vgpu-placement-id=<decimal>``,   EINVAL   choice (other parameters are
+  or on a MIG-backed vGPU                       unpublished)
+any placement id, valid or not         ok       User Guide §2.12: an invalid or taken
+                                                placement is found only when the VM
+                                                starts, which then fails to boot
+=====================================  =======  ===================================
+
+The VM's open (a read-write open of the VF's ``vfio/<group>``, as QEMU opens
+it, or ``hold``) fails with EIO (a choice) when the vGPU's placement is not
+one its type supports or overlaps another vGPU's (:meth:`NvidiaGpu.boot_failure
+<.nvidia_gpu.NvidiaGpu.boot_failure>`): the guest does not boot.  A read-only
+open (libvirt's and the agent's in-use probe) is the VFIO group core's alone
+and succeeds.  Each failed boot is recorded (``status``: ``vgpu_boot_failures``).
 
 A ``0`` written to a VF in use is refused and the vGPU stays (research
 nova-34-and-standing-layouts.md "NVIDIA vGPU 17+ facts": third-party logs show
@@ -76,11 +109,11 @@ The record is kept across reboots (like ``blocked_removes``), numbered by
 ``seq``; ``accept-held-vgpu-destroy`` is forgotten at a reboot, like the
 injected faults.
 
-Writes to ``gpu_instance_id``, ``placement_id`` and ``vgpu_params`` are refused
-with EINVAL (their semantics on this route are unpublished; the simulated
-card has no MIG).  Unbinding a VF from ``nvidia`` destroys its vGPU and the
-directory (the driver's remove); a reboot starts every VF at ``0`` ("each
-VF's ``current_vgpu_type`` resets on PCI re-enumeration", research
+Writes to ``gpu_instance_id`` and ``placement_id`` are refused with EINVAL
+(their semantics on this route are unpublished).  Unbinding a VF from
+``nvidia`` destroys its vGPU and the directory (the driver's remove); a
+reboot starts every VF at ``0`` ("each VF's ``current_vgpu_type`` resets on
+PCI re-enumeration", research
 nova-34-and-standing-layouts.md).  ``reboot --vfs-disabled`` and
 ``driver-reload`` leave the GPU with no VF at all until ``enable-vfs`` (the
 ``sriov-manage -e`` of :mod:`.pci_sriov`) adds them again, untyped.
@@ -89,13 +122,16 @@ nova-34-and-standing-layouts.md).  ``reboot --vfs-disabled`` and
 from __future__ import annotations
 
 import errno
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from accel_agent import exception
 from accel_agent.simulator import tree as t
 from accel_agent.simulator.kabi import kstrtoul
+from accel_agent.simulator.nvidia_gpu import NOT_FOUND, NvidiaGpu, Placed, nvml_error
 from accel_agent.simulator.pci import PciFunction
 from accel_agent.simulator.spec import SriovPfSpec, VgpuTypeSpec
 from accel_agent.simulator.tree import oserror
@@ -103,6 +139,7 @@ from accel_agent.simulator.tree import oserror
 HEADER = b"ID    : vGPU Name\n"
 NVIDIA_DIR = "nvidia"
 MAX_WRITES_KEPT = 4096  # a long test run's status stays small; tests compare by seq
+_PLACEMENT_RE = re.compile(rb"vgpu-placement-id=(\d{1,6})\n?")
 
 
 @dataclass(eq=False)
@@ -110,6 +147,8 @@ class _VgpuVf:
     fn: PciFunction
     spec: SriovPfSpec  # the GPU's
     type_id: int = 0
+    placement_id: int | None = None
+    gpu_instance_id: int | None = None
 
     @property
     def pf(self) -> str:
@@ -121,9 +160,13 @@ class NvidiaVgpus:
     """The vendor files of every bound VF of every vGPU-capable GPU; a
     :class:`~.pci.DriverListener` of the host's PCI bus."""
 
-    def __init__(self, tree: t.Tree, changed: Callable[[], None]) -> None:
+    def __init__(self, tree: t.Tree, changed: Callable[[], None],
+                 gpus: list[SriovPfSpec] | tuple[SriovPfSpec, ...] = ()) -> None:
         self._tree = tree
         self._changed = changed
+        # Every vGPU GPU's driver-side state, by PF address (nvidia_gpu.py).
+        self._gpus = {g.address: NvidiaGpu(g) for g in gpus if g.is_vgpu}
+        self._boot_failures: deque[dict[str, Any]] = deque(maxlen=MAX_WRITES_KEPT)
         self._vfs: dict[str, _VgpuVf] = {}
         self._by_pf: dict[str, list[_VgpuVf]] = {}  # a card's bound VFs: what the rule reads
         self._faults: list[tuple[int, str | None, int | None]] = []
@@ -149,9 +192,11 @@ class NvidiaVgpus:
         tr.attr((*d, "creatable_vgpu_types"), lambda: self._creatable_show(vf))
         tr.attr((*d, "current_vgpu_type"), lambda: f"{vf.type_id}\n".encode(),
                 store=lambda data: self._current_store(vf, data))
-        for name in ("gpu_instance_id", "placement_id"):
-            tr.attr((*d, name), lambda: self._instance_show(vf), store=_refuse)
-        tr.attr((*d, "vgpu_params"), b"", store=_refuse)
+        tr.attr((*d, "gpu_instance_id"), lambda: self._typed_show(vf, vf.gpu_instance_id),
+                store=_refuse)
+        tr.attr((*d, "placement_id"), lambda: self._typed_show(vf, vf.placement_id),
+                store=_refuse)
+        tr.attr((*d, "vgpu_params"), b"", store=lambda data: self._params_store(vf, data))
 
     def unbound(self, fn: PciFunction) -> None:
         vf = self._vfs.pop(fn.address, None)
@@ -165,29 +210,52 @@ class NvidiaVgpus:
     def _siblings(self, vf: _VgpuVf) -> list[_VgpuVf]:
         return self._by_pf.get(vf.pf, [])
 
+    def _gpu(self, vf: _VgpuVf) -> NvidiaGpu:
+        gpu = self._gpus.get(vf.pf)
+        if gpu is None:  # a GPU of a spec the host was not built with (never, by design)
+            gpu = self._gpus[vf.pf] = NvidiaGpu(vf.spec)
+        return gpu
+
+    @staticmethod
+    def _as_placed(vf: _VgpuVf) -> Placed | None:
+        ts = vf.spec.vgpu_type(vf.type_id) if vf.type_id else None
+        return None if ts is None else Placed(vf.fn.address, ts, vf.placement_id,
+                                              vf.gpu_instance_id)
+
+    def placed(self, pf: str) -> list[Placed]:
+        """Every vGPU on GPU ``pf``, as the GPU's rules see them."""
+        return [p for p in (self._as_placed(v) for v in self._by_pf.get(pf, [])) if p]
+
     def creatable(self, vf: _VgpuVf) -> list[VgpuTypeSpec]:
-        """What a write of an id to this VF would create now: the homogeneous
-        rule (research vendor-vfio-and-sriov.md §3-§5; module docstring)."""
+        """What a write of an id to this VF would create now (module docstring)."""
         if vf.type_id:
             return []
-        placed = [vf.spec.vgpu_type(v.type_id) for v in self._siblings(vf) if v.type_id]
-        sizes = {p.framebuffer_mib for p in placed if p is not None}
-        out = []
-        for ts in vf.spec.vgpu_types:
-            if sizes and sizes != {ts.framebuffer_mib}:
-                continue  # equal-size mode: the first vGPU fixed the card's size
-            if len(placed) < ts.max_instances:
-                out.append(ts)
-        return out
+        return self._gpu(vf).creatable(self.placed(vf.pf))
 
     def _creatable_show(self, vf: _VgpuVf) -> bytes:
         return HEADER + b"".join(f"{ts.type_id:<6}: {ts.name}\n".encode()
                                  for ts in self.creatable(vf))
 
-    def _instance_show(self, vf: _VgpuVf) -> bytes:
+    @staticmethod
+    def _typed_show(vf: _VgpuVf, value: int | None) -> bytes:
         if not vf.type_id:
             raise oserror(errno.ENXIO, f"{vf.fn.address} has no vGPU")
-        return b"0\n"
+        return f"{value or 0}\n".encode()
+
+    def _params_store(self, vf: _VgpuVf, data: bytes) -> int:
+        """``vgpu-placement-id=<id>`` moves a time-sliced vGPU (module docstring)."""
+        if not vf.type_id:
+            raise oserror(errno.ENXIO, f"{vf.fn.address} has no vGPU")
+        if vf.fn.busy:
+            raise oserror(errno.EBUSY, f"{vf.fn.address}: the vGPU is in use by a VM")
+        match = _PLACEMENT_RE.fullmatch(data)
+        ts = vf.spec.vgpu_type(vf.type_id)
+        if match is None or ts is None or ts.mig_backed:
+            raise oserror(errno.EINVAL, f"{data!r} is not vgpu-placement-id=<id> for "
+                                        f"{vf.fn.address}")
+        vf.placement_id = int(match.group(1))  # checked only when the VM starts
+        self._changed()
+        return len(data)
 
     def _current_store(self, vf: _VgpuVf, data: bytes) -> int:
         # Recorded before anything can refuse it: what matters to a test is
@@ -222,13 +290,28 @@ class NvidiaVgpus:
                 # Refused in use (research nova-34 "vGPU 17+ facts"); EBUSY is the
                 # simulator's choice of errno, the real one is unpublished.
                 raise oserror(errno.EBUSY, f"{vf.fn.address}: the vGPU is in use by a VM")
-            vf.type_id = 0
+            vf.type_id, vf.placement_id, vf.gpu_instance_id = 0, None, None
         else:
-            if value not in {ts.type_id for ts in self.creatable(vf)}:
-                raise oserror(errno.EINVAL, f"type {value} is not creatable on {vf.fn.address}")
-            vf.type_id = value
+            self._create(vf, value)
         self._changed()
         return len(data)
+
+    def _create(self, vf: _VgpuVf, value: int) -> None:
+        ts = vf.spec.vgpu_type(value)
+        if ts is None or vf.type_id or ts not in self.creatable(vf):
+            if ts is not None and ts.mig_backed and not vf.type_id:
+                # cubecos: "NVRM: Failed to add vgpu create request: 0x38"
+                raise oserror(errno.EIO, f"no free GPU instance of profile "
+                                         f"{ts.gpu_instance_profile} for {ts.name}")
+            raise oserror(errno.EINVAL, f"type {value} is not creatable on {vf.fn.address}")
+        gpu, placed = self._gpu(vf), self.placed(vf.pf)
+        if ts.mig_backed:
+            gi = gpu.free_gpu_instance(ts.gpu_instance_profile, placed)
+            assert gi is not None  # creatable said so
+            vf.placement_id, vf.gpu_instance_id = None, gi.gpu_instance_id
+        else:
+            vf.placement_id, vf.gpu_instance_id = gpu.placement_for(ts, placed), None
+        vf.type_id = value
 
     # ---------------------------------------------------------------- host operations
 
@@ -241,6 +324,83 @@ class NvidiaVgpus:
     def reset(self) -> None:
         self._faults.clear()
         self.accept_held_destroy = False
+
+    # ---------------------------------------------------------------- the GPUs' events
+
+    def check_vm_open(self, fn: PciFunction) -> None:
+        """A VM opens the VF (QEMU's read-write open of its group, or
+        ``hold``): EIO when its vGPU's placement cannot boot."""
+        vf = self._vfs.get(fn.address)
+        mine = self._as_placed(vf) if vf is not None else None
+        if vf is None or mine is None:
+            return
+        why = self._gpu(vf).boot_failure(mine, self.placed(vf.pf))
+        if why is not None:
+            self._boot_failures.append({"vf": fn.address, "type_id": vf.type_id,
+                                        "placement_id": vf.placement_id, "reason": why})
+            raise oserror(errno.EIO, f"{fn.address}: the guest cannot start its vGPU: {why}")
+
+    def gpu(self, pf: str) -> NvidiaGpu:
+        gpu = self._gpus.get(pf)
+        if gpu is None:
+            raise nvml_error(NOT_FOUND, "find GPU", pf, "no NVIDIA vGPU GPU at this address")
+        return gpu
+
+    def gpu_addresses(self) -> list[str]:
+        return sorted(self._gpus)
+
+    def busy(self, pf: str) -> bool:
+        """Something uses the GPU: a vGPU exists, or a VF is held or open."""
+        return any(v.type_id or v.fn.busy for v in self._by_pf.get(pf, []))
+
+    def free_vf(self, pf: str) -> _VgpuVf | None:
+        return next((v for v in self._by_pf.get(pf, []) if not v.type_id), None)
+
+    def vfs_enabled(self, pf: str) -> None:
+        self.gpu(pf).vfs_enabled()
+
+    def rebooted(self) -> None:
+        for gpu in self._gpus.values():
+            gpu.reboot()
+
+    def driver_reloaded(self, driver: str) -> None:
+        """``driver`` was reloaded: its GPUs are reset as it probes them (a choice)."""
+        for gpu in self._gpus.values():
+            if gpu.spec.driver == driver:
+                gpu.reset()
+
+    def gpu_reset(self, pf: str) -> None:
+        gpu = self.gpu(pf)
+        if self.busy(pf):
+            raise exception.SimulatorError(
+                reason=f"GPU {pf} is in use (a vGPU or a held VF): a reset is refused; "
+                       "nothing changed")
+        gpu.reset()
+        self._changed()
+
+    def boot_failures(self) -> list[dict[str, Any]]:
+        """Every VM open that failed on a vGPU's placement (oldest first)."""
+        return [dict(b) for b in self._boot_failures]
+
+    def gpus_status(self) -> list[dict[str, Any]]:
+        out = []
+        for addr in self.gpu_addresses():
+            gpu = self._gpus[addr]
+            out.append({
+                "address": addr, "heterogeneous_capable": gpu.spec.heterogeneous,
+                "heterogeneous": gpu.heterogeneous,
+                "mig": None if gpu.spec.mig is None else {
+                    "current": gpu.mig_current, "pending": gpu.mig_pending},
+                "gpu_instances": [
+                    {"gpu_instance_id": g.gpu_instance_id, "profile_id": g.profile.profile_id,
+                     "name": g.profile.name, "placement": [g.start, g.size]}
+                    for g in sorted(gpu.gpu_instances.values(),
+                                    key=lambda g: g.gpu_instance_id)],
+                "vgpus": [{"vf": p.vf, "type_id": p.vgpu_type.type_id,
+                           "placement_id": p.placement_id,
+                           "gpu_instance_id": p.gpu_instance_id} for p in self.placed(addr)],
+            })
+        return out
 
     def writes(self) -> list[dict[str, Any]]:
         """The last ``current_vgpu_type`` writes (oldest first): ``seq``, ``vf``,

@@ -355,14 +355,18 @@ class PciBus:
 
     # ---------------------------------------------------------------- VFIO group nodes
 
-    def open_group(self, node: PciGroupNode, path: str) -> Callable[[], None]:
+    def open_group(self, node: PciGroupNode, path: str, vm: bool = False) -> Callable[[], None]:
         """vfio_group_fops_open(): ENODEV without a VFIO driver, EBUSY while
-        open or held; returns what closing it does."""
+        open or held; returns what closing it does.  ``vm``: a read-write
+        open, as QEMU opens the group to run a guest on the device; a
+        listener may refuse that (:meth:`check_vm`)."""
         fn = self._functions.get(node.address)
         if fn is None or not node.alive or not fn.vfio_bound:
             raise oserror(errno.ENODEV, f"{path}: no VFIO driver bound")
         if fn.busy:
             raise oserror(errno.EBUSY, f"group {fn.group} of {fn.address} is in use")
+        if vm:
+            self.check_vm(fn)
         fn.opened = True
 
         def close() -> None:
@@ -383,12 +387,25 @@ class PciBus:
     def functions(self) -> Iterator[PciFunction]:
         return iter(sorted(self._functions.values(), key=lambda f: f.address))
 
+    def check_vm(self, fn: PciFunction) -> None:
+        """A VM is about to use ``fn``: a listener with a ``check_vm_open``
+        hook (the vGPU files, whose guest may fail to start) may refuse it
+        with an OSError."""
+        for listener in self._listeners:
+            check = getattr(listener, "check_vm_open", None)
+            if check is not None:
+                check(fn)
+
     def hold(self, address: str, after_probe: bool = False) -> None:
         fn = self.function(address)
         if not fn.vfio_bound:
             raise exception.SimulatorError(
                 reason=f"{address} is bound to {fn.driver or 'no driver'}, not to a VFIO "
                        "driver: no VM can hold it")
+        try:
+            self.check_vm(fn)
+        except OSError as err:
+            raise exception.SimulatorError(reason=f"the VM cannot start: {err.strerror}") from None
         if after_probe:
             fn.late_hold = True
         else:

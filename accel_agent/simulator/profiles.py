@@ -12,6 +12,10 @@ nvidia-pf     0000:84:00.0, 0000:85:00.0, ... (M60 PFs)  nvidia-equal-size
 nvidia-sriov  VFs 0000:41:00.4.. of PF 0000:41:00.0, ... nvidia-vf (A100 VFs)
 nvidia-vfio   L40S PFs 0000:c1:00.0, 0000:c2:00.0, ...;  no mdev: VFs typed via
               VFs 0000:c1:00.4.. (vGPU 17+)              nvidia/current_vgpu_type
+nvidia-l4     L4 PFs 0000:21:00.0, ... (vGPU 17+)        mixed-size placements
+nvidia-h200   H200 PFs 0000:61:00.0, ... (vGPU 17+)      MIG (mode lost at reboot)
+nvidia-a100-  A100-class PFs 0000:a1:00.0, ...           MIG (mode kept at reboot)
+mig
 igb-sriov     82576 ports 0000:10:00.0, 0000:10:00.1,    no mdev: VFs 10:10.0..
               0000:11:00.0, ... (netdev enp16s0f0, ...)  via sriov_numvfs
 i915-gvtg     0000:00:02.0                               shared, weights
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accel_agent import exception
+from accel_agent.simulator import profiles_nvidia
 from accel_agent.simulator.spec import (
     HostSpec,
     MdevSpec,
@@ -38,6 +43,7 @@ from accel_agent.simulator.spec import (
     TypeSpec,
     VgpuTypeSpec,
 )
+from accel_agent.simulator.spec_nvidia import MigSpec
 
 NVIDIA = 0x10DE
 INTEL = 0x8086
@@ -137,24 +143,10 @@ def nvidia_sriov(gpus: int = 1, vfs: int = 16) -> HostSpec:
 
 
 # NVIDIA L40S (Ada, 48 GiB) time-sliced vGPU types as its vGPU 17+ driver lists
-# them: ids and names are a real `cat /sys/bus/pci/devices/0000:3d:00.4/nvidia/
-# creatable_vgpu_types` quoted in harvester/pcidevices pkg/util/gpuhelper
-# (gpuhelper.go), i.e. a fresh VF of an empty card.  The size is the name's
-# number in GiB; the per-GPU maximum is 48 GiB / size, at most 32 (the most
-# vGPUs NVIDIA's type table allows an L40S, and the VF count used here).
+# them, with placements (profiles_nvidia.py says which numbers are read).
 L40S_DEVICE_ID = 0x26B9
-L40S_TOTAL_VFS = 32
-_L40S_FB_GIB = 48
-_L40S_TYPES = (
-    (1145, "1B", 1), (1146, "2B", 2),
-    *((1147 + i, f"{gib}Q", gib) for i, gib in enumerate((1, 2, 3, 4, 6, 8, 12, 16, 24, 48))),
-    *((1157 + i, f"{gib}A", gib) for i, gib in enumerate((1, 2, 3, 4, 6, 8, 12, 16, 24, 48))),
-    (2164, "3B", 3),
-)
-L40S_VGPU_TYPES = tuple(
-    VgpuTypeSpec(type_id, f"NVIDIA L40S-{suffix}", gib * 1024,
-                 min(_L40S_FB_GIB // gib, L40S_TOTAL_VFS))
-    for type_id, suffix, gib in _L40S_TYPES)
+L40S_TOTAL_VFS = profiles_nvidia.L40S_TOTAL_VFS
+L40S_VGPU_TYPES = profiles_nvidia.L40S_VGPU_TYPES
 
 
 def nvidia_vfio_pf(index: int) -> str:
@@ -180,9 +172,47 @@ def nvidia_vfio(gpus: int = 1, vfs: int = 16) -> HostSpec:
                        total_vfs=L40S_TOTAL_VFS, num_vfs=vfs, vendor_id=NVIDIA,
                        device_id=L40S_DEVICE_ID, vf_device_id=L40S_DEVICE_ID,
                        class_code=0x030200, numa_node=g % 2, vf_offset=4, vf_stride=1,
-                       vgpu_types=L40S_VGPU_TYPES)
+                       vgpu_types=L40S_VGPU_TYPES, heterogeneous=True)
            for g in range(gpus)]
     return HostSpec(sriov_pfs=pfs, profiles=("nvidia-vfio",))
+
+
+def _vfio_gpus(name: str, first_bus: int, gpus: int, vfs: int, total_vfs: int,
+               device_id: int, types: tuple[VgpuTypeSpec, ...], heterogeneous: bool,
+               mig: MigSpec | None) -> HostSpec:
+    _check_count("gpus", gpus, 1, 8)
+    _check_count("vfs", vfs, 1, total_vfs)
+    pfs = [SriovPfSpec(address=f"0000:{first_bus + g:02x}:00.0", driver="nvidia",
+                       vf_driver="nvidia", total_vfs=total_vfs, num_vfs=vfs, vendor_id=NVIDIA,
+                       device_id=device_id, vf_device_id=device_id, class_code=0x030200,
+                       numa_node=g % 2, vf_offset=4, vf_stride=1, vgpu_types=types,
+                       heterogeneous=heterogeneous, mig=mig)
+           for g in range(gpus)]
+    return HostSpec(sriov_pfs=pfs, profiles=(name,))
+
+
+def nvidia_l4(gpus: int = 1, vfs: int = 8) -> HostSpec:
+    """NVIDIA vGPU 17+ on L4 GPUs (0000:21:00.0, ...): mixed-size mode with the
+    guide's L4-6Q placements (profiles_nvidia.py); no MIG."""
+    return _vfio_gpus("nvidia-l4", 0x21, gpus, vfs, profiles_nvidia.L4_TOTAL_VFS,
+                      profiles_nvidia.L4_DEVICE_ID, profiles_nvidia.L4_VGPU_TYPES, True, None)
+
+
+def nvidia_h200(gpus: int = 1, vfs: int = 8) -> HostSpec:
+    """NVIDIA vGPU 17+ on H200 GPUs (0000:61:00.0, ...): MIG with the profile
+    table a real H200 reported, MIG-backed and time-sliced types, mixed-size
+    capable; the MIG mode is lost at a reboot (profiles_nvidia.py)."""
+    return _vfio_gpus("nvidia-h200", 0x61, gpus, vfs, profiles_nvidia.H200_TOTAL_VFS,
+                      profiles_nvidia.H200_DEVICE_ID, profiles_nvidia.H200_VGPU_TYPES, True,
+                      profiles_nvidia.H200_MIG)
+
+
+def nvidia_a100_mig(gpus: int = 1, vfs: int = 8) -> HostSpec:
+    """An A100-class GPU served the vGPU 17+ way (0000:a1:00.0, ...): MIG whose
+    mode survives a reboot while its GPU instances do not (profiles_nvidia.py)."""
+    return _vfio_gpus("nvidia-a100-mig", 0xA1, gpus, vfs, profiles_nvidia.A100_TOTAL_VFS,
+                      profiles_nvidia.A100_DEVICE_ID, profiles_nvidia.A100_VGPU_TYPES, False,
+                      profiles_nvidia.A100_MIG)
 
 
 def igb_port(index: int) -> tuple[str, str]:
@@ -298,6 +328,9 @@ PROFILES: dict[str, Callable[..., HostSpec]] = {
     "nvidia-pf": nvidia_pf,
     "nvidia-sriov": nvidia_sriov,
     "nvidia-vfio": nvidia_vfio,
+    "nvidia-l4": nvidia_l4,
+    "nvidia-h200": nvidia_h200,
+    "nvidia-a100-mig": nvidia_a100_mig,
     "igb-sriov": igb_sriov,
     "i915-gvtg": i915_gvtg,
     "mtty": mtty,

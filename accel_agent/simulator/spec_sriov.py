@@ -28,6 +28,7 @@ from accel_agent.simulator.spec_fields import (
     json_fields,
     sysfs_name,
 )
+from accel_agent.simulator.spec_nvidia import MigSpec
 
 # A network interface name: IFNAMSIZ is 16 with the NUL, no '/', ':' or blanks
 # (net/core/dev.c dev_valid_name()).
@@ -44,32 +45,73 @@ class VgpuTypeSpec:
     ``type_id`` is the decimal id written to ``current_vgpu_type`` (unique per
     card model only).  ``framebuffer_mib`` is what the equal-size rule compares
     (research vendor-vfio-and-sriov.md §5); ``max_instances`` is the limit per
-    physical GPU.
+    physical GPU.  A time-sliced type may have a ``placement_size`` and the
+    ``placements`` (ids) it supports in mixed-size mode (NVML
+    ``nvmlDeviceGetVgpuTypeSupportedPlacements``; without them it cannot be
+    placed in that mode, see :mod:`.nvidia_gpu`).  A MIG-backed type names its
+    ``gpu_instance_profile`` (NVML ``nvmlVgpuTypeGetGpuInstanceProfileId``)
+    and has no placements of its own.
     """
 
     type_id: int
     name: str
     framebuffer_mib: int
     max_instances: int
+    placement_size: int | None = None
+    placements: tuple[int, ...] = ()
+    gpu_instance_profile: int | None = None
 
     def __post_init__(self) -> None:
         integer(self.type_id, "vgpu type_id", 1)
+        where = f"vgpu type {self.type_id}"
         if self.type_id > 0xFFFFFFFF:
             raise invalid(f"vgpu type_id {self.type_id} does not fit 32 bits")
         if (not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name
                 or self.name != self.name.strip()):
-            raise invalid(f"vgpu type {self.type_id}: name {self.name!r} must be one trimmed line")
-        integer(self.framebuffer_mib, f"vgpu type {self.type_id}: framebuffer_mib", 1)
-        integer(self.max_instances, f"vgpu type {self.type_id}: max_instances", 1)
+            raise invalid(f"{where}: name {self.name!r} must be one trimmed line")
+        integer(self.framebuffer_mib, f"{where}: framebuffer_mib", 1)
+        integer(self.max_instances, f"{where}: max_instances", 1)
+        places = tuple(self.placements)
+        object.__setattr__(self, "placements", places)
+        for pid in places:
+            integer(pid, f"{where}: placement id", 0)
+        if len(set(places)) != len(places):
+            raise invalid(f"{where}: a placement id listed twice")
+        if self.placement_size is None:
+            if places:
+                raise invalid(f"{where}: placements without a placement_size")
+        else:
+            integer(self.placement_size, f"{where}: placement_size", 1)
+        if self.gpu_instance_profile is not None:
+            integer(self.gpu_instance_profile, f"{where}: gpu_instance_profile", 0)
+            if places or self.placement_size is not None:
+                raise invalid(f"{where}: a MIG-backed type has no placements of its own")
+
+    @property
+    def mig_backed(self) -> bool:
+        return self.gpu_instance_profile is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type_id": self.type_id, "name": self.name,
-                "framebuffer_mib": self.framebuffer_mib, "max_instances": self.max_instances}
+        out: dict[str, Any] = {"type_id": self.type_id, "name": self.name,
+                               "framebuffer_mib": self.framebuffer_mib,
+                               "max_instances": self.max_instances}
+        if self.placement_size is not None:
+            out["placement_size"] = self.placement_size
+            out["placements"] = list(self.placements)
+        if self.gpu_instance_profile is not None:
+            out["gpu_instance_profile"] = self.gpu_instance_profile
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "vgpu type") -> VgpuTypeSpec:
-        return cls(**json_fields(data, where, required=(
-            "type_id", "name", "framebuffer_mib", "max_instances"), optional=()))
+        kwargs = json_fields(data, where, required=(
+            "type_id", "name", "framebuffer_mib", "max_instances"),
+            optional=("placement_size", "placements", "gpu_instance_profile"))
+        if "placements" in kwargs:
+            if not isinstance(kwargs["placements"], list):
+                raise invalid(f"{where}.placements must be a list of ids")
+            kwargs["placements"] = tuple(kwargs["placements"])
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -84,7 +126,10 @@ class SriovPfSpec:
     device id ``vf_device_id`` and binds to ``vf_driver``.  ``netdev`` names
     the network interface the PF driver registers (``net/<netdev>``).
     Non-empty ``vgpu_types`` make it an NVIDIA vGPU 17+ GPU: its VFs, bound to
-    ``nvidia``, carry ``nvidia/creatable_vgpu_types`` and friends.
+    ``nvidia``, carry ``nvidia/creatable_vgpu_types`` and friends;
+    ``heterogeneous`` is its capability for mixed-size mode (NVML
+    ``NVML_DEVICE_VGPU_CAP_HETEROGENEOUS_TIMESLICE_SIZES``), ``mig`` its MIG
+    side (:class:`~.spec_nvidia.MigSpec`), both modelled in :mod:`.nvidia_gpu`.
     """
 
     address: str
@@ -101,6 +146,8 @@ class SriovPfSpec:
     vf_stride: int = 1
     netdev: str | None = None
     vgpu_types: tuple[VgpuTypeSpec, ...] = ()
+    heterogeneous: bool = False
+    mig: MigSpec | None = None
 
     def __post_init__(self) -> None:
         where = f"SR-IOV PF {self.address}"
@@ -134,6 +181,16 @@ class SriovPfSpec:
             if t.type_id in ids:
                 raise invalid(f"{where}: vgpu type {t.type_id} listed twice")
             ids.add(t.type_id)
+            if t.mig_backed and (self.mig is None or self.mig.profile(
+                    t.gpu_instance_profile or 0) is None):
+                raise invalid(f"{where}: vgpu type {t.type_id} needs GPU instance profile "
+                              f"{t.gpu_instance_profile}, which the GPU's MIG spec lacks")
+        if not isinstance(self.heterogeneous, bool):
+            raise invalid(f"{where}: heterogeneous must be true or false")
+        if (self.heterogeneous or self.mig is not None) and not types:
+            raise invalid(f"{where}: heterogeneous and mig need vgpu_types (an NVIDIA GPU)")
+        if self.mig is not None and not isinstance(self.mig, MigSpec):
+            raise invalid(f"{where}: mig must be a MigSpec")
 
     @property
     def is_vgpu(self) -> bool:
@@ -166,6 +223,10 @@ class SriovPfSpec:
             out["netdev"] = self.netdev
         if self.vgpu_types:
             out["vgpu_types"] = [t.to_dict() for t in self.vgpu_types]
+        if self.heterogeneous:
+            out["heterogeneous"] = True
+        if self.mig is not None:
+            out["mig"] = self.mig.to_dict()
         return out
 
     @classmethod
@@ -174,11 +235,13 @@ class SriovPfSpec:
                              required=("address", "driver", "vf_driver", "total_vfs"),
                              optional=("num_vfs", "vendor_id", "device_id", "vf_device_id",
                                        "class_code", "numa_node", "vf_offset", "vf_stride",
-                                       "netdev", "vgpu_types"))
+                                       "netdev", "vgpu_types", "heterogeneous", "mig"))
         if "vgpu_types" in kwargs:
             if not isinstance(kwargs["vgpu_types"], list):
                 raise invalid(f"{where}.vgpu_types must be a list")
             kwargs["vgpu_types"] = tuple(
                 VgpuTypeSpec.from_dict(t, f"{where}.vgpu_types[{i}]")
                 for i, t in enumerate(kwargs["vgpu_types"]))
+        if "mig" in kwargs:
+            kwargs["mig"] = MigSpec.from_dict(kwargs["mig"], f"{where}.mig")
         return cls(**kwargs)

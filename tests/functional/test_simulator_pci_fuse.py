@@ -276,3 +276,55 @@ def test_cli_mounts_nvidia_vfio_and_shows_typed_vfs(tmp_path):
         if control.is_mounted(mp):
             control.fusermount_unmount(mp, lazy=True)
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def test_the_agents_nvml_and_the_fuse_tree_are_one_state(sim):
+    """What the daemon does: read the tree (real open(2) through FUSE) and ask
+    the NVML the tree names (accel_agent.nvml.for_sysfs_root): a mode set
+    through NVML changes what the VFs list, a vGPU typed through the tree is
+    an active vGPU to NVML, and NVML's IN_USE crosses the socket as itself."""
+    from accel_agent import exception, nvml
+    from accel_agent.nvml.simulated import SimulatedNvmlClient
+
+    gpus = nvml.for_sysfs_root(sim.root)
+    assert isinstance(gpus, SimulatedNvmlClient)
+    assert gpus.status().source == "simulator"
+    assert gpus.gpus() == ("0000:c1:00.0", "0000:c2:00.0")
+    pf = "0000:c1:00.0"
+    creatable = sim.path(VF1, "nvidia", "creatable_vgpu_types")
+    assert gpus.set_heterogeneous_mode(pf, True) is True
+    assert write(sim.path(VF0, "nvidia", "current_vgpu_type"), b"1155") == 0  # L40S-24Q
+    listed = read(creatable).decode()
+    # Mixed-size mode: the other half takes any size, not only 24 GB.
+    assert "1147  : NVIDIA L40S-1Q" in listed and "1155  : NVIDIA L40S-24Q" in listed
+    assert read(sim.path(VF0, "nvidia", "placement_id")) == b"0\n"
+    [vgpu] = gpus.vgpu_instances(pf)
+    assert (vgpu.vf, vgpu.type_id, vgpu.placement_id) == ("0000:c1:00.4", 1155, 0)
+    assert gpus.vgpu_placements(pf, 1155).creatable == (24,)
+    with pytest.raises(exception.NvmlInUse, match="1 vGPU"):
+        gpus.set_heterogeneous_mode(pf, False)
+    with pytest.raises(exception.NvmlNotSupported, match="no MIG"):
+        gpus.mig_mode(pf)
+    sim.reboot()
+    assert gpus.heterogeneous_mode(pf) is False  # lost with the reboot, as the tree's types
+
+
+def test_a_vm_cannot_open_a_vgpu_on_an_overlapping_placement_through_fuse(sim):
+    """The write of a bad placement succeeds; QEMU's read-write open of the
+    VF's group fails (the guest does not boot), the in-use probe's read-only
+    open does not."""
+    from accel_agent import nvml
+
+    nvml.for_sysfs_root(sim.root).set_heterogeneous_mode("0000:c1:00.0", True)
+    assert write(sim.path(VF0, "nvidia", "current_vgpu_type"), b"1155") == 0  # 0..24
+    assert write(sim.path(VF1, "nvidia", "current_vgpu_type"), b"1155") == 0  # 24..48
+    assert write(sim.path(VF1, "nvidia", "vgpu_params"), b"vgpu-placement-id=12") == 0
+    node = sim.path("vfio", group_of(sim, VF1))
+    before = len(sim.status()["vgpu_boot_failures"])  # kept across reboots, as writes are
+    os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK))
+    with pytest.raises(OSError) as info:
+        os.open(node, os.O_RDWR)
+    assert info.value.errno == errno.EIO
+    assert [f["vf"] for f in sim.status()["vgpu_boot_failures"][before:]] == ["0000:c1:00.5"]
+    assert write(sim.path(VF1, "nvidia", "vgpu_params"), b"vgpu-placement-id=24") == 0
+    os.close(os.open(node, os.O_RDWR))

@@ -113,7 +113,8 @@ FREE_STRINGS = {
         "username", "user_domain_name", "password",
     )
 } | {
-    (s, n) for s in ("accel_agent_privileged", "accel_agent_net_privileged")
+    (s, n) for s in ("accel_agent_privileged", "accel_agent_net_privileged",
+                     "accel_agent_nvml_privileged")
     for n in ("helper_command", "logger_name")
 }
 

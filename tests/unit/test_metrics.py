@@ -140,7 +140,7 @@ def test_every_counter_has_its_label_sets_at_zero_before_any_event():
     assert labels("accel_agent_releases", "remove") == {"true", "false"}
     assert labels("accel_agent_config_reloads", "result") == {"applied", "refused"}
     assert labels("accel_agent_placement_syncs", "result") == {"ok", "failed"}
-    assert labels("accel_agent_privileged_helper_restarts", "helper") == {"sysfs", "net"}
+    assert labels("accel_agent_privileged_helper_restarts", "helper") == {"sysfs", "net", "nvml"}
     codes = labels("accel_agent_errors", "code")
     # Every error code the API answers (class names), and those that are not classes.
     assert {"InsufficientCapacity", "LedgerError", "PrivilegedHelperUnavailable",

@@ -236,3 +236,46 @@ def test_new_actions_usage_errors_exit_2(argv):
     with pytest.raises(SystemExit) as info:
         run(argv)
     assert info.value.code == 2
+
+
+def test_gpu_reset_and_nvml_through_the_control_socket(served_host, capsys):
+    """The agent's NVML client and `simulate gpu-reset` against the control
+    socket the tree names: NVML's errors come back as their own class."""
+    from accel_agent import exception
+    from accel_agent.nvml.simulated import SimulatedNvmlClient
+
+    host, pf = served_host, "0000:c1:00.0"
+    gpus = SimulatedNvmlClient(cli._client(None).socket_path)
+    assert gpus.set_heterogeneous_mode(pf, True) is True
+    assert run(["simulate", "status", "/x"]) == 0
+    assert "  gpu 0000:c1:00.0 mixed-size on" in capsys.readouterr().out.splitlines()
+    host.write("bus/pci/devices/0000:c1:00.4/nvidia/current_vgpu_type", "1150")
+    with pytest.raises(exception.NvmlInUse, match="1 vGPU"):
+        gpus.set_heterogeneous_mode(pf, False)
+    with pytest.raises(exception.NvmlNotSupported, match="no MIG"):
+        gpus.set_mig_mode(pf, True)
+    assert run(["simulate", "gpu-reset", "/x", pf]) == 1  # a vGPU uses it
+    assert "is in use" in capsys.readouterr().err
+    assert gpus.heterogeneous_mode(pf) is True
+    host.write("bus/pci/devices/0000:c1:00.4/nvidia/current_vgpu_type", "0")
+    assert run(["simulate", "gpu-reset", "/x", pf]) == 0
+    assert capsys.readouterr().out == f"reset GPU {pf}\n"
+    assert gpus.heterogeneous_mode(pf) is False
+    assert run(["simulate", "gpu-reset", "/x", "0000:99:00.0"]) == 1
+    assert "no NVIDIA vGPU GPU at this address" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("request_", [
+    {"op": "nvml", "call": "format_the_disk", "args": {}},
+    {"op": "nvml", "call": "heterogeneous_mode", "args": ["0000:c1:00.0"]},
+    {"op": "nvml", "call": "set_heterogeneous_mode", "args": {"gpu": "0000:c1:00.0"}},
+    {"op": "nvml", "call": "create_gpu_instance",
+     "args": {"gpu": "0000:c1:00.0", "profile_id": 9, "placement": [0, 4]}},
+    {"op": "gpu-reset"},
+])
+def test_bad_nvml_requests_are_refused_and_change_nothing(served_host, request_):
+    client = cli._client(None)
+    generation = served_host.generation
+    with pytest.raises(Exception, match="bad request"):
+        client.call(**request_)
+    assert served_host.generation == generation

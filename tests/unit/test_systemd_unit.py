@@ -95,7 +95,7 @@ def context_capabilities() -> dict[str, set[str]]:
         for v in vars(privileged).values()
         if isinstance(v, priv_context.PrivContext)
     }
-    assert len(contexts) >= 2, contexts  # the sysfs writer and the VF network writer
+    assert len(contexts) >= 3, contexts  # the sysfs, the VF network and the NVML writers
     found = {}
     for section in contexts:
         numbers = cfg.CONF._get_opt_info("capabilities", section)["default"]
@@ -104,10 +104,11 @@ def context_capabilities() -> dict[str, set[str]]:
 
 
 def test_the_contexts_are_the_ones_the_code_has():
-    """The premise: both contexts are found, with what the code says they keep."""
+    """The premise: every context is found, with what the code says it keeps."""
     assert context_capabilities() == {
         privileged.CFG_SECTION: set(),
         privileged.NET_CFG_SECTION: {"CAP_NET_ADMIN"},
+        privileged.NVML_CFG_SECTION: {"CAP_SYS_ADMIN"},
     }
 
 
@@ -130,6 +131,39 @@ def test_the_bounding_set_is_exactly_what_the_agent_and_its_contexts_need():
     for wanted in context_capabilities().values():
         needed |= wanted
     assert bounding_set(UNIT.read_text()) == needed
+
+
+def device_allow(text: str) -> dict[str, str]:
+    """``DeviceAllow=`` of the unit: specifier -> access (``r``, ``rw``, ...)."""
+    found = {}
+    for value in service_settings(text).get("DeviceAllow", []):
+        spec, _, access = value.partition(" ")
+        found[spec] = access.strip()
+    return found
+
+
+def test_device_allow_lets_nvml_open_the_devices_it_needs():
+    """NVML (the agent's reads, the NVML writer's writes) opens NVIDIA's
+    device groups as accel_agent.nvml.DEVICE_GROUPS says; DevicePolicy=closed
+    refuses anything DeviceAllow= does not name, and nothing more is given."""
+    from accel_agent import nvml
+
+    text = UNIT.read_text()
+    assert service_settings(text)["DevicePolicy"] == ["closed"]
+    allowed = device_allow(text)
+    nvidia = {spec.removeprefix("char-"): access for spec, access in allowed.items()
+              if spec.startswith("char-nvidia")}
+    assert nvidia == nvml.DEVICE_GROUPS
+    assert allowed["char-vfio"] == "rw"  # the in-use probe's, unchanged
+
+
+def test_the_former_unit_would_not_let_nvml_in():
+    """Not vacuous: the unit before the NVML writer named no NVIDIA device and
+    no CAP_SYS_ADMIN; both checks above would name what it lacked."""
+    former = ("[Service]\nCapabilityBoundingSet=CAP_CHOWN CAP_NET_ADMIN\n"
+              "DevicePolicy=closed\nDeviceAllow=char-vfio rw\n")
+    assert "CAP_SYS_ADMIN" not in bounding_set(former)
+    assert not any(spec.startswith("char-nvidia") for spec in device_allow(former))
 
 
 # --- sysfs write paths --------------------------------------------------------------------
