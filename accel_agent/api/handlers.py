@@ -118,7 +118,7 @@ def adopt(req: Request) -> Response:
         {
             "uuid": record.uuid,
             "parent": record.parent,
-            "mdev_type": record.mdev_type,
+            "mdev_type": record.device_type,
             "owned": True,
             "instance": record.owner,
         }

@@ -82,11 +82,11 @@ def _handle(m: DeviceManager, record: DeviceRecord, index: int) -> dict[str, Any
         "backend": record.backend,
         "uuid": record.uuid,
         "parent": record.parent,
-        "type": record.mdev_type,
+        "type": record.device_type,
         "address": backend.pci_address(ref),
         **backend.handle(ref),
         "xml": backend.guest_xml(ref),
-        **nova_handle(record.uuid, record.parent, record.mdev_type, backend.pci_address(ref)),
+        **nova_handle(record.uuid, record.parent, record.device_type, backend.pci_address(ref)),
     }
 
 

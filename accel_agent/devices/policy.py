@@ -50,7 +50,7 @@ class TypeConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class MdevPolicy:
+class DevicePolicy:
     # Effective types in configured order; ignored address-less types are
     # not here (Nova drops them from its supported list too).
     types: tuple[TypeConfig, ...] = ()
@@ -232,8 +232,8 @@ def read_policy_inputs(
     return PolicyInputs(enabled, options, sections), errors
 
 
-def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
-    """Resolve the configuration into a :class:`MdevPolicy`.
+def build_policy(conf: cfg.ConfigOpts | None = None) -> DevicePolicy:
+    """Resolve the configuration into a :class:`DevicePolicy`.
 
     Raises ConfigErrors listing every error.  Needs the sysfs root only to
     accept virtual parent names (``mtty``), like Nova's check of
@@ -251,7 +251,7 @@ def resolve_policy(
     inputs: PolicyInputs,
     sysfs_root: str,
     errors: list[exception.AccelAgentException] | None = None,
-) -> MdevPolicy:
+) -> DevicePolicy:
     """Nova's semantics over plain inputs; raises ConfigErrors with every
     error (``errors`` are those found while reading the options)."""
     errors = list(errors or [])
@@ -315,7 +315,7 @@ def resolve_policy(
         raise exception.ConfigErrors(errors)
     for warning in warnings:
         LOG.warning("%s", warning)
-    return MdevPolicy(
+    return DevicePolicy(
         types=tuple(types),
         parent_types=MappingProxyType(owner_of),
         default_type=default_type,
@@ -387,7 +387,7 @@ def _unused_sections(sections: tuple[str, ...], enabled: set[str]) -> list[str]:
     return sorted(set(found))
 
 
-def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
+def host_warnings(policy: DevicePolicy, snapshot: HostSnapshot) -> list[str]:
     """What the config says that the host cannot honour (warnings; errors
     under ``--strict``): addresses that are no mdev parent, each with the
     verdict ``accelctl explain`` gives it and its next step, and default
@@ -416,7 +416,7 @@ def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
     return warnings
 
 
-def _diagnosis(policy: MdevPolicy, snapshot: HostSnapshot, name: str) -> str:
+def _diagnosis(policy: DevicePolicy, snapshot: HostSnapshot, name: str) -> str:
     """Why ``name`` offers nothing, in ``accelctl explain``'s words."""
     from accel_agent import explain  # reads PCI facts: only when there is a warning
 

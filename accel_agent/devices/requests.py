@@ -32,14 +32,20 @@ def is_type_name(value: Any) -> bool:
 class DeviceRequest:
     count: int
     resource_class: str | None = None
-    mdev_type: str | None = None
+    device_type: str | None = None
     parent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"count": self.count}
-        for name in ("resource_class", "mdev_type", "parent"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
+        # The attach request's own words (the API's fields, the ledger's
+        # record of the request): ``mdev_type`` is the type's field there.
+        for key, value in (
+            ("resource_class", self.resource_class),
+            ("mdev_type", self.device_type),
+            ("parent", self.parent),
+        ):
+            if value is not None:
+                out[key] = value
         return out
 
 

@@ -23,7 +23,7 @@ class Allocation:
         return {
             "instance": self.instance,
             "mdevs": [
-                {"uuid": m.uuid, "parent": m.parent, "mdev_type": m.mdev_type} for m in self.mdevs
+                {"uuid": m.uuid, "parent": m.parent, "mdev_type": m.device_type} for m in self.mdevs
             ],
         }
 

@@ -60,7 +60,8 @@ def adopt(m: DeviceManager, uuid: str) -> DeviceRecord:
         record = protocol.adopt(
             m, protocol.Adoption(text, mdev.parent, mdev.mdev_type, mdev.backend), defined
         )
-        LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
+        LOG.info("adopted %s %s (%s on %s)", m.device_kind(mdev.backend), text, mdev.mdev_type,
+                 mdev.parent)
         return record
 
 

@@ -102,7 +102,7 @@ class MigrationDestination:
                 versions_mod.HostVersions.from_dict(source_versions), "source", self.minimums
             )
         versions_mod.check(self.host_versions(), "destination", self.minimums)
-        offered = {p.mdev_type for p in self.manager.inventory().providers}
+        offered = {p.device_type for p in self.manager.inventory().providers}
         missing = sorted(set(wanted.values()) - offered)
         if missing:
             raise exception.MigrationTypesUnsupported(
