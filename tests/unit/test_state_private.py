@@ -207,7 +207,9 @@ def test_an_operation_holds_the_lock_an_older_agent_takes_too(tmp_path, host):
         assert len(bounded(lambda: devices.allocate("vm-1", 1), []).uuids) == 1
     finally:
         devices.ledger.close()
-    assert seen == {"allocate.intent": {LOCK_NAME: "held", LEGACY_LOCK_NAME: "held"}}
+    held = seen["allocate.intent"]
+    assert held[LOCK_NAME] == "held", "the operation's lock is not held"
+    assert held[LEGACY_LOCK_NAME] == "held", "the lock by the name older releases take is free"
     # ... and let go after it: nobody waits on a lock no operation holds.
     assert {name: try_lock(state / name) for name in LOCK_NAMES} == {
         LOCK_NAME: "free", LEGACY_LOCK_NAME: "free"
