@@ -199,7 +199,7 @@ class LedgerView:
     @classmethod
     def of(cls, book: Ledger) -> LedgerView:
         """The view of an open ledger: the daemon's own (never a second
-        connection to it in its process, DESIGN.md §5)."""
+        connection to it in its process, docs/design.md §5.2)."""
         return cls.of_records(book.all())
 
     @classmethod

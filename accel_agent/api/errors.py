@@ -1,4 +1,4 @@
-"""Agent errors -> HTTP statuses: the one table (DESIGN.md §6).
+"""Agent errors -> HTTP statuses: the one table (docs/design.md §6.3).
 
 Bad input is 400, an unknown thing 404, a state that refuses the request 409,
 a host or ledger that cannot answer now 503.  Anything else, an

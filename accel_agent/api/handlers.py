@@ -75,7 +75,7 @@ def delete_allocation(req: Request) -> Response:
     return _released(req, _remove_flag(req))
 
 
-# Attach (os-acc, DESIGN.md §11): every accelerator of an instance in one call.
+# Attach (os-acc, docs/design.md §11): every accelerator of an instance in one call.
 
 
 def get_attachments(req: Request) -> Response:

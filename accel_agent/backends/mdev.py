@@ -5,7 +5,7 @@ Its read side is the host scanner's base (``accel_agent.sysfs.scanner`` and
 and removed by writing ``1`` to its ``remove``; a guest is given
 ``<hostdev type='mdev'>`` with the UUID.
 
-The boot race (DESIGN.md §14): libvirt's or mdevctl's autostart may start a
+The boot race (docs/design.md §14): libvirt's or mdevctl's autostart may start a
 definition of the agent's mdev before the agent's recovery re-creates it.  A
 create that meets EEXIST for an mdev of the same UUID, parent and type is the
 agent's device made by someone else first: success.  Any other mdev of that

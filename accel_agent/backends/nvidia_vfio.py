@@ -72,7 +72,7 @@ class NvidiaVfioBackend(DeviceBackend[VgpuWriter]):
         # managed='no': with 'yes' libvirt would unbind the VF from nvidia and bind
         # it to vfio-pci when the guest starts (and back when it stops), which
         # destroys the vGPU and breaks the VF's VFIO registration until SR-IOV is
-        # cycled (research note §4-5).  nvidia's own VFIO driver already offers the
+        # cycled (docs/design.md §10.3).  nvidia's own VFIO driver already offers the
         # VF to QEMU as it is.
         from accel_agent.libvirt_xml.devices import PciHostdev
 

@@ -1,4 +1,4 @@
-"""Attach: every accelerator of an instance in one call (DESIGN.md §11, the
+"""Attach: every accelerator of an instance in one call (docs/design.md §11, the
 os-acc way), all or nothing, as one operation of the protocol: one intent
 with every reservation and create intent (a pool VF's with its settings),
 the devices made, then one transaction that assigns them all and records

@@ -1,6 +1,6 @@
 """Inventory per physical GPU: the numbers Placement and orchestrators see.
 
-DESIGN.md §5.  For each physical GPU and the type configured for its
+docs/design.md §5.1.  For each physical GPU and the type configured for its
 parents: ``total = existing mdevs of that type + available_instances``,
 summed over the parents on that GPU (one parent for a PF or a virtual
 parent, every VF for NVIDIA SR-IOV), then capped by the per-GPU limit:

@@ -2,7 +2,7 @@
 facade over the use cases, each in a module of its own, all going through one
 operation protocol.
 
-DESIGN.md §5.  The manager holds what every use case needs (the ledger, the
+docs/design.md §5, §15.  The manager holds what every use case needs (the ledger, the
 privileged writer, the backends, the policy, libvirt's domains, the host
 scan) and answers the reads; each mutation is a use case:
 

@@ -1,11 +1,12 @@
 """Which mdev type goes on which parent: Nova's semantics, made stricter.
 
-Nova (research/nova.md §3, §11) walks ``enabled_mdev_types`` in order: a type
+Nova (docs/design.md §3.2; nova/virt/libvirt/driver.py
+``_get_supported_vgpu_types``) walks ``enabled_mdev_types`` in order: a type
 with ``device_addresses`` applies to exactly those parents; the first type
 without addresses is the default for every other parent; later address-less
 types are ignored with a warning; one address given twice refuses to start.
 
-What we do better (DESIGN.md §3): addresses are normalised (case, ``BB:SS.F``)
+What we do better (docs/design.md §3.3): addresses are normalised (case, ``BB:SS.F``)
 before matching and before the duplicate check, the duplicate message names
 both types, every error is collected so ``check-config`` prints them all, and
 the default type's ``mdev_class`` is honoured (Nova reports it as VGPU).

@@ -1,4 +1,4 @@
-"""What one attach call asks the manager for (DESIGN.md §11), as plain data
+"""What one attach call asks the manager for (docs/design.md §11), as plain data
 with no device model in it: the API's and accelctl's requests are checked and
 turned into these by ``accel_agent.attach_requests``.
 

@@ -84,7 +84,7 @@ class TakeoverPlan:
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """An instance's attach handles (DESIGN.md §11): one per device, in the
+    """An instance's attach handles (docs/design.md §11): one per device, in the
     order of the requests that asked for them, each with its guest XML."""
 
     instance: str

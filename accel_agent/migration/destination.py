@@ -1,4 +1,4 @@
-"""Destination side of a live migration with mdevs and vGPU VFs (DESIGN.md §7, §10).
+"""Destination side of a live migration with mdevs and vGPU VFs (docs/design.md §7.3, §10).
 
 ``claim`` checks this host's versions (and the source's, when the source
 sends them), checks that every source type is offered here, then holds one

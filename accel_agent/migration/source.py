@@ -1,4 +1,4 @@
-"""Source side of a live migration with mdevs and vGPU VFs (DESIGN.md §7, §10, nova.md §8).
+"""Source side of a live migration with mdevs and vGPU VFs (docs/design.md §7.2, §7.3, §10).
 
 ``prepare`` lists the domain's devices with their types (what the destination
 must claim) after checking this host's versions: its mdevs, and those of its

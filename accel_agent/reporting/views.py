@@ -1,4 +1,4 @@
-"""JSON documents of the host's state (DESIGN.md §6).
+"""JSON documents of the host's state (docs/design.md §6).
 
 One builder per listing, shared by ``accelctl --json`` and the API so both
 always give the same shape.

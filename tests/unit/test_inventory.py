@@ -1,4 +1,4 @@
-"""Inventory math (DESIGN.md §5) on simulated hosts: Nova's numbers and ours."""
+"""Inventory math (docs/design.md §5.1) on simulated hosts: Nova's numbers and ours."""
 
 from accel_agent.devices import inventory as inventory_mod
 from accel_agent.devices import policy as policy_mod
