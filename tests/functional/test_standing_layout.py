@@ -561,7 +561,7 @@ def held_open(host, device: dict):
 
 def kept_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if "kept as a free mdev instead of removed" in r.getMessage()]
+            if "kept as a free vGPU VF instead of removed" in r.getMessage()]
 
 
 def test_an_idle_layout_asks_for_no_rescan_and_says_a_refused_remove_once(sim, caplog):
