@@ -155,10 +155,11 @@ def test_no_committed_file_names_a_machine_path():
 
 
 # Citations of documents that are not in the repository (issue 35): the plan
-# the project started from (its "DESIGN.md §N") and the research notes it was
-# written with (their file names; "research note §N", "research §N",
-# "research/..."): a reader of a clone cannot follow them.  docs/design.md and
-# its Sources carry those facts, and a citation points there.
+# the project started from (its file's name in upper case, then "§N") and the
+# research notes it was written with (their file names; "research note §N",
+# "research §N", "research/..."): a reader of a clone cannot follow them.
+# docs/design.md and its Sources carry those facts, and a citation points
+# there.  (`git grep` for the plan's name finds nothing: not even here.)
 RESEARCH_NOTES = (
     "sysfs-mdevctl-kubevirt", "nova", "mtty-lab", "live-migration-lab",
     "cyborg-osacc-placement", "vendor-vfio-and-sriov", "nova-34-and-standing-layouts",
@@ -227,7 +228,7 @@ def test_every_citation_points_into_the_repository():
 @pytest.mark.parametrize(
     "line",
     [
-        "Targets (DESIGN.md §9):",
+        "Targets (DESIGN" ".md §9):",
         "Nova (research/nova.md §3, §11) walks",
         "cycled (research note §4-5).",
         "# no newline (research §3)",
