@@ -1,4 +1,4 @@
-"""Per-instance attach requests (os-acc, DESIGN.md §11) as the API and
+"""Per-instance attach requests (os-acc, docs/design.md §11) as the API and
 accelctl take them, checked whole before anything is prepared and turned into
 the manager's plain requests (``accel_agent.devices.requests``).
 

@@ -5,7 +5,7 @@ at raise time, so a message always names the offending value and callers can
 still read the values back from ``exc.kwargs``.  Classes are grouped by the
 layer that raises them; add new ones at the end of their group.
 
-Why one module of ~610 lines: one class per failure, each a few lines, and
+Why one module of ~750 lines: one class per failure, each a few lines, and
 their names are the API's error codes (``{"error": {"code": ...}}``) and the
 words of the logs: one table an operator or a client author reads in one
 place, as os-vif keeps its own.
@@ -151,6 +151,28 @@ class BackendNotLoaded(AccelAgentException):
     )
 
 
+class BackendNotInstalled(AccelAgentException):
+    """A device the ledger holds names a backend no installed package
+    registers (one uninstalled since it made the device): the agent cannot
+    make, unmake or describe it until the backend is installed again."""
+
+    msg_fmt = (
+        "device backend %(name)s is not installed (the accel_agent.backends entry points "
+        "name %(installed)s); install the package that provides it"
+    )
+
+
+class VfUuidMismatch(AccelAgentException):
+    """A VF's device is known by a UUID derived from the VF's address
+    (``DeviceBackend.device_uuid_is_fixed``): a device asked for under
+    another UUID is one recovery could never find again, so none is made."""
+
+    msg_fmt = (
+        "device %(uuid)s is not the device of %(kind)s %(vf)s, whose UUID is %(expected)s "
+        "(derived from the VF's address)"
+    )
+
+
 # --- privileged sysfs writes (errno mapping) -------------------------------------
 
 
@@ -252,13 +274,29 @@ class LedgerWriteFailed(LedgerError):
     msg_fmt = "the mdev ledger %(path)s cannot be written: %(detail)s"
 
 
-class MdevInUse(AccelAgentException):
+class DeviceInUse(AccelAgentException):
+    """Something holds the device (a libvirt domain, a VM's VFIO group):
+    nothing was done to it.  The base of each kind's own class (an mdev's,
+    a VF's): whoever keeps a device that is in use catches this one, and the
+    API answers 409 for every kind; raised itself for devices of several
+    kinds at once, or of a backend with no class of its own."""
+
+    msg_fmt = "device %(uuid)s is in use: %(reason)s"
+
+
+class MdevInUse(DeviceInUse):
     msg_fmt = "mediated device %(uuid)s is in use: %(reason)s"
 
 
-class VfInUse(MdevInUse):
-    # A subclass: whoever keeps an mdev that is in use keeps a vGPU VF too.
-    msg_fmt = "the vGPU on VF %(vf)s is in use: %(reason)s"
+class VfInUse(DeviceInUse):
+    """A VF a VM holds (a vGPU VF, a pool VF).  ``kind`` names it where the
+    raiser knows which (its backend's name of its devices); the privileged
+    writers act on a PCI function whatever it carries and leave "VF"."""
+
+    msg_fmt = "%(kind)s %(vf)s is in use: %(reason)s"
+
+    def __init__(self, message: str | None = None, *, kind: str = "VF", **kwargs: Any) -> None:
+        super().__init__(message, kind=kind, **kwargs)
 
 
 class VfAlreadyTyped(AccelAgentException):

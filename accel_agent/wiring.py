@@ -24,7 +24,12 @@ from accel_agent import exception
 from accel_agent.config import cache as config_cache
 from accel_agent.config.files import config_sources
 from accel_agent.devices import policy as policy_mod
-from accel_agent.devices.policy import MdevPolicy, PolicyInputs, read_policy_inputs, resolve_policy
+from accel_agent.devices.policy import (
+    DevicePolicy,
+    PolicyInputs,
+    read_policy_inputs,
+    resolve_policy,
+)
 from accel_agent.sysfs.model import HostSnapshot
 
 # oslo.config is imported where a command loads the configuration: the
@@ -73,7 +78,7 @@ class ListingConfig:
             errors,
         )
 
-    def policy(self, errors: list[exception.AccelAgentException] | None = None) -> MdevPolicy:
+    def policy(self, errors: list[exception.AccelAgentException] | None = None) -> DevicePolicy:
         return resolve_policy(self.policy_inputs, self.sysfs_root, errors)
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,7 +199,7 @@ class LedgerView:
     @classmethod
     def of(cls, book: Ledger) -> LedgerView:
         """The view of an open ledger: the daemon's own (never a second
-        connection to it in its process, DESIGN.md §5)."""
+        connection to it in its process, docs/design.md §5.2)."""
         return cls.of_records(book.all())
 
     @classmethod
@@ -237,7 +242,7 @@ def read_ledger(state_dir: str) -> LedgerView:
 
 @dataclass(frozen=True)
 class HostState:
-    policy: policy_mod.MdevPolicy
+    policy: policy_mod.DevicePolicy
     snapshot: HostSnapshot
     host: str
     ledger: LedgerView = field(default_factory=LedgerView)

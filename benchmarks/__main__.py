@@ -1,6 +1,6 @@
 """``python -m benchmarks [--quick] [--only a,b,...] [--output BENCHMARKS.md]``
 
-Runs the benchmarks of DESIGN.md §9 and writes a Markdown report with the
+Runs the benchmarks of docs/design.md §9 and writes a Markdown report with the
 machine, the date and the command.  (a) cold CLI vs mdevctl, (b) in-process
 rescan, (c) allocate/release through the API, (d) XML rewrite, (e) daemon
 RSS, (f) time from an mdev removed behind the agent to inventory updated,
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- machine: {started_on}",
         f"- command: `{command.strip()}` (what `make bench` runs)",
         "",
-        "Targets (DESIGN.md §9):",
+        "Targets (docs/design.md §9):",
         "",
         *[f"- ({k}) {v}" for k, v in TARGETS.items()],
         "",

@@ -154,7 +154,7 @@ def interleaved(commands: dict[str, list[str]], runs: int) -> dict[str, object]:
 
 
 def ratios(results: dict[str, object]) -> list[str]:
-    """The targets' ratios to mdevctl in the same run (DESIGN.md §9)."""
+    """The targets' ratios to mdevctl in the same run (docs/design.md §9)."""
     base = results.get(MDEVCTL)
     if not isinstance(base, dict):
         return []

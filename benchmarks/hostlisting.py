@@ -1,7 +1,7 @@
 """(n) listing across host shapes: (a)'s interleaved measurement, daemon
 listing, offline, offline on one core and ``mdevctl types --dumpjson``, on
 each tree of :mod:`benchmarks.hosttrees`, each judged against the targets of
-DESIGN.md §9 (issue 26: on all of them, not on the best one)."""
+docs/design.md §9 (issue 26: on all of them, not on the best one)."""
 
 from __future__ import annotations
 

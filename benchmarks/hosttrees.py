@@ -2,8 +2,7 @@
 calls: independent of ``accel_agent.simulator`` on purpose, so a benchmark on
 them cannot share a blind spot with the simulator's own tree (issue 26).
 
-The shapes follow the kernel (research sysfs-mdevctl-kubevirt.md §1.1,
-vendor-vfio-and-sriov.md §2-3):
+The shapes follow the kernel (docs/design.md §4.1, §10.3):
 
 * ``devices/pci<dddd>:00/`` root buses, each GPU under ``depth`` PCI bridges
   (root port, switch ports: class 0x060400, bound to ``pcieport``);

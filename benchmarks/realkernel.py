@@ -77,7 +77,7 @@ def _phases(seconds: float) -> dict[str, object]:
     while time.monotonic() < stop:
         marks.clear()
         start = time.perf_counter()
-        manager.allocate("phases", 1, mdev_type=TYPE)
+        manager.allocate("phases", 1, device_type=TYPE)
         steps = dict(marks)
         split["scan + plan + intent commit"].append(steps["allocate.intent"] - start)
         split["privsep create"].append(steps["allocate.created"] - steps["allocate.intent"])

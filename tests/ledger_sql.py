@@ -1,6 +1,6 @@
 """The ledger as its file says, read with plain SQL: for tests that check what
 the agent recorded without the Ledger class under test, and without a second
-Ledger in a process that has one open (DESIGN.md §5: closing any descriptor of
+Ledger in a process that has one open (docs/design.md §5.2: closing any descriptor of
 the file drops the live connection's POSIX locks).  Read-only (SQLite's
 ``mode=ro``): never creates, migrates or checkpoints the file."""
 

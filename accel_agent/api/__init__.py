@@ -1,4 +1,4 @@
-"""The agent's local HTTP/JSON API on a unix socket (DESIGN.md §6).
+"""The agent's local HTTP/JSON API on a unix socket (docs/design.md §6.3).
 
 * ``openapi.json`` -- the contract: routes, parameters, bodies, answers.
 * :mod:`.app` -- the WSGI application (routing table, OpenAPI validation).

@@ -1,4 +1,4 @@
-"""Agent errors -> HTTP statuses: the one table (DESIGN.md §6).
+"""Agent errors -> HTTP statuses: the one table (docs/design.md §6.3).
 
 Bad input is 400, an unknown thing 404, a state that refuses the request 409,
 a host or ledger that cannot answer now 503.  Anything else, an
@@ -16,7 +16,8 @@ from typing import Any
 from accel_agent import exception
 
 # Looked up along the exception's MRO, so a subclass inherits its base's
-# status unless it is listed itself (MdevAlreadyAssigned via LedgerConflict).
+# status unless it is listed itself (MdevAlreadyAssigned via LedgerConflict,
+# MdevInUse and VfInUse via DeviceInUse).
 STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     # 400: the request is wrong
     exception.ApiRequestInvalid: 400,
@@ -44,7 +45,7 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.InsufficientCapacity: 409,
     exception.ReportedByNova: 409,
     exception.InstanceAlreadyAllocated: 409,
-    exception.MdevInUse: 409,
+    exception.DeviceInUse: 409,  # MdevInUse, VfInUse: every kind alike
     exception.LedgerConflict: 409,
     exception.ForeignMdev: 409,
     exception.ForeignVf: 409,
@@ -65,6 +66,11 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.PfNetdevNotFound: 409,
     # 503: cannot answer now, retry later
     exception.LedgerError: 503,
+    # Once LedgerErrors, answered as they were: a device whose backend is
+    # not installed (install it), a VF's device asked for under a UUID the
+    # VF does not fix.
+    exception.BackendNotInstalled: 503,
+    exception.VfUuidMismatch: 503,
     exception.SysfsRootNotFound: 503,
     exception.LibvirtUnavailable: 503,
     exception.NodeDevicesUnavailable: 503,

@@ -75,7 +75,7 @@ def delete_allocation(req: Request) -> Response:
     return _released(req, _remove_flag(req))
 
 
-# Attach (os-acc, DESIGN.md §11): every accelerator of an instance in one call.
+# Attach (os-acc, docs/design.md §11): every accelerator of an instance in one call.
 
 
 def get_attachments(req: Request) -> Response:
@@ -118,7 +118,7 @@ def adopt(req: Request) -> Response:
         {
             "uuid": record.uuid,
             "parent": record.parent,
-            "mdev_type": record.mdev_type,
+            "mdev_type": record.device_type,
             "owned": True,
             "instance": record.owner,
         }

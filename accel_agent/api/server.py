@@ -1,7 +1,7 @@
 """The API's unix socket and its production WSGI server (cheroot).
 
 Whoever can connect to the socket can create and remove mdevs, so it is
-created with care (DESIGN.md §6):
+created with care (docs/design.md §6.3):
 
 * mode 0660 from the start (umask while binding, then chmod), group
   ``[api] socket_group`` when set;

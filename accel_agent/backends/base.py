@@ -35,7 +35,7 @@ never the manager.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -66,6 +66,23 @@ class DeviceRef:
     settings: Mapping[str, Any] | None = None
 
 
+def vfs_in_use(kind: str, devices: Sequence[DeviceRef], reason: str) -> exception.VfInUse:
+    """:meth:`DeviceBackend.in_use` of a backend whose devices are VFs (the
+    parent is the VF): the VFs, and the devices' UUIDs in the reason."""
+    return exception.VfInUse(
+        kind=kind,
+        vf=", ".join(d.parent for d in devices),
+        reason=f"{reason} (device {', '.join(d.uuid for d in devices)})",
+    )
+
+
+def check_fixed_uuid(kind: str, vf: str, uuid: str, expected: str) -> None:
+    """VfUuidMismatch unless ``uuid`` is the one VF ``vf`` fixes: the ledger
+    knows a VF's device by it, and recovery finds the device again by it."""
+    if uuid != expected:
+        raise exception.VfUuidMismatch(uuid=uuid, kind=kind, vf=vf, expected=expected)
+
+
 class Discoverer(Protocol):
     """A backend's read side for one sysfs root (may keep what it learnt)."""
 
@@ -94,6 +111,10 @@ class DeviceBackend(abc.ABC, Generic[W]):
 
     #: The entry point name (``accel_agent.backends``) and ``Parent.backend``.
     name: ClassVar[str]
+
+    #: What its devices are called in log lines and messages ("mdev",
+    #: "vGPU VF", "pool VF"): the core names no device model, its backend does.
+    kind: ClassVar[str] = "device"
 
     #: The module that declares this backend's options (dotted name), or
     #: None: ``list_opts()``, the groups as the sample config lists them
@@ -198,8 +219,16 @@ class DeviceBackend(abc.ABC, Generic[W]):
 
     @abc.abstractmethod
     def destroy(self, writer: W, device: DeviceRef, timeout: float) -> None:
-        """Unmake ``device``; MdevInUse when something holds it (nothing done),
-        MdevNotFound when it is gone already."""
+        """Unmake ``device``; a DeviceInUse of its kind when something holds
+        it (nothing done), MdevNotFound when it is gone already."""
+
+    def in_use(self, devices: Sequence[DeviceRef], reason: str) -> exception.DeviceInUse:
+        """The error that says ``devices`` (this backend's) are held and were
+        kept for ``reason``: the class of their kind (an mdev's, a VF's), so
+        a client reads from the code what it holds."""
+        return exception.DeviceInUse(
+            uuid=", ".join(d.uuid for d in devices), reason=f"{reason} ({self.kind})"
+        )
 
     def pci_address(self, device: DeviceRef) -> str | None:
         """The PCI address a guest is given for ``device``, or None when the

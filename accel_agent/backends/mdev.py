@@ -5,7 +5,7 @@ Its read side is the host scanner's base (``accel_agent.sysfs.scanner`` and
 and removed by writing ``1`` to its ``remove``; a guest is given
 ``<hostdev type='mdev'>`` with the UUID.
 
-The boot race (DESIGN.md §14): libvirt's or mdevctl's autostart may start a
+The boot race (docs/design.md §14): libvirt's or mdevctl's autostart may start a
 definition of the agent's mdev before the agent's recovery re-creates it.  A
 create that meets EEXIST for an mdev of the same UUID, parent and type is the
 agent's device made by someone else first: success.  Any other mdev of that
@@ -15,6 +15,7 @@ UUID stays refused (MdevAlreadyExists).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from accel_agent import exception
@@ -37,6 +38,7 @@ class MdevWriter(Protocol):
 
 class MdevBackend(DeviceBackend[MdevWriter]):
     name = "mdev"
+    kind = "mdev"
 
     def new_device_uuid(self, parent: Parent) -> str:
         # Imported here: uuid brings platform (~4 ms), and the read-only
@@ -58,6 +60,9 @@ class MdevBackend(DeviceBackend[MdevWriter]):
 
     def destroy(self, writer: MdevWriter, device: DeviceRef, timeout: float) -> None:
         writer.remove(device.uuid, timeout)
+
+    def in_use(self, devices: Sequence[DeviceRef], reason: str) -> exception.MdevInUse:
+        return exception.MdevInUse(uuid=", ".join(d.uuid for d in devices), reason=reason)
 
     def guest_device(self, device: DeviceRef) -> MdevDevice:
         # Imported here: accelctl's listings load the backends and never build XML.

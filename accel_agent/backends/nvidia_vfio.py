@@ -13,10 +13,17 @@ libvirt rebind the VF away from ``nvidia`` and break the vGPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from accel_agent import exception
-from accel_agent.backends.base import DeviceBackend, DeviceRef, Discoverer
+from accel_agent.backends.base import (
+    DeviceBackend,
+    DeviceRef,
+    Discoverer,
+    check_fixed_uuid,
+    vfs_in_use,
+)
 from accel_agent.sysfs import nvidia_vfio
 from accel_agent.sysfs.model import HostSnapshot, Parent
 
@@ -34,6 +41,7 @@ class VgpuWriter(Protocol):
 
 class NvidiaVfioBackend(DeviceBackend[VgpuWriter]):
     name = nvidia_vfio.BACKEND
+    kind = "vGPU VF"
     device_uuid_is_fixed = True
 
     def discoverer(
@@ -48,16 +56,14 @@ class NvidiaVfioBackend(DeviceBackend[VgpuWriter]):
         type_id = nvidia_vfio.type_id_of(device_type)
         if type_id is None:
             raise exception.MdevTypeNotSupported(parent=parent, mdev_type=device_type)
-        if uuid != nvidia_vfio.device_uuid(parent):
-            # The ledger's UUID of a VF's vGPU is fixed by the VF: anything
-            # else would be a device recovery could never find again.
-            raise exception.LedgerError(
-                reason=f"device {uuid} is not the vGPU UUID of VF {parent}"
-            )
+        check_fixed_uuid(self.kind, parent, uuid, nvidia_vfio.device_uuid(parent))
         writer.set_vgpu_type(parent, type_id)
 
     def destroy(self, writer: VgpuWriter, device: DeviceRef, timeout: float) -> None:
         writer.clear_vgpu_type(device.parent, timeout)
+
+    def in_use(self, devices: Sequence[DeviceRef], reason: str) -> exception.VfInUse:
+        return vfs_in_use(self.kind, devices, reason)
 
     def pci_address(self, device: DeviceRef) -> str | None:
         return device.parent
@@ -66,7 +72,7 @@ class NvidiaVfioBackend(DeviceBackend[VgpuWriter]):
         # managed='no': with 'yes' libvirt would unbind the VF from nvidia and bind
         # it to vfio-pci when the guest starts (and back when it stops), which
         # destroys the vGPU and breaks the VF's VFIO registration until SR-IOV is
-        # cycled (research note §4-5).  nvidia's own VFIO driver already offers the
+        # cycled (docs/design.md §10.3).  nvidia's own VFIO driver already offers the
         # VF to QEMU as it is.
         from accel_agent.libvirt_xml.devices import PciHostdev
 

@@ -24,11 +24,16 @@ give a recorded VF back to its driver.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from accel_agent import exception
-from accel_agent.backends.base import DeviceBackend, DeviceRef
+from accel_agent.backends.base import (
+    DeviceBackend,
+    DeviceRef,
+    check_fixed_uuid,
+    vfs_in_use,
+)
 from accel_agent.sysfs.model import Parent
 
 if TYPE_CHECKING:
@@ -66,6 +71,7 @@ class PciWriter(Protocol):
 
 class SriovVfBackend(DeviceBackend[PciWriter]):
     name = BACKEND
+    kind = "pool VF"
     device_uuid_is_fixed = True
     outside_snapshot = True
     unmade_on_release = True
@@ -133,7 +139,7 @@ class SriovVfBackend(DeviceBackend[PciWriter]):
                 pci_address=p["pci_address"],
                 physical_gpu=p["pci_address"],
                 numa_node=None,
-                mdev_type=p["pool"],
+                device_type=p["pool"],
                 resource_class=p["resource_class"],
                 total=p["inventory"]["total"],
                 used=p["used"],
@@ -157,19 +163,17 @@ class SriovVfBackend(DeviceBackend[PciWriter]):
         if self.pools is None:
             self.create(writer, parent, device_type, uuid)
             return
-        if uuid != device_uuid(parent):
-            raise exception.LedgerError(reason=f"device {uuid} is not the UUID of VF {parent}")
+        check_fixed_uuid(self.kind, parent, uuid, device_uuid(parent))
         # Settings first, then the hand-over (vfpool's docstring says why).
         self.pools.prepare(device_type, settings or {}, vf=parent)
 
     def create(self, writer: PciWriter, parent: str, device_type: str, uuid: str) -> None:
         """Hand VF ``parent`` to vfio-pci; ``device_type`` is its pool's name."""
-        if uuid != device_uuid(parent):
-            raise exception.LedgerError(reason=f"device {uuid} is not the UUID of VF {parent}")
+        check_fixed_uuid(self.kind, parent, uuid, device_uuid(parent))
         writer.bind_vfio(parent)
 
     def destroy(self, writer: PciWriter, device: DeviceRef, timeout: float) -> None:
-        # VfInUse (an MdevInUse) when its group is held: nothing done.  Through
+        # VfInUse (a DeviceInUse) when its group is held: nothing done.  Through
         # the pool service when there is one: the settings are reset too, and
         # whatever step a prepare reached is undone (idempotent).
         if self.pools is not None:
@@ -182,6 +186,9 @@ class SriovVfBackend(DeviceBackend[PciWriter]):
             writer.unbind_vfio(device.parent)
         except exception.PciDeviceNotFound:
             raise exception.MdevNotFound(uuid=device.uuid) from None  # the VF is gone
+
+    def in_use(self, devices: Sequence[DeviceRef], reason: str) -> exception.VfInUse:
+        return vfs_in_use(self.kind, devices, reason)
 
     def handle(self, device: DeviceRef) -> dict[str, Any]:
         return {"pool": device.device_type, "settings": dict(device.settings or {})}

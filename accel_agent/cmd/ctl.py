@@ -21,7 +21,7 @@ that knows them all (tests/unit/test_house.py).  What they share is in
 ``daemon`` (going through the running daemon), ``loading`` (the config and,
 acting directly, the manager), ``output`` and ``listings``.
 
-Exit codes (a public contract, DESIGN.md §6): 0 ok, 1 error (each error on
+Exit codes (a public contract, docs/design.md §6.2): 0 ok, 1 error (each error on
 its own line on stderr, naming the offending value), 2 usage.
 
 The global options (``--config-file``, ``--config-dir``, ``--sysfs-root``,
@@ -35,7 +35,7 @@ Imports stay light at module level, here and in the command modules: every
 invocation pays for what is imported, so libvirt, lxml, the API client and
 Placement code are imported inside the commands that use them.
 
-One writer (DESIGN.md §6): when the daemon runs, every command that changes
+One writer (docs/design.md §6.2): when the daemon runs, every command that changes
 something (allocate, release, adopt, recover) and the listings go through its
 API on the unix socket ``[api] socket_path``.  When there is no daemon (no
 socket, or nobody listening on it) they act directly, as the daemon would;
@@ -43,7 +43,7 @@ the manager's file lock still serialises them.  ``--offline`` forces direct
 mode.  A daemon that is there but cannot be reached (permission denied, no
 answer) is an error, never a fallback.
 
-The ledger (DESIGN.md §5): while the daemon runs, accelctl asks it instead
+The ledger (docs/design.md §5.2): while the daemon runs, accelctl asks it instead
 of opening the ledger, unless ``--offline``.  Acting directly, the listings,
 ``check-config`` and ``nova-pci-config`` open it read-only (never created,
 migrated or checkpointed); the commands that change something open it for

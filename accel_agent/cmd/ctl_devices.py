@@ -1,7 +1,7 @@
 """``accelctl allocate``, ``release``, ``attach``, ``detach`` and
 ``domain-xml``: an instance's devices.
 
-One writer (DESIGN.md §6): while the daemon runs, each goes through its API
+One writer (docs/design.md §6.2): while the daemon runs, each goes through its API
 (accel_agent.cmd.daemon); without one (or with ``--offline``) it acts
 directly through the manager, whose file lock still serialises them
 (accel_agent.cmd.loading).  ``domain-xml`` only reads, and takes

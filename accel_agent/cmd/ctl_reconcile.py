@@ -74,7 +74,7 @@ def adopt_mdevs(args: argparse.Namespace) -> int:
     if record is daemon.OFFLINE:
         with loading.offline_manager(conf) as manager:
             adopted = manager.adopt(args.uuid)
-        record = {"uuid": adopted.uuid, "parent": adopted.parent, "mdev_type": adopted.mdev_type}
+        record = {"uuid": adopted.uuid, "parent": adopted.parent, "mdev_type": adopted.device_type}
     print(f"adopted {record['uuid']} ({record['mdev_type']} on {record['parent']})")
     return output.EXIT_OK
 

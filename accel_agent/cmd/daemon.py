@@ -1,7 +1,7 @@
 """Whether accelctl reaches the running daemon, and asking it.
 
-One writer (DESIGN.md §6) and one connection to the ledger per process
-(§5): while the daemon runs, accelctl asks it through its API instead of
+One writer (docs/design.md §6.2) and one connection to the ledger per process
+(docs/design.md §5.2): while the daemon runs, accelctl asks it through its API instead of
 acting itself, unless ``--offline``.  No socket, or nobody listening on it,
 means no daemon; a daemon that is there but cannot be reached (permission
 denied, no answer) is an error, never a reason to act behind its back.

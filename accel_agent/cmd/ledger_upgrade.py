@@ -1,5 +1,5 @@
 """``accelctl ledger upgrade``: migrate the mdev ledger to this code's schema,
-on purpose, after a backup copy (DESIGN.md §5).
+on purpose, after a backup copy (docs/design.md §5.2).
 
 Nothing else in accelctl migrates the ledger: its readers open it read-only
 and its offline writers refuse an older schema, naming this command.  The

@@ -2,7 +2,7 @@
 applied, or refused for a command that writes) and, acting directly (no
 daemon, or ``--offline``), the device manager.
 
-The ledger (DESIGN.md §5): a command acting directly opens it for writing
+The ledger (docs/design.md §5.2): a command acting directly opens it for writing
 but never migrates it: a ledger of an older schema is refused, naming
 ``accelctl ledger upgrade`` (the daemon upgrades it at its start too).
 """

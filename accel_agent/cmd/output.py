@@ -11,7 +11,7 @@ from typing import Any, TextIO
 from accel_agent import exception
 from accel_agent.exception import printable
 
-# accelctl's exit codes (a public contract, DESIGN.md §6).
+# accelctl's exit codes (a public contract, docs/design.md §6.2).
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2

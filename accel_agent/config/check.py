@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from accel_agent.devices import inventory as inventory_mod
     from accel_agent.devices.ledger import Ledger
-    from accel_agent.devices.policy import MdevPolicy
+    from accel_agent.devices.policy import DevicePolicy
     from accel_agent.wiring import HostState, LedgerView
 
 
@@ -182,17 +182,17 @@ def _host_warnings(conf: cfg.ConfigOpts, state: HostState) -> list[str]:
     return warnings
 
 
-def standing_warnings(policy: MdevPolicy, inventory: inventory_mod.Inventory) -> list[str]:
+def standing_warnings(policy: DevicePolicy, inventory: inventory_mod.Inventory) -> list[str]:
     """Standing layouts a GPU cannot hold (its capacity for the type is less
     than N): the layout keeps what fits, health says it is short."""
     found = []
     for provider in inventory.providers:
-        config = policy.config_of(provider.mdev_type)
+        config = policy.config_of(provider.device_type)
         if config is not None and config.standing > provider.total:
             found.append(
-                f"[mdev_{provider.mdev_type}] standing = {config.standing} cannot fit GPU "
+                f"[mdev_{provider.device_type}] standing = {config.standing} cannot fit GPU "
                 f"{provider.physical_gpu}: it holds at most {provider.total} "
-                f"{provider.mdev_type}; its layout keeps {provider.total}"
+                f"{provider.device_type}; its layout keeps {provider.total}"
             )
     return found
 

@@ -185,13 +185,13 @@ def health(core: AgentCore) -> dict[str, Any]:
     if rescan.missing:
         problems.append((
             kind.MDEVS_MISSING,
-            f"{len(rescan.missing)} recorded mdev(s) are missing from sysfs and could not "
+            f"{len(rescan.missing)} recorded device(s) are missing from sysfs and could not "
             "be re-created",
         ))
     if rescan.waiting:
         problems.append((
             kind.MDEVS_WAITING_FOR_PARENT,
-            f"{len(rescan.waiting)} recorded mdev(s) wait for their parent to come back",
+            f"{len(rescan.waiting)} recorded device(s) wait for their parent to come back",
         ))
     if reload.result == "refused":
         problems.append(
@@ -240,7 +240,7 @@ def health(core: AgentCore) -> dict[str, Any]:
             "draining_since": iso(layout.draining_since),
             "short": {
                 gpu: {
-                    "mdev_type": short.mdev_type,
+                    "mdev_type": short.device_type,
                     "standing": short.standing,
                     "present": short.present,
                     "reason": short.reason,

@@ -44,7 +44,7 @@ def count(
         if mdev is None:
             continue  # not on the host: nothing can hold it
         parent = snapshot.parents.get(mdev.parent)
-        key = (mdev.mdev_type or record.mdev_type, parent.physical_gpu if parent else mdev.parent)
+        key = (mdev.mdev_type or record.device_type, parent.physical_gpu if parent else mdev.parent)
         rows[key] += int(mdev.iommu_group is not None and str(mdev.iommu_group) in held)
     return tuple(sorted((t, gpu, n) for (t, gpu), n in rows.items()))
 
@@ -77,8 +77,8 @@ def read(
 
 def by_type(rows: InUse) -> dict[str, int]:
     totals: Counter[str] = Counter()
-    for mdev_type, _gpu, n in rows:
-        totals[mdev_type] += n
+    for device_type, _gpu, n in rows:
+        totals[device_type] += n
     return dict(sorted(totals.items()))
 
 

@@ -90,7 +90,7 @@ def _no_reload() -> ReloadOutcome:
 
 
 def orphaned(
-    assigned: Iterable[DeviceRecord], policy: policy_mod.MdevPolicy, devices: Existing
+    assigned: Iterable[DeviceRecord], policy: policy_mod.DevicePolicy, devices: Existing
 ) -> list[str]:
     """Why ``policy`` would hand devices instances hold to another owner (their
     parent another type or none, their type reported by Nova): recovery's

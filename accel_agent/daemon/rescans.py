@@ -137,8 +137,10 @@ class Rescans:
         self._unrecorded |= set(report.unrecorded)
         if report.recreated:
             self.metrics.recreated.inc(len(report.recreated))
-            LOG.info("recovery re-created %d mdev(s): %s", len(report.recreated),
-                     ", ".join(report.recreated))
+            ledger = self.devices.ledger
+            backends = [getattr(ledger.get(u), "backend", "") for u in report.recreated]
+            LOG.info("recovery re-created %d %s: %s", len(report.recreated),
+                     self.devices.device_kinds(backends), ", ".join(report.recreated))
         with self._lock:
             self.recovery = RecoveryView(at=now, recreated=tuple(report.recreated))
         return report
@@ -314,7 +316,8 @@ class Rescans:
             recoverable = [r for r in recoverable if r.uuid in gone]
         if recoverable:
             LOG.warning(
-                "recorded mdev(s) missing from sysfs: %s; recovering",
+                "recorded %s missing from sysfs: %s; recovering",
+                devices.device_kinds(r.backend for r in recoverable),
                 ", ".join(r.uuid for r in recoverable),
             )
             self.run_recover()
@@ -349,7 +352,7 @@ class Rescans:
         self.metrics.set_mdev_counts(counts)
         self.metrics.set_mdevs(mdev_infos(records, snapshot))
         self.metrics.set_providers(
-            ProviderSample(p.name, p.physical_gpu, p.mdev_type, p.resource_class, p.total, p.used)
+            ProviderSample(p.name, p.physical_gpu, p.device_type, p.resource_class, p.total, p.used)
             for p in inventory.providers
         )
         with self._lock:

@@ -30,7 +30,7 @@ LOG = logging.getLogger(__name__)
 MAX_COUNT = requests_mod.MAX_COUNT
 
 
-def check_request_names(parent: str | None, mdev_type: str | None) -> None:
+def check_request_names(parent: str | None, device_type: str | None) -> None:
     """A parent and a type as a caller may name them: no control character
     (``"mtty\\n"`` must not quietly become ``mtty``), a PCI address or parent
     name, a type id as sysfs spells them (fullmatch: ``$`` would take a
@@ -43,9 +43,9 @@ def check_request_names(parent: str | None, mdev_type: str | None) -> None:
         raise exception.InvalidAllocationRequest(
             reason=f"parent {parent!r} is neither a PCI address nor an mdev parent name"
         )
-    if mdev_type is not None and not requests_mod.is_type_name(mdev_type):
+    if device_type is not None and not requests_mod.is_type_name(device_type):
         raise exception.InvalidAllocationRequest(
-            reason=f"mdev type {mdev_type!r} must match {requests_mod.TYPE_NAME_RULE}"
+            reason=f"mdev type {device_type!r} must match {requests_mod.TYPE_NAME_RULE}"
         )
 
 
@@ -59,7 +59,7 @@ def allocate(
     instance: str,
     count: int,
     parent: str | None = None,
-    mdev_type: str | None = None,
+    device_type: str | None = None,
 ) -> Allocation:
     """Give ``instance`` ``count`` devices, all or nothing.
 
@@ -71,16 +71,16 @@ def allocate(
         raise exception.InvalidAllocationRequest(
             reason=f"count must be an integer from 1 to {MAX_COUNT}, not {count!r}"
         )
-    check_request_names(parent, mdev_type)
+    check_request_names(parent, device_type)
     wanted_parent = address.normalise_parent(parent) if parent else None
     with protocol.operation(m):
         held = m.ledger.by_owner(instance, OwnerKind.INSTANCE)
         if held:
-            if _holds(m, held, count, wanted_parent, mdev_type):
+            if _holds(m, held, count, wanted_parent, device_type):
                 return Allocation(instance, tuple(held))
             raise exception.InstanceAlreadyAllocated(instance=instance, count=len(held))
         snapshot = m.scan()
-        chosen_type, slots = planning.plan(m, snapshot, count, wanted_parent, mdev_type)
+        chosen_type, slots = planning.plan(m, snapshot, count, wanted_parent, device_type)
         protocol.make_and_assign(
             m, snapshot, protocol.Owner(instance),
             [protocol.PlanItem(slot, chosen_type) for slot in slots],
@@ -93,14 +93,14 @@ def _holds(
     held: list[DeviceRecord],
     count: int,
     wanted_parent: str | None,
-    mdev_type: str | None,
+    device_type: str | None,
 ) -> bool:
     """Whether ``held`` is what this request asks for (a repeat: idempotent),
     as opposed to a different request (refused, never answered with the old
     allocation).  The parent may name the devices' parent or their GPU."""
     if len(held) != count:
         return False
-    if mdev_type is not None and any(r.mdev_type != mdev_type for r in held):
+    if device_type is not None and any(r.device_type != device_type for r in held):
         return False
     if wanted_parent is None or all(r.parent == wanted_parent for r in held):
         return True
@@ -167,8 +167,8 @@ def release_owner(m: DeviceManager, owner: str, kind: OwnerKind, remove: bool) -
                     continue
                 if record.uuid in referenced:
                     LOG.warning(
-                        "not removing mdev %s: a libvirt domain still references it",
-                        record.uuid,
+                        "not removing %s %s: a libvirt domain still references it",
+                        m.device_kind(record.backend), record.uuid,
                     )
                     kept.append(record.uuid)
                     m.on_kept_in_use(record.uuid)
@@ -176,12 +176,25 @@ def release_owner(m: DeviceManager, owner: str, kind: OwnerKind, remove: bool) -
                     removable.append(record.uuid)
         kept += protocol.release_and_remove(m, owner, kind, removable)
         layout.take_back(m, back + [uuid for uuid in kept if uuid in surplus])
-        LOG.info("released %d mdev(s) of %s %s: %s", len(records),
+        LOG.info("released %d %s of %s %s: %s", len(records),
+                 m.device_kinds(r.backend for r in records),
                  "instance" if kind is OwnerKind.INSTANCE else "the migration claim of",
                  owner, _what_became(records, remove, unmade, kept))
         if kept and (remove or unmade & set(kept)):
-            raise exception.MdevInUse(
-                uuid=", ".join(kept),
-                reason="released but not removed: a domain or a VM still holds it",
-            )
+            by_uuid = {r.uuid: r for r in records}
+            raise kept_in_use(m, [by_uuid[uuid] for uuid in kept])
         return [r.uuid for r in records]
+
+
+def kept_in_use(m: DeviceManager, held: Sequence[DeviceRecord]) -> exception.DeviceInUse:
+    """The error of a release that kept ``held`` because something holds
+    them: their backend's class (MdevInUse, VfInUse), so the code says what
+    is held; the common DeviceInUse when they are of several backends."""
+    reason = "released but not removed: a domain or a VM still holds it"
+    backends = sorted({r.backend for r in held})
+    if len(backends) == 1:
+        return m.backend(backends[0]).in_use([protocol.device_ref(r) for r in held], reason)
+    kinds = ", ".join(sorted({m.device_kind(name) for name in backends}))
+    return exception.DeviceInUse(
+        uuid=", ".join(r.uuid for r in held), reason=f"{reason} ({kinds})"
+    )

@@ -1,4 +1,4 @@
-"""Attach: every accelerator of an instance in one call (DESIGN.md §11, the
+"""Attach: every accelerator of an instance in one call (docs/design.md §11, the
 os-acc way), all or nothing, as one operation of the protocol: one intent
 with every reservation and create intent (a pool VF's with its settings),
 the devices made, then one transaction that assigns them all and records
@@ -82,11 +82,11 @@ def _handle(m: DeviceManager, record: DeviceRecord, index: int) -> dict[str, Any
         "backend": record.backend,
         "uuid": record.uuid,
         "parent": record.parent,
-        "type": record.mdev_type,
+        "type": record.device_type,
         "address": backend.pci_address(ref),
         **backend.handle(ref),
         "xml": backend.guest_xml(ref),
-        **nova_handle(record.uuid, record.parent, record.mdev_type, backend.pci_address(ref)),
+        **nova_handle(record.uuid, record.parent, record.device_type, backend.pci_address(ref)),
     }
 
 

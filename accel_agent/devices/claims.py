@@ -45,12 +45,12 @@ def claim(
         snapshot = m.scan()
         items: list[PlanItem] = []
         by_type: dict[str, list[str]] = {}
-        for source, mdev_type in sorted(sources.items()):
-            by_type.setdefault(mdev_type, []).append(source)
-        for mdev_type, type_sources in sorted(by_type.items()):
-            _, slots = planning.plan(m, snapshot, len(type_sources), None, mdev_type)
+        for source, device_type in sorted(sources.items()):
+            by_type.setdefault(device_type, []).append(source)
+        for device_type, type_sources in sorted(by_type.items()):
+            _, slots = planning.plan(m, snapshot, len(type_sources), None, device_type)
             items += [
-                PlanItem(slot, mdev_type, src)
+                PlanItem(slot, device_type, src)
                 for slot, src in zip(slots, type_sources, strict=True)
             ]
         protocol.make_and_assign(
@@ -94,7 +94,8 @@ def abort(m: DeviceManager, owner: str, remove: bool = False) -> list[str]:
     with protocol.operation(m):
         released = protocol.free_claim(m, owner)
         if released:
-            LOG.info("migration claim of %s aborted, %d mdev(s) freed", owner, len(released))
+            LOG.info("migration claim of %s aborted, %d %s freed", owner, len(released),
+                     m.device_kinds(r.backend for r in released))
         return [r.uuid for r in released]
 
 
@@ -104,5 +105,6 @@ def release_expired(m: DeviceManager) -> list[str]:
     expired = m.ledger.expired_claims()
     protocol.release_quietly(m, expired)
     for record in expired:
-        LOG.warning("migration claim of %s on mdev %s expired; freed", record.owner, record.uuid)
+        LOG.warning("migration claim of %s on %s %s expired; freed", record.owner,
+                    m.device_kind(record.backend), record.uuid)
     return [r.uuid for r in expired]

@@ -1,7 +1,7 @@
 """Which mdevs do libvirt domains reference?  Asked before any remove.
 
 ``remove`` on an mdev that a VM holds blocks the writer until QEMU lets go
-(research/sysfs-mdevctl-kubevirt.md §1.5), and removing one that a stopped
+(docs/design.md §4.4), and removing one that a stopped
 domain references breaks that domain's next start.  So the manager asks
 libvirt (every domain, running or not) before it removes anything.
 

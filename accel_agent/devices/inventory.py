@@ -1,6 +1,6 @@
 """Inventory per physical GPU: the numbers Placement and orchestrators see.
 
-DESIGN.md §5.  For each physical GPU and the type configured for its
+docs/design.md §5.1.  For each physical GPU and the type configured for its
 parents: ``total = existing mdevs of that type + available_instances``,
 summed over the parents on that GPU (one parent for a PF or a virtual
 parent, every VF for NVIDIA SR-IOV), then capped by the per-GPU limit:
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_agent.devices.policy import MdevPolicy
+from accel_agent.devices.policy import DevicePolicy
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
 
@@ -33,9 +33,9 @@ LOG = logging.getLogger(__name__)
 OWNER_TRAIT = "CUSTOM_OWNER_ACCEL_AGENT"
 
 
-def type_trait(mdev_type: str) -> str:
+def type_trait(device_type: str) -> str:
     """``nvidia-35`` -> ``CUSTOM_MDEV_NVIDIA_35`` (Placement trait syntax)."""
-    return "CUSTOM_MDEV_" + re.sub(r"[^A-Z0-9]", "_", mdev_type.upper())
+    return "CUSTOM_MDEV_" + re.sub(r"[^A-Z0-9]", "_", device_type.upper())
 
 
 def nodedev_name(physical_gpu: str, member: Parent) -> str:
@@ -67,7 +67,9 @@ class Provider:
     pci_address: str | None
     physical_gpu: str
     numa_node: int | None
-    mdev_type: str
+    # The type it offers: an mdev or vGPU type, a VF pool's name (the
+    # inventory's ``mdev_type`` field, as the API and Placement's sync say it).
+    device_type: str
     resource_class: str
     total: int
     used: int
@@ -92,7 +94,7 @@ class Provider:
             "pci_address": self.pci_address,
             "physical_gpu": self.physical_gpu,
             "numa_node": self.numa_node,
-            "mdev_type": self.mdev_type,
+            "mdev_type": self.device_type,
             "resource_class": self.resource_class,
             "inventory": self.inventory_record(),
             "used": self.used,
@@ -113,19 +115,19 @@ class Inventory:
         return next((p for p in self.providers if p.name == name), None)
 
 
-def _group_limit(members: list[Parent], mdev_type: str, configured: int | None) -> int | None:
+def _group_limit(members: list[Parent], device_type: str, configured: int | None) -> int | None:
     limits = [configured] if configured is not None else []
     if any(p.physfn for p in members):
         # Per-VF counters say nothing of the card: trust the type's own limit.
         limits += [
-            m for p in members if (m := p.types[mdev_type].max_instance) is not None
+            m for p in members if (m := p.types[device_type].max_instance) is not None
         ]
     return min(limits) if limits else None
 
 
 def compute_inventory(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     host: str,
     free_uuids: Iterable[str] = (),
 ) -> Inventory:
@@ -139,47 +141,47 @@ def compute_inventory(
     warnings: list[str] = []
     groups: dict[tuple[str, str], list[Parent]] = defaultdict(list)
     for parent in sorted(snapshot.parents.values(), key=lambda p: p.name):
-        mdev_type = policy.type_for(parent)
-        if mdev_type is None:
+        device_type = policy.type_for(parent)
+        if device_type is None:
             continue
-        if mdev_type not in parent.types:
+        if device_type not in parent.types:
             # The default type simply does not apply to parents that lack it;
             # an explicitly listed parent that lacks its type is a mistake.
             offers = ", ".join(sorted(parent.types)) or "nothing"
             if (parent.pci_address or parent.name) in policy.parent_types:
                 warnings.append(
-                    f"parent {parent.name} is configured for type {mdev_type} which it does "
+                    f"parent {parent.name} is configured for type {device_type} which it does "
                     f"not offer (it offers: {offers}); no provider"
                 )
             elif parent.backend != "mdev" and parent.physfn in policy.parent_types:
                 # Configured through its GPU: one line per GPU, not per VF.
                 warnings.append(
-                    f"GPU {parent.physfn} is configured for type {mdev_type} which its VFs "
+                    f"GPU {parent.physfn} is configured for type {device_type} which its VFs "
                     f"do not offer (they offer: {offers}); no provider"
                 )
             continue
-        groups[(parent.physical_gpu, mdev_type)].append(parent)
+        groups[(parent.physical_gpu, device_type)].append(parent)
 
     types_per_gpu: dict[str, int] = defaultdict(int)
     for gpu, _type in groups:
         types_per_gpu[gpu] += 1
 
     providers: list[Provider] = []
-    for (gpu, mdev_type), members in groups.items():
-        type_config = policy.config_of(mdev_type)
+    for (gpu, device_type), members in groups.items():
+        type_config = policy.config_of(device_type)
         assert type_config is not None  # type_for only returns configured types
-        existing = [m for p in members for m in snapshot.mdevs_on(p.name, mdev_type)]
-        available = sum(p.types[mdev_type].available_instances for p in members)
-        limit = _group_limit(members, mdev_type, type_config.max_instances)
+        existing = [m for p in members for m in snapshot.mdevs_on(p.name, device_type)]
+        available = sum(p.types[device_type].available_instances for p in members)
+        limit = _group_limit(members, device_type, type_config.max_instances)
         extra = available if limit is None else min(available, max(limit - len(existing), 0))
         total = len(existing) + extra
         if total == 0:
-            LOG.debug("no capacity for %s on %s: no provider", mdev_type, gpu)
+            LOG.debug("no capacity for %s on %s: no provider", device_type, gpu)
             continue
         suffix = nodedev_name(gpu, members[0])
         if types_per_gpu[gpu] > 1:
             # Two types on one card (VFs configured apart): keep names unique.
-            suffix += "_" + re.sub(r"[^A-Za-z0-9_-]", "_", mdev_type)
+            suffix += "_" + re.sub(r"[^A-Za-z0-9_-]", "_", device_type)
         single = members[0] if len(members) == 1 and members[0].name == gpu else None
         providers.append(
             Provider(
@@ -190,18 +192,18 @@ def compute_inventory(
                 pci_address=gpu if address.is_pci_address(gpu) else None,
                 physical_gpu=gpu,
                 numa_node=members[0].numa_node,
-                mdev_type=mdev_type,
+                device_type=device_type,
                 resource_class=type_config.mdev_class,
                 total=total,
                 used=sum(1 for m in existing if m.uuid not in free),
-                traits=tuple(sorted({type_trait(mdev_type), OWNER_TRAIT})),
+                traits=tuple(sorted({type_trait(device_type), OWNER_TRAIT})),
             )
         )
     providers.sort(key=lambda p: p.name)
     return Inventory(host=host, providers=tuple(providers), warnings=tuple(warnings))
 
 
-def reported(inventory: Inventory, policy: MdevPolicy) -> Inventory:
+def reported(inventory: Inventory, policy: DevicePolicy) -> Inventory:
     """The providers of ``inventory`` the agent reports: not those of a type
     ``[mdev_<type>] reported_by = nova`` gives Nova, whose PCI tracker
     reports the GPU's devices itself (a provider of ours too would count them
@@ -210,5 +212,5 @@ def reported(inventory: Inventory, policy: MdevPolicy) -> Inventory:
     if not any(t.nova_reports for t in policy.types):
         return inventory
     return dataclasses.replace(inventory, providers=tuple(
-        p for p in inventory.providers if not policy.reported_by_nova(p.mdev_type)
+        p for p in inventory.providers if not policy.reported_by_nova(p.device_type)
     ))

@@ -63,7 +63,7 @@ from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 if TYPE_CHECKING:
     from accel_agent.devices import inventory as inventory_mod
     from accel_agent.devices.manager import DeviceManager
-    from accel_agent.devices.policy import MdevPolicy
+    from accel_agent.devices.policy import DevicePolicy
     from accel_agent.sysfs.model import HostSnapshot
 
 LOG = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ BLOCKED = "blocked"  # devices of another type on it stand in the way
 class Short:
     """A GPU with fewer devices than its layout's N."""
 
-    mdev_type: str
+    device_type: str
     standing: int
     present: int
     reason: str  # NO_ROOM or BLOCKED
@@ -89,7 +89,7 @@ class Short:
     blocked_by: tuple[str, ...] = ()
 
     def text(self, gpu: str) -> str:
-        said = f"{gpu} has {self.present} of {self.standing} {self.mdev_type}"
+        said = f"{gpu} has {self.present} of {self.standing} {self.device_type}"
         if self.reason == BLOCKED:
             return (f"{said} (blocked by {len(self.blocked_by)} device(s) of another type: "
                     f"{', '.join(self.blocked_by)})")
@@ -166,7 +166,7 @@ Groups = dict[tuple[str, str], tuple[list[str], list[str]]]
 
 def _groups(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     holders: Mapping[str, str | None],
     members: Set[str],
     made: Mapping[str, tuple[str, str]] | None = None,
@@ -202,10 +202,10 @@ def _groups(
     return groups, unwanted
 
 
-def _draining(groups: Groups, unwanted: set[str], policy: MdevPolicy) -> frozenset[str]:
+def _draining(groups: Groups, unwanted: set[str], policy: DevicePolicy) -> frozenset[str]:
     drained = set(unwanted)
-    for (_gpu, mdev_type), (held, layout_own) in groups.items():
-        config = policy.config_of(mdev_type)
+    for (_gpu, device_type), (held, layout_own) in groups.items():
+        config = policy.config_of(device_type)
         extra = len(held) + len(layout_own) - (config.standing if config else 0)
         if extra > 0:
             drained.update((held + layout_own)[:extra])
@@ -214,7 +214,7 @@ def _draining(groups: Groups, unwanted: set[str], policy: MdevPolicy) -> frozens
 
 def draining_of(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     holders: Mapping[str, str | None],
     members: Set[str],
 ) -> frozenset[str]:
@@ -240,7 +240,7 @@ def draining_of(
     return _draining(*_groups(snapshot, policy, holders, members), policy)
 
 
-def missing_gpus(snapshot: HostSnapshot, policy: MdevPolicy) -> tuple[str, ...]:
+def missing_gpus(snapshot: HostSnapshot, policy: DevicePolicy) -> tuple[str, ...]:
     """The configured addresses of standing types that are neither an mdev
     parent nor the PF of one (their VFs are not there)."""
     present = set(snapshot.parents)
@@ -257,7 +257,7 @@ def missing_gpus(snapshot: HostSnapshot, policy: MdevPolicy) -> tuple[str, ...]:
 
 def state_of(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     holders: Mapping[str, str | None],
     members: Set[str],
     made: Mapping[str, tuple[str, str]] | None = None,
@@ -274,17 +274,17 @@ def state_of(
         if found is not None:
             wanted.setdefault(parent.physical_gpu, found)
     short: dict[str, Short] = {}
-    for gpu, (mdev_type, standing) in sorted(wanted.items()):
-        held, layout_own = groups.get((gpu, mdev_type), ([], []))
+    for gpu, (device_type, standing) in sorted(wanted.items()):
+        held, layout_own = groups.get((gpu, device_type), ([], []))
         present = len(held) + len(layout_own)
         if present >= standing:
             continue
         others = tuple(sorted(
             m.uuid for m in snapshot.mdevs.values()
-            if m.mdev_type != mdev_type and m.uuid not in gone
+            if m.mdev_type != device_type and m.uuid not in gone
             and (p := snapshot.parents.get(m.parent)) is not None and p.physical_gpu == gpu
         ))
-        short[gpu] = Short(mdev_type, standing, present, BLOCKED if others else NO_ROOM, others)
+        short[gpu] = Short(device_type, standing, present, BLOCKED if others else NO_ROOM, others)
     return LayoutState(
         draining=_draining(groups, unwanted, policy),
         short=short,
@@ -294,7 +294,7 @@ def state_of(
 
 def state_of_records(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     records: Iterable[DeviceRecord],
     made: Iterable[str] = (),
     gone: Set[str] = frozenset(),
@@ -303,7 +303,7 @@ def state_of_records(
     since ``snapshot``, located by their records)."""
     records = list(records)
     made = set(made)
-    located = {r.uuid: (r.parent, r.mdev_type) for r in records if r.uuid in made}
+    located = {r.uuid: (r.parent, r.device_type) for r in records if r.uuid in made}
     return state_of(snapshot, policy, *holders_of(records), made=located, gone=gone)
 
 
@@ -332,7 +332,7 @@ def converge(m: DeviceManager) -> LayoutReport:
         # VFs and mdevs, so the others' part of it stays true (a scan reads
         # every VF's type, the most of a start's time with 64 VFs).
         for provider in providers:
-            config = m.policy.config_of(provider.mdev_type)
+            config = m.policy.config_of(provider.device_type)
             if config is None or config.standing <= 0:
                 continue
             failure: exception.AccelAgentException | None = None
@@ -367,10 +367,10 @@ def _wanted(
     providers = m.inventory(snapshot).providers
     wanted_on: dict[str, tuple[str, int]] = {}
     for provider in providers:
-        config = m.policy.config_of(provider.mdev_type)
+        config = m.policy.config_of(provider.device_type)
         if config is not None and config.standing > 0:
             for parent in provider.parent_devices:
-                wanted_on[parent] = (provider.mdev_type, config.standing)
+                wanted_on[parent] = (provider.device_type, config.standing)
     return providers, wanted_on
 
 
@@ -395,7 +395,7 @@ def _clear_the_way(
         if not record.free or parent is None or parent.physical_gpu in served:
             continue
         wanted = m.policy.standing_for(parent)
-        if wanted is None or wanted[0] == record.mdev_type:
+        if wanted is None or wanted[0] == record.device_type:
             continue
         if protocol.remove_owned(m, record.uuid):
             report.removed.append(record.uuid)
@@ -422,7 +422,7 @@ def _drop_unwanted(
     removed = False
     for record in m.ledger.by_owner(LAYOUT_OWNER, OwnerKind.STANDING):
         wanted = wanted_on.get(record.parent)
-        if wanted is not None and wanted[0] == record.mdev_type:
+        if wanted is not None and wanted[0] == record.device_type:
             continue
         if record.state is not DeviceState.PRESENT or record.intent_id is not None:
             continue  # an operation is on it: recovery settles it first
@@ -447,11 +447,11 @@ def _converge_gpu(
     standing: int,
     report: LayoutReport,
 ) -> None:
-    mdev_type = provider.mdev_type
+    device_type = provider.device_type
     parents = set(provider.parent_devices)
     removed_before = len(report.removed)
     records = [r for r in _present(m, snapshot) if r.parent in parents]
-    of_type = [r for r in records if r.mdev_type == mdev_type]
+    of_type = [r for r in records if r.device_type == device_type]
     held = [r for r in of_type if r.assigned]
     free = [r for r in of_type if r.free]
     # 1. free devices of the type join the layout; extras beyond N go.
@@ -475,14 +475,14 @@ def _converge_gpu(
     if have == standing:
         return
     # 2. short: make room (free devices of other types here), then make.
-    in_the_way = [r for r in records if r.free and r.mdev_type != mdev_type]
+    in_the_way = [r for r in records if r.free and r.device_type != device_type]
     report.removed += [r.uuid for r in in_the_way if protocol.remove_owned(m, r.uuid)]
     if len(report.removed) > removed_before:
         snapshot = m.scan()  # what went makes room: the slots come from a new scan
     made = _make(m, snapshot, provider, standing - have)
     report.created += made
     if have + len(made) < standing:
-        report.short[provider.physical_gpu] = (mdev_type, standing, have + len(made))
+        report.short[provider.physical_gpu] = (device_type, standing, have + len(made))
 
 
 def _make(
@@ -498,7 +498,7 @@ def _make(
     slots = planning.creatable_slots(m, snapshot, fresh, Counter())[:count]
     if not slots:
         return []
-    items = [protocol.PlanItem(slot, fresh.mdev_type) for slot in slots]
+    items = [protocol.PlanItem(slot, fresh.device_type) for slot in slots]
     return protocol.make_and_assign(m, snapshot, protocol.LAYOUT, items).uuids
 
 
@@ -519,7 +519,7 @@ def split_release(
     for record in records:
         parent = snapshot.parents.get(record.parent)
         found = m.policy.standing_for(parent) if parent is not None else None
-        if parent is None or found is None or found[0] != record.mdev_type:
+        if parent is None or found is None or found[0] != record.device_type:
             if record.layout:
                 surplus.append(record.uuid)  # a layout's device it no longer wants
             continue
@@ -541,4 +541,4 @@ def standing_of(m: DeviceManager, snapshot: HostSnapshot, record: DeviceRecord) 
     """A device of its GPU's standing layout (held by the layout or an instance)."""
     parent = snapshot.parents.get(record.parent)
     found = m.policy.standing_for(parent) if parent is not None else None
-    return found is not None and found[0] == record.mdev_type
+    return found is not None and found[0] == record.device_type

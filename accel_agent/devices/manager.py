@@ -2,7 +2,7 @@
 facade over the use cases, each in a module of its own, all going through one
 operation protocol.
 
-DESIGN.md §5.  The manager holds what every use case needs (the ledger, the
+docs/design.md §5, §15.  The manager holds what every use case needs (the ledger, the
 privileged writer, the backends, the policy, libvirt's domains, the host
 scan) and answers the reads; each mutation is a use case:
 
@@ -35,7 +35,7 @@ from accel_agent.devices import inventory as inventory_mod
 from accel_agent.devices import nodedevs as nodedevs_mod
 from accel_agent.devices.domains import DomainReferences, NoDomains
 from accel_agent.devices.ledger import DeviceRecord, Ledger, OwnerKind
-from accel_agent.devices.policy import MdevPolicy
+from accel_agent.devices.policy import DevicePolicy
 
 if TYPE_CHECKING:
     from accel_agent.devices import requests as requests_mod
@@ -49,7 +49,7 @@ class DeviceManager:
         self,
         *,
         sysfs_root: str,
-        policy: MdevPolicy,
+        policy: DevicePolicy,
         host: str,
         ledger: Ledger,
         writer: DeviceWriter,
@@ -144,11 +144,23 @@ class DeviceManager:
     def backend(self, name: str) -> DeviceBackend:
         found = self.backends.get(name)
         if found is None:
-            raise exception.LedgerError(
-                reason=f"backend {name!r} is not installed (accel_agent.backends entry points: "
-                f"{', '.join(sorted(self.backends))})"
+            raise exception.BackendNotInstalled(
+                name=name, installed=", ".join(sorted(self.backends)) or "none"
             )
         return found
+
+    def device_kind(self, backend: str) -> str:
+        """What a device of ``backend`` is called in log lines and messages
+        (``DeviceBackend.kind``: an mdev, a vGPU VF, a pool VF); "device" for
+        a backend that is not installed."""
+        found = self.backends.get(backend)
+        return found.kind if found is not None else "device"
+
+    def device_kinds(self, backends: Iterable[str]) -> str:
+        """Devices of ``backends`` in a log line's count: "mdev(s)" when they
+        are all of one kind, "device(s)" when of several (or none)."""
+        kinds = {self.device_kind(name) for name in backends}
+        return f"{kinds.pop()}(s)" if len(kinds) == 1 else "device(s)"
 
     # --- the host ---------------------------------------------------------------------
 
@@ -174,10 +186,10 @@ class DeviceManager:
         self._rescanner.interrupt()
 
     def _configured_types(self, parent: Parent) -> set[str]:
-        mdev_type = self.policy.type_for(parent)
-        return {mdev_type} if mdev_type else set()
+        device_type = self.policy.type_for(parent)
+        return {device_type} if device_type else set()
 
-    def set_policy(self, policy: MdevPolicy) -> None:
+    def set_policy(self, policy: DevicePolicy) -> None:
         with self.thread_lock:
             self.policy = policy
 
@@ -259,9 +271,9 @@ class DeviceManager:
         return allocations.allocation(self, instance)
 
     def allocate(
-        self, instance: str, count: int, parent: str | None = None, mdev_type: str | None = None
+        self, instance: str, count: int, parent: str | None = None, device_type: str | None = None
     ) -> Allocation:
-        return allocations.allocate(self, instance, count, parent, mdev_type)
+        return allocations.allocate(self, instance, count, parent, device_type)
 
     def release(self, instance: str, remove: bool = False) -> list[str]:
         return allocations.release(self, instance, remove)

@@ -3,7 +3,7 @@
 needs on them (undefine, autostart off, define with autostart off).
 
 Nova's libvirt driver (since 2024.2) creates every mdev, then defines it
-persistent with autostart (DESIGN.md §14).  The agent reads those
+persistent with autostart (docs/design.md §14).  The agent reads those
 definitions for its listings, undefines them when it takes a device over or
 removes it (libvirt must not bring back at boot what the agent re-creates or
 removed), and, with ``[libvirt] define_mdevs``, defines its own devices with

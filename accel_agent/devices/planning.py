@@ -50,16 +50,16 @@ def plan(
         if record.uuid in snapshot.mdevs and not planned[record.uuid] and (
             record.free or _standing_and_unused(record)
         ):
-            free_by_parent.setdefault((record.parent, record.mdev_type), []).append(record.uuid)
+            free_by_parent.setdefault((record.parent, record.device_type), []).append(record.uuid)
     candidates = []
     nova_types: set[str] = set()
     for provider in inventory.providers:
-        if wanted_type and provider.mdev_type != wanted_type:
+        if wanted_type and provider.device_type != wanted_type:
             continue
         if wanted_class and provider.resource_class != wanted_class:
             continue
-        if m.policy.reported_by_nova(provider.mdev_type):
-            nova_types.add(provider.mdev_type)
+        if m.policy.reported_by_nova(provider.device_type):
+            nova_types.add(provider.device_type)
             continue  # Nova assigns these (ReportedByNova when asked by name)
         members = list(provider.parent_devices)
         if wanted_parent:
@@ -84,30 +84,30 @@ def plan(
         )
     order = [t.mdev_type for t in m.policy.types]
     best_short: tuple[str, int, list[str]] | None = None
-    for mdev_type in sorted({p.mdev_type for p, _ in candidates}, key=order.index):
+    for device_type in sorted({p.device_type for p, _ in candidates}, key=order.index):
         ranked = sorted(
-            (c for c in candidates if c[0].mdev_type == mdev_type),
+            (c for c in candidates if c[0].device_type == device_type),
             key=lambda c: (c[0].used, c[0].name),
         )
         per_provider = [
             _provider_slots(
-                m, snapshot, provider, members, mdev_type, free_by_parent, recorded, planned
+                m, snapshot, provider, members, device_type, free_by_parent, recorded, planned
             )
             for provider, members in ranked
         ]
         # One GPU when one can hold it all (guest locality), else spread.
         whole = next((s for s in per_provider if len(s) >= count), None)
         if whole is not None:
-            return mdev_type, whole[:count]
+            return device_type, whole[:count]
         spread = [slot for slots in per_provider for slot in slots]
         if len(spread) >= count:
-            return mdev_type, spread[:count]
+            return device_type, spread[:count]
         if best_short is None:
-            best_short = (mdev_type, len(spread), [p.name for p, _ in ranked])
+            best_short = (device_type, len(spread), [p.name for p, _ in ranked])
     assert best_short is not None
-    mdev_type, available, providers = best_short
+    device_type, available, providers = best_short
     raise exception.InsufficientCapacity(
-        mdev_type=mdev_type,
+        mdev_type=device_type,
         parents=", ".join(
             sorted({name for p, ms in candidates if p.name in providers for name in ms})
         ),
@@ -120,13 +120,13 @@ def _provider_slots(
     snapshot: HostSnapshot,
     provider: inventory_mod.Provider,
     members: list[str],
-    mdev_type: str,
+    device_type: str,
     free_by_parent: dict[tuple[str, str], list[str]],
     recorded: set[str],
     planned: Counter[str],
 ) -> list[Slot]:
-    slots = [Slot(p, u) for p in members for u in sorted(free_by_parent.get((p, mdev_type), []))]
-    config = m.policy.config_of(mdev_type)
+    slots = [Slot(p, u) for p in members for u in sorted(free_by_parent.get((p, device_type), []))]
+    config = m.policy.config_of(device_type)
     if config is not None and config.standing > 0:
         # A standing layout's devices are all this type gets on its GPUs:
         # allocations take them and never add beyond them.
@@ -144,19 +144,19 @@ def creatable_slots(
 ) -> list[Slot]:
     """A new device's slot for each one the provider's GPU has room for, on
     ``members`` (default: all its parents), around what ``planned`` took."""
-    mdev_type = provider.mdev_type
+    device_type = provider.device_type
     members = list(provider.parent_devices) if members is None else members
     if recorded is None:
         recorded = {r.uuid for r in m.ledger.all()}
     slots: list[Slot] = []
     existing = sum(
-        len(snapshot.mdevs_on(p, mdev_type)) + planned[p] for p in provider.parent_devices
+        len(snapshot.mdevs_on(p, device_type)) + planned[p] for p in provider.parent_devices
     )
     # ``total`` already holds the per-GPU caps (max_instances, VF budget).
     creatable = provider.total - existing
     for parent_name in members:
         parent = snapshot.parents[parent_name]
-        offered = parent.types[mdev_type].available_instances - planned[parent_name]
+        offered = parent.types[device_type].available_instances - planned[parent_name]
         backend = m.backend(parent.backend)
         if backend.device_uuid_is_fixed and backend.new_device_uuid(parent) in recorded:
             # Its one device is recorded but missing (a VF untyped behind
@@ -190,13 +190,13 @@ def plan_attach(
     taken = {r.parent for r in m.ledger.all() if m.backend(r.backend).outside_snapshot}
     for index, request in enumerate(requests):
         if isinstance(request, requests_mod.DeviceRequest):
-            mdev_type, slots = plan(
-                m, snapshot, request.count, request.parent, request.mdev_type,
+            device_type, slots = plan(
+                m, snapshot, request.count, request.parent, request.device_type,
                 request.resource_class, planned,
             )
             for slot in slots:
                 planned[slot.reuse or slot.parent] += 1
-            items += [PlanItem(slot, mdev_type) for slot in slots]
+            items += [PlanItem(slot, device_type) for slot in slots]
             request_of += [index] * len(slots)
             continue
         parent = m.backend(request.backend).pick(request.pool, request.where, taken)

@@ -1,11 +1,12 @@
 """Which mdev type goes on which parent: Nova's semantics, made stricter.
 
-Nova (research/nova.md §3, §11) walks ``enabled_mdev_types`` in order: a type
+Nova (docs/design.md §3.2; nova/virt/libvirt/driver.py
+``_get_supported_vgpu_types``) walks ``enabled_mdev_types`` in order: a type
 with ``device_addresses`` applies to exactly those parents; the first type
 without addresses is the default for every other parent; later address-less
 types are ignored with a warning; one address given twice refuses to start.
 
-What we do better (DESIGN.md §3): addresses are normalised (case, ``BB:SS.F``)
+What we do better (docs/design.md §3.3): addresses are normalised (case, ``BB:SS.F``)
 before matching and before the duplicate check, the duplicate message names
 both types, every error is collected so ``check-config`` prints them all, and
 the default type's ``mdev_class`` is honoured (Nova reports it as VGPU).
@@ -50,7 +51,7 @@ class TypeConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class MdevPolicy:
+class DevicePolicy:
     # Effective types in configured order; ignored address-less types are
     # not here (Nova drops them from its supported list too).
     types: tuple[TypeConfig, ...] = ()
@@ -232,8 +233,8 @@ def read_policy_inputs(
     return PolicyInputs(enabled, options, sections), errors
 
 
-def build_policy(conf: cfg.ConfigOpts | None = None) -> MdevPolicy:
-    """Resolve the configuration into a :class:`MdevPolicy`.
+def build_policy(conf: cfg.ConfigOpts | None = None) -> DevicePolicy:
+    """Resolve the configuration into a :class:`DevicePolicy`.
 
     Raises ConfigErrors listing every error.  Needs the sysfs root only to
     accept virtual parent names (``mtty``), like Nova's check of
@@ -251,7 +252,7 @@ def resolve_policy(
     inputs: PolicyInputs,
     sysfs_root: str,
     errors: list[exception.AccelAgentException] | None = None,
-) -> MdevPolicy:
+) -> DevicePolicy:
     """Nova's semantics over plain inputs; raises ConfigErrors with every
     error (``errors`` are those found while reading the options)."""
     errors = list(errors or [])
@@ -315,7 +316,7 @@ def resolve_policy(
         raise exception.ConfigErrors(errors)
     for warning in warnings:
         LOG.warning("%s", warning)
-    return MdevPolicy(
+    return DevicePolicy(
         types=tuple(types),
         parent_types=MappingProxyType(owner_of),
         default_type=default_type,
@@ -387,7 +388,7 @@ def _unused_sections(sections: tuple[str, ...], enabled: set[str]) -> list[str]:
     return sorted(set(found))
 
 
-def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
+def host_warnings(policy: DevicePolicy, snapshot: HostSnapshot) -> list[str]:
     """What the config says that the host cannot honour (warnings; errors
     under ``--strict``): addresses that are no mdev parent, each with the
     verdict ``accelctl explain`` gives it and its next step, and default
@@ -416,7 +417,7 @@ def host_warnings(policy: MdevPolicy, snapshot: HostSnapshot) -> list[str]:
     return warnings
 
 
-def _diagnosis(policy: MdevPolicy, snapshot: HostSnapshot, name: str) -> str:
+def _diagnosis(policy: DevicePolicy, snapshot: HostSnapshot, name: str) -> str:
     """Why ``name`` offers nothing, in ``accelctl explain``'s words."""
     from accel_agent import explain  # reads PCI facts: only when there is a warning
 

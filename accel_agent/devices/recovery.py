@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from accel_agent.devices.manager import DeviceManager
-    from accel_agent.devices.policy import MdevPolicy
+    from accel_agent.devices.policy import DevicePolicy
     from accel_agent.sysfs.model import HostSnapshot
 
 LOG = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ LOG = logging.getLogger(__name__)
 
 def unrecorded_warning(ledger_path: str, uuids: list[str]) -> str:
     return (
-        f"the mdev ledger {ledger_path} was missing, yet {len(uuids)} mdev(s) of the type "
+        f"the mdev ledger {ledger_path} was missing, yet {len(uuids)} device(s) of the type "
         f"configured for their parent exist that no record names ({', '.join(uuids)}): if "
         "the agent made them, their assignments are lost. They are treated as foreign "
         "(counted, never touched); adopt each one that is the agent's (accelctl adopt UUID)"
@@ -81,7 +81,8 @@ def recover(m: DeviceManager, full_check: bool = False) -> RecoveryReport:
         report.foreign = sorted(u for u in snapshot.mdevs if u not in owned and u not in gone)
         report.unrecorded = unrecorded(m, snapshot, report.foreign)
     for uuid in report.foreign:
-        LOG.info("foreign mdev %s: reported and counted, never touched", uuid)
+        LOG.info("foreign %s %s: reported and counted, never touched",
+                 m.device_kind(snapshot.mdevs[uuid].backend), uuid)
     if report.unrecorded:
         LOG.warning("%s", unrecorded_warning(str(m.ledger.path), report.unrecorded))
     return report
@@ -111,7 +112,7 @@ def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> 
     return found
 
 
-def configured_type(policy: MdevPolicy, record: DeviceRecord, devices: Existing) -> str | None:
+def configured_type(policy: DevicePolicy, record: DeviceRecord, devices: Existing) -> str | None:
     """What ``policy`` gives the record's parent now: its type (a VF finds its
     GPU's), or for a pool VF its pool."""
     if record.backend in devices.outside:
@@ -121,7 +122,7 @@ def configured_type(policy: MdevPolicy, record: DeviceRecord, devices: Existing)
 
 
 def owner_refusals(
-    records: Iterable[DeviceRecord], policy: MdevPolicy, devices: Existing
+    records: Iterable[DeviceRecord], policy: DevicePolicy, devices: Existing
 ) -> list[exception.AccelAgentException]:
     """Why ``policy`` would hand a device an instance (or a migration claim)
     holds to another owner: its parent gets another type, another layout's
@@ -147,21 +148,21 @@ def owner_refusals(
             continue
         kind = str(record.owner_kind or "owner")
         configured = configured_type(policy, record, devices)
-        if configured != record.mdev_type:
+        if configured != record.device_type:
             if not devices.exists(record):
                 errors.append(exception.RecoveryTypeNotConfigured(
-                    uuid=record.uuid, instance=record.owner, mdev_type=record.mdev_type,
+                    uuid=record.uuid, instance=record.owner, mdev_type=record.device_type,
                     parent=record.parent,
                 ))
                 continue
             errors.append(exception.AssignedDeviceRetyped(
-                uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.mdev_type,
+                uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.device_type,
                 parent=record.parent,
                 becomes=f"type {configured}" if configured else "no type",
             ))
         elif policy.reported_by_nova(configured):
             errors.append(exception.AssignedDeviceToNova(
-                uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.mdev_type,
+                uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.device_type,
                 parent=record.parent,
             ))
     return errors
@@ -189,27 +190,30 @@ def _recreate_missing(m: DeviceManager, devices: Existing, report: RecoveryRepor
         if devices.exists(record) or record.state is not DeviceState.PRESENT:
             continue
         if not devices.has_parent(record):
-            LOG.warning("mdev %s waits for parent %s to come back", record.uuid, record.parent)
+            LOG.warning("%s %s waits for parent %s to come back",
+                        m.device_kind(record.backend), record.uuid, record.parent)
             report.waiting_for_parent.append(record.uuid)
             continue
         unheld = not record.assigned or record.owner_kind is OwnerKind.STANDING
-        if unheld and configured_type(m.policy, record, devices) != record.mdev_type:
+        if unheld and configured_type(m.policy, record, devices) != record.device_type:
             # A free device (or a layout's) of a type the config dropped:
             # nobody needs it back, and it is gone from sysfs already (a
             # reboot): nothing leaks.
             protocol.forget_gone(m, record)
             report.forgotten.append(record.uuid)
             LOG.info(
-                "forgot free mdev %s: gone from sysfs, and the config no longer gives "
-                "%s type %s", record.uuid, record.parent, record.mdev_type,
+                "forgot free %s %s: gone from sysfs, and the config no longer gives "
+                "%s type %s", m.device_kind(record.backend), record.uuid, record.parent,
+                record.device_type,
             )
             continue
         protocol.remake(m, record)
         report.recreated.append(record.uuid)
         LOG.info(
-            "re-created mdev %s (%s on %s) for %s",
+            "re-created %s %s (%s on %s) for %s",
+            m.device_kind(record.backend),
             record.uuid,
-            record.mdev_type,
+            record.device_type,
             record.parent,
             record.owner or "reuse",
         )

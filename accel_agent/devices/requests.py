@@ -1,4 +1,4 @@
-"""What one attach call asks the manager for (DESIGN.md §11), as plain data
+"""What one attach call asks the manager for (docs/design.md §11), as plain data
 with no device model in it: the API's and accelctl's requests are checked and
 turned into these by ``accel_agent.attach_requests``.
 
@@ -32,14 +32,20 @@ def is_type_name(value: Any) -> bool:
 class DeviceRequest:
     count: int
     resource_class: str | None = None
-    mdev_type: str | None = None
+    device_type: str | None = None
     parent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"count": self.count}
-        for name in ("resource_class", "mdev_type", "parent"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
+        # The attach request's own words (the API's fields, the ledger's
+        # record of the request): ``mdev_type`` is the type's field there.
+        for key, value in (
+            ("resource_class", self.resource_class),
+            ("mdev_type", self.device_type),
+            ("parent", self.parent),
+        ):
+            if value is not None:
+                out[key] = value
         return out
 
 

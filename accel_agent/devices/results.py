@@ -23,7 +23,7 @@ class Allocation:
         return {
             "instance": self.instance,
             "mdevs": [
-                {"uuid": m.uuid, "parent": m.parent, "mdev_type": m.mdev_type} for m in self.mdevs
+                {"uuid": m.uuid, "parent": m.parent, "mdev_type": m.device_type} for m in self.mdevs
             ],
         }
 
@@ -84,7 +84,7 @@ class TakeoverPlan:
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """An instance's attach handles (DESIGN.md §11): one per device, in the
+    """An instance's attach handles (docs/design.md §11): one per device, in the
     order of the requests that asked for them, each with its guest XML."""
 
     instance: str

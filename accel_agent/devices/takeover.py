@@ -9,7 +9,7 @@ problems included.  Idempotent: a second run finds nothing to do.  Both
 write no sysfs; this module plans, and the protocol runs what it planned
 (protocol.Takeover: the undefines, then one durable transaction).
 
-libvirt's definitions (DESIGN.md §14): a taken-over mdev that libvirt defines
+libvirt's definitions (docs/design.md §14): a taken-over mdev that libvirt defines
 (Nova since 2024.2 defines its mdevs persistent with autostart) is undefined,
 so that the agent alone re-creates it at boot and Nova's start-up finds no
 inactive definition to start.  Undefined, not merely autostart off: Nova's
@@ -60,7 +60,8 @@ def adopt(m: DeviceManager, uuid: str) -> DeviceRecord:
         record = protocol.adopt(
             m, protocol.Adoption(text, mdev.parent, mdev.mdev_type, mdev.backend), defined
         )
-        LOG.info("adopted mdev %s (%s on %s)", text, mdev.mdev_type, mdev.parent)
+        LOG.info("adopted %s %s (%s on %s)", m.device_kind(mdev.backend), text, mdev.mdev_type,
+                 mdev.parent)
         return record
 
 

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 from accel_agent.sysfs import address
 
 if TYPE_CHECKING:
-    from accel_agent.devices.policy import MdevPolicy
+    from accel_agent.devices.policy import DevicePolicy
 
 
 @dataclass(frozen=True, slots=True)
 class Asks:
-    policy: MdevPolicy | None = None
+    policy: DevicePolicy | None = None
     # PF address -> (pool name, num_vfs).
     pools: Mapping[str, tuple[str, int | None]] = field(default_factory=dict)
     # Why the configuration could not be read (then nothing is asked).
     problem: str | None = None
 
     @classmethod
-    def of(cls, policy: MdevPolicy | None, pools: Mapping[str, Any] | None,
+    def of(cls, policy: DevicePolicy | None, pools: Mapping[str, Any] | None,
            problem: str | None = None) -> Asks:
         """From a policy and the VF pools by name (``accel_agent.sriov.pools.Pool``
         or anything with ``device_addresses`` and ``num_vfs``)."""

@@ -5,7 +5,7 @@ subsystem ids, the bound driver (``driver`` link), NUMA node, IOMMU group
 (``iommu_group`` link), SR-IOV (``sriov_totalvfs``, ``sriov_numvfs``,
 ``virtfn<N>`` links; ``physfn`` on a VF) and, on an NVIDIA VF, the vGPU 17+
 files (``nvidia/creatable_vgpu_types``, ``nvidia/current_vgpu_type``:
-research vendor-vfio-and-sriov.md §2-3).  Per host: the IOMMU groups
+docs/design.md §10.3).  Per host: the IOMMU groups
 (``kernel/iommu_groups``), the loaded modules, NVIDIA's driver version.
 
 Where ``/proc`` is: ``/proc`` when the sysfs root is ``/sys``; for any other

@@ -5,10 +5,9 @@ How a vGPU manager is told (NVIDIA), from what the host shows, never by
 running ``nvidia-smi``:
 
 * **present**: the ``nvidia`` driver registered mdev types on the GPU or its
-  VFs (``class/mdev_bus``: vGPU 16 and earlier; research
-  sysfs-mdevctl-kubevirt.md §1.1-1.2), or the GPU's VFs have the vGPU files
-  ``nvidia/creatable_vgpu_types`` (vGPU 17 and later; research
-  vendor-vfio-and-sriov.md §2-3), or the module ``nvidia_vgpu_vfio`` is
+  VFs (``class/mdev_bus``: vGPU 16 and earlier; docs/design.md §4.1), or
+  the GPU's VFs have the vGPU files ``nvidia/creatable_vgpu_types`` (vGPU 17
+  and later; docs/design.md §10.3), or the module ``nvidia_vgpu_vfio`` is
   loaded: NVIDIA's vGPU for Linux KVM host package builds it
   (``kernel/nvidia-vgpu-vfio/``) and vGPU hosts list it in ``lsmod`` (NVIDIA's
   "Verifying the installation of the NVIDIA vGPU software" steps; OpenNebula's
@@ -29,7 +28,7 @@ running ``nvidia-smi``:
 
 A device whose vGPUs or VFs go to VMs as PCI functions needs an IOMMU group
 (VFIO hands out groups); an mdev does not, the mdev core gives each its own
-group (research sysfs-mdevctl-kubevirt.md §1.7), so a device that offers
+group (docs/design.md §4.6), so a device that offers
 mdev types is not refused for its own missing group.
 """
 
@@ -47,7 +46,7 @@ NVIDIA, INTEL, AMD = "10de", "8086", "1002"
 DISPLAY, ACCELERATOR = 0x03, 0x12
 # NVIDIA's device ids from 0x2000 on are Ampere (GA100 0x20b0) and later
 # (Hopper 0x233x, Ada 0x26xx-0x28xx, Blackwell 0x29xx-): their vGPUs live on
-# SR-IOV VFs (vGPU 17+, research vendor-vfio-and-sriov.md §1).
+# SR-IOV VFs (docs/design.md §4.2 for Ampere's mdev VFs, §10.3 for vGPU 17+).
 NVIDIA_SRIOV_FROM = 0x2000
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 

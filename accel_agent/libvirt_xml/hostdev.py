@@ -98,7 +98,7 @@ def build_hostdev(
         raise ValueError("ramfb='on' requires display='on'")
 
     hostdev = etree.Element("hostdev")
-    # Attribute order is the one of the template in DESIGN.md §7; the schema ignores it.
+    # Attribute order is the one of the template in docs/design.md §7.1; the schema ignores it.
     hostdev.set("mode", "subsystem")
     hostdev.set("type", "mdev")
     hostdev.set("model", model)

@@ -1,15 +1,15 @@
 """Build the guest XML of a PCI VF: ``<hostdev type='pci'>`` or ``<interface type='hostdev'>``.
 
-Two backends hand VFs to guests (DESIGN.md §10):
+Two backends hand VFs to guests (docs/design.md §10.3, §10.4):
 
 * NVIDIA vGPU 17+ (``nvidia_vfio``): the vGPU *is* the VF, kept bound to
   ``nvidia``.  ``<hostdev mode='subsystem' type='pci' managed='no'>``:
   ``managed='yes'`` would make libvirt rebind the VF to vfio-pci and destroy
-  the vGPU (research note §5).
+  the vGPU (docs/design.md §10.3).
 * SR-IOV network VFs (``sriov_vf``): ``<interface type='hostdev'
   managed='no'>`` with ``<mac>`` and, for a tagged VLAN, ``<vlan><tag/></vlan>``;
   libvirt programs that MAC and VLAN on the VF through the PF when the domain
-  starts and resets them on destroy (research note §6).
+  starts and resets them on destroy (docs/design.md §10.4).
 
 What libvirt 9.0 writes back for a defined domain (test driver), which the
 builders match attribute for attribute and element for element:
@@ -82,7 +82,7 @@ def check_vlan(vlan: object, where: str = "") -> int | None:
     """Return the VLAN id to tag with, or None for untagged.
 
     ``None`` and ``0`` both mean untagged and give no ``<vlan>`` element:
-    without one, libvirt writes VLAN 0 to the VF itself (research note §6), so
+    without one, libvirt writes VLAN 0 to the VF itself (docs/design.md §10.4), so
     ``<tag id='0'/>`` would only make the XML differ from libvirt's own
     round-trip of an untagged interface.  Otherwise an int 1-4095 (not a bool,
     not a string).

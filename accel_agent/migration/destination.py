@@ -1,4 +1,4 @@
-"""Destination side of a live migration with mdevs and vGPU VFs (DESIGN.md §7, §10).
+"""Destination side of a live migration with mdevs and vGPU VFs (docs/design.md §7.3, §10).
 
 ``claim`` checks this host's versions (and the source's, when the source
 sends them), checks that every source type is offered here, then holds one
@@ -102,7 +102,7 @@ class MigrationDestination:
                 versions_mod.HostVersions.from_dict(source_versions), "source", self.minimums
             )
         versions_mod.check(self.host_versions(), "destination", self.minimums)
-        offered = {p.mdev_type for p in self.manager.inventory().providers}
+        offered = {p.device_type for p in self.manager.inventory().providers}
         missing = sorted(set(wanted.values()) - offered)
         if missing:
             raise exception.MigrationTypesUnsupported(

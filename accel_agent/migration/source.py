@@ -1,4 +1,4 @@
-"""Source side of a live migration with mdevs and vGPU VFs (DESIGN.md §7, §10, nova.md §8).
+"""Source side of a live migration with mdevs and vGPU VFs (docs/design.md §7.2, §7.3, §10).
 
 ``prepare`` lists the domain's devices with their types (what the destination
 must claim) after checking this host's versions: its mdevs, and those of its
@@ -62,7 +62,7 @@ class AgentVf:
     VF), as the source sees it."""
 
     uuid: str
-    mdev_type: str | None
+    device_type: str | None  # its vGPU type; None when it cannot be read
     owned: bool  # in the agent's ledger (created or adopted), not foreign
 
 
@@ -242,7 +242,7 @@ class MigrationSource:
             raise exception.MdevNotFound(uuid=", ".join(missing))
         devices = {u: types[u] or "" for u in uuids}
         for vf in domain_vfs(xml, self.agent).values():
-            devices[vf.uuid] = vf.mdev_type or ""
+            devices[vf.uuid] = vf.device_type or ""
         return devices
 
     def migrate(
@@ -293,7 +293,7 @@ class MigrationSource:
             ).xml
         owner = instance or domain.UUIDString()
         LOG.info(
-            "migrating %s to %s with mdevs %s",
+            "migrating %s to %s with devices %s",
             domain.name(),
             dest_uri,
             ", ".join(f"{s}->{d}" for s, d in (*result.replaced_uuids, *result.replaced_pci)),
@@ -314,7 +314,7 @@ class MigrationSource:
         stopped = self._wait_stopped(domain)
         if remove and not stopped:
             LOG.error(
-                "%s is still active here %.0f s after libvirt reported it migrated; its mdevs "
+                "%s is still active here %.0f s after libvirt reported it migrated; its devices "
                 "are freed, not removed",
                 owner,
                 STOP_TIMEOUT,
@@ -322,7 +322,7 @@ class MigrationSource:
         if before_release is not None:
             before_release()
         released = self.agent.release(owner, remove=remove and stopped)
-        LOG.info("migration of %s done; released source mdevs %s", owner, released)
+        LOG.info("migration of %s done; released source devices %s", owner, released)
         return released
 
     def _wait_stopped(self, domain: Any) -> bool:

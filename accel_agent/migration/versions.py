@@ -1,4 +1,4 @@
-"""Version gates of mdev live migration (research/nova.md §8).
+"""Version gates of mdev live migration (docs/design.md §7.3).
 
 Both hosts need libvirt >= 8.6.0, QEMU >= 8.1.0 and kernel >= 5.18; an error
 says which side is too old and which component, so the operator knows

@@ -22,10 +22,9 @@ the agent (lifecycle.py) and watched by a guard (guard.py):
   administrator test is ``capable(CAP_SYS_ADMIN)``).
 
 Everything else (scans, policy, ledger) runs unprivileged; reads are never
-privileged (os-vif's style, see research/cyborg-osacc-placement.md §3.4 and
-§7).  What the rest of the agent uses is this facade; the modules behind it
-are the package's own (tests/unit/test_house.py checks that nothing outside
-imports them).
+privileged (os-vif's style, docs/design.md §2.2).  What the rest of the agent
+uses is this facade; the modules behind it are the package's own
+(tests/unit/test_house.py checks that nothing outside imports them).
 
 Capabilities of ``sysfs_admin``: **none** (``capabilities=[]``), the daemon keeps uid 0.
     sysfs ``create``/``remove`` are ``--w------- root root``.  kernfs checks
@@ -38,7 +37,8 @@ Capabilities of ``sysfs_admin``: **none** (``capabilities=[]``), the daemon keep
     process with ``CapEff: 0000000000000000`` opens the root-owned 0200
     ``/sys/bus/pci/drivers_probe`` with O_WRONLY (nothing written), while
     uid 65534 gets EACCES.  End to end on a real mdev sysfs (Debian 6.1.0-56
-    kernel with the mtty sample driver under QEMU, research/mtty-lab.md):
+    kernel with the mtty sample driver under QEMU, tests/realkernel/,
+    docs/design.md §2.2 and Sources M1):
     this package's privsep daemon, ``CapEff``/``CapPrm`` 0, uid 0, created and
     removed mtty mdevs and got EEXIST/ENOSPC/ENOENT mapped as documented.
     tests/functional/test_privsep_daemon.py reads the running daemon's

@@ -5,8 +5,8 @@ beside ``accel_agent.privileged.sysfs_admin``, which keeps no capability at
 all: writing ``IFLA_VF_*`` on a PF's netdev needs CAP_NET_ADMIN
 (``rtnl_setlink()`` checks it through ``netlink_ns_capable``), and nothing
 else in the agent does, so the sysfs writer does not get it and this daemon
-gets nothing more (os-vif's one-context-per-job rule, research
-cyborg-osacc-placement.md §3.4, §7).  Nova, for comparison, runs ``ip link
+gets nothing more (os-vif's one-context-per-job rule, docs/design.md
+§2.2).  Nova, for comparison, runs ``ip link
 set <pf> vf N mac .. vlan ..`` from its CAP_SYS_ADMIN-holding context and
 tolerates exit code 2 (``check_exit_code=[0, 2, 254]``): a refusal there is
 silent.  Here a refusal is an error naming the VF, the setting and the

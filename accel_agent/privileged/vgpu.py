@@ -1,7 +1,7 @@
 """The vGPU writer: NVIDIA vGPU 17+ types an SR-IOV VF (vendor-specific VFIO),
 in ``sysfs_admin``.
 
-research vendor-vfio-and-sriov.md §3-5: writing a type id to a VF's
+docs/design.md §10.3: writing a type id to a VF's
 ``nvidia/current_vgpu_type`` creates its vGPU, writing ``0`` destroys it.
 The id is written without a newline and read back; a VF is typed only when
 it is free and lists the id in ``creatable_vgpu_types`` right now (both
@@ -112,7 +112,7 @@ def write_vgpu_type(sysfs_root: str, vf: str, type_id: int) -> None:
         )
     LOG.debug("Writing %d to %s", type_id, path)
     try:
-        write_once(path, str(type_id).encode("ascii"))  # no newline (research §3)
+        write_once(path, str(type_id).encode("ascii"))  # no newline (docs/design.md §10.3)
     except OSError as err:
         raise exception.VgpuTypeWriteFailed(
             vf=vf, mdev_type=name, answer=errno_text(err)[1]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from accel_agent import exception
-from accel_agent.devices.policy import MdevPolicy
+from accel_agent.devices.policy import DevicePolicy
 from accel_agent.sysfs.model import HostSnapshot
 
 BACKEND = "nvidia_vfio"
@@ -59,7 +59,7 @@ def resource_class_for(mdev_type: str, mdev_class: str) -> str:
 
 def plan(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     owned: Iterable[str],
     per_gpu: int | None = None,
 ) -> list[VfSpec]:
@@ -361,7 +361,7 @@ def host_vfs(snapshot: HostSnapshot) -> dict[str, HostVf]:
     }
 
 
-def agent_reported(snapshot: HostSnapshot, policy: MdevPolicy) -> dict[str, ReportedVf]:
+def agent_reported(snapshot: HostSnapshot, policy: DevicePolicy) -> dict[str, ReportedVf]:
     """VF address -> its GPU, type and ids, for every vendor-VFIO VF whose
     configured type the agent reports to Placement itself
     (``[mdev_<type>] reported_by = agent``, the default)."""

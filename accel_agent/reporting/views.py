@@ -1,4 +1,4 @@
-"""JSON documents of the host's state (DESIGN.md §6).
+"""JSON documents of the host's state (docs/design.md §6).
 
 One builder per listing, shared by ``accelctl --json`` and the API so both
 always give the same shape.
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the listings that need no inventory do not import it
     from accel_agent.devices.inventory import Inventory
-    from accel_agent.devices.policy import MdevPolicy
+    from accel_agent.devices.policy import DevicePolicy
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
 
-def types_document(snapshot: HostSnapshot, policy: MdevPolicy, host: str) -> dict[str, Any]:
+def types_document(snapshot: HostSnapshot, policy: DevicePolicy, host: str) -> dict[str, Any]:
     # Counted once: a host has thousands of (parent, type) pairs.
     counts = Counter((m.parent, m.mdev_type) for m in snapshot.mdevs.values())
     parents = []
@@ -52,7 +52,7 @@ def types_document(snapshot: HostSnapshot, policy: MdevPolicy, host: str) -> dic
 
 def mdevs_document(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     host: str,
     owners: Mapping[str, str | None] | None = None,
     owned: Iterable[str] = (),
@@ -108,7 +108,7 @@ def mdevs_document(
 
 def _layout_marks(
     snapshot: HostSnapshot,
-    policy: MdevPolicy,
+    policy: DevicePolicy,
     owned: set[str],
     members: set[str],
     owners: Mapping[str, str | None],

@@ -13,7 +13,7 @@ kernel reports VFs only for a netdev with a parent device whose driver has
 
 VLANs are written in the plain ``IFLA_VF_VLAN`` form: pyroute2 0.7.7 encodes
 the ``IFLA_VF_VLAN_LIST`` form 2 bytes short of ``struct ifla_vf_vlan_info``
-and the kernel answers EINVAL (research vendor-vfio-and-sriov.md §6); 802.1Q
+and the kernel answers EINVAL (docs/design.md §10.4); 802.1Q
 is all the agent sets.
 """
 

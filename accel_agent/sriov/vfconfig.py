@@ -10,7 +10,7 @@ know what to undo.  After the writes everything is read back (``ext_mask=1``)
 and compared; any refusal or mismatch restores what this call changed, in
 reverse order, to the values read before it.
 
-Facts tried on igb (research vendor-vfio-and-sriov.md §6): EOPNOTSUPP for
+Facts tried on igb (docs/design.md §10.4): EOPNOTSUPP for
 ``link_state``, EINVAL for ``min_tx_rate``, a multicast MAC, ``qos`` 8 or an
 absent VF.  A driver that does not report ``spoofchk``/``trust`` reads them
 back as ``-1`` (``rtnl_fill_vfinfo()`` presets them): those cannot be

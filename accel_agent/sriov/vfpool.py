@@ -16,8 +16,8 @@ the VF off vfio-pci (VfInUse while its VFIO group is held: nothing done, its
 settings kept: a running guest's MAC must not change), reset its settings,
 then give it back to its driver.  Both are idempotent.
 
-Order with libvirt (``<interface type='hostdev' managed='no'>``, research
-vendor-vfio-and-sriov.md §6): libvirt programs MAC and VLAN itself when the
+Order with libvirt (``<interface type='hostdev' managed='no'>``,
+docs/design.md §10.4): libvirt programs MAC and VLAN itself when the
 domain starts, after saving the VF's current ones, and restores those on
 destroy.  prepare runs before the domain starts, so what libvirt saves and
 restores is the agent's; unprepare runs after the domain is gone, so the

@@ -3,7 +3,7 @@
 Since vGPU 17 (Ada, Hopper, Blackwell) the ``nvidia`` driver registers no mdev
 parent.  A vGPU is an SR-IOV VF of the GPU that stays bound to ``nvidia`` and
 is typed through files under ``/sys/bus/pci/devices/<VF>/nvidia/``
-(research vendor-vfio-and-sriov.md §2-5):
+(docs/design.md §10.3):
 
 * ``creatable_vgpu_types``: what can be created on this VF *now*, one
   ``<id> : <name>`` line per type, after an optional header line

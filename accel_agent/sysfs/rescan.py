@@ -1,4 +1,4 @@
-"""Steady-state rescans: re-read only what changes (DESIGN.md §9).
+"""Steady-state rescans: re-read only what changes (docs/design.md §9).
 
 (Why one module of ~540 lines: the rules below, what may be skipped and why
 each skip stays true, and the concurrency of overlapping scans are one
@@ -29,7 +29,7 @@ What moves is ``available_instances`` and the mdev list.
   periodic safety net), :meth:`listing` only those that can have changed.
 
 Why :meth:`listing` may skip a counter (the daemon answers ``GET
-/v1/types``, ``/v1/mdevs`` and ``/v1/inventory`` from it, DESIGN.md §9):
+/v1/types``, ``/v1/mdevs`` and ``/v1/inventory`` from it, docs/design.md §9):
 ``available_instances`` of a type is the room its parent has left, and what
 takes room is mdevs.  Room is shared on one *physical GPU*: the types of a
 parent share it (a create of one type lowers the others'), and the SR-IOV VFs

@@ -4,7 +4,7 @@
 hostile-tree rules each read needs beside the read itself; the steady-state
 re-reads are apart, in accel_agent.sysfs.rescan.)
 
-The layout (DESIGN.md §4, research/sysfs-mdevctl-kubevirt.md §1.1):
+The layout (docs/design.md §4.1):
 
 * ``class/mdev_bus/<parent>`` is a *link* to the parent's device directory;
 * ``<device>/mdev_supported_types/<type>/`` holds ``device_api`` and

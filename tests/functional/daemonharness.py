@@ -100,6 +100,8 @@ CLAIM_OWNERS = ("vm-0", "vm-1", "mig-0")
 MAX_FOREIGN = 2
 TIMEOUT = 120.0  # any one call, restart or settle; only a hang reaches it
 DELAY_SPAN = 1.25
+# The API's codes of a release that kept a held device: each kind's, and theirs together.
+IN_USE = ("MdevInUse", "VfInUse", "DeviceInUse")
 CALL_TIMEOUT = 1.5  # [DEFAULT] privileged_call_timeout: a stalled helper costs this
 MUTATIONS = ("allocate", "release", "claim", "commit", "abort", "adopt")
 # What a step may be, and how often (weights).
@@ -352,7 +354,7 @@ class DaemonHarness:
             return
         if call.status != 200:
             self.stats.refused[f"{op} {call.code}"] += 1
-            released = call.code == "MdevInUse" and op in ("release", "abort")
+            released = call.code in IN_USE and op in ("release", "abort")
             if not released:
                 return  # refused: nothing changed
             # "released but not removed": the owner holds nothing now.

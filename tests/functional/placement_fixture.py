@@ -1,6 +1,6 @@
 """A real OpenStack Placement on 127.0.0.1 for functional tests.
 
-research/cyborg-osacc-placement.md §4.6: ``openstack-placement`` configured
+docs/design.md §8.2: ``openstack-placement`` configured
 only by environment variables (SQLite file, schema synced at start-up,
 ``noauth2``, so clients send ``X-Auth-Token: admin``), served by cheroot in a
 subprocess.  A subprocess, not a thread, so that a test can kill it like a

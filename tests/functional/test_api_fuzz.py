@@ -104,7 +104,7 @@ def agent(tmp_path_factory) -> Iterator[tuple[ApiApplication, AgentCore, object]
 
 def state(core: AgentCore, host) -> tuple[object, ...]:
     rows = tuple(
-        (r.uuid, r.parent, r.mdev_type, r.state, r.owner, r.intent_id)
+        (r.uuid, r.parent, r.device_type, r.state, r.owner, r.intent_id)
         for r in core.devices.ledger.all()
     )
     return rows, frozenset(host.sysfs_uuids())

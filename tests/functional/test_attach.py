@@ -1,4 +1,4 @@
-"""Per-instance attach (DESIGN.md §11) on the FUSE simulator: an mtty mdev and
+"""Per-instance attach (docs/design.md §11) on the FUSE simulator: an mtty mdev and
 SR-IOV VFs of the ``igb-sriov`` profile in one call, every sysfs write
 through the REAL privsep daemon, outcomes read back from the simulated sysfs
 (mdev list, VF driver links) and the VF settings file, not from the agent.

@@ -1,4 +1,4 @@
-"""One ledger connection per process (DESIGN.md §5, issue 21 item 1), against
+"""One ledger connection per process (docs/design.md §5.2, issue 21 item 1), against
 the real daemon on the FUSE-simulated mtty host with the real privsep helper.
 
 Closing ANY descriptor of a file drops every POSIX lock the process holds on

@@ -1,5 +1,5 @@
 """Who may change the ledger file, through the real accelctl and daemon
-(DESIGN.md §5, issue 21 item 1): readers never create, migrate or write it
+(docs/design.md §5.2, issue 21 item 1): readers never create, migrate or write it
 and refuse an older schema in one line; offline writers refuse it naming
 ``accelctl ledger upgrade``; that command and the daemon's start migrate it
 after a backup copy; while the daemon runs accelctl does not open it.

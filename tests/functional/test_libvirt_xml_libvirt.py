@@ -1,6 +1,6 @@
 """Generated and rewritten domain XML against the real libvirt: its RNG schema and
 its ``test:///default`` driver (which accepts mdev hostdevs without the device
-existing; see research/sysfs-mdevctl-kubevirt.md §3.4).
+existing; see docs/design.md §7.1, §8.2).
 """
 
 from __future__ import annotations

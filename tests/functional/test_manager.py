@@ -309,7 +309,7 @@ def test_parent_filter_and_virtual_parent(host):
         "0000:85:00.0"
     }
     serial = manager.allocate("vm-2", 3, parent="mtty")
-    assert {(m.parent, m.mdev_type) for m in serial.mdevs} == {("mtty", "mtty-2")}
+    assert {(m.parent, m.device_type) for m in serial.mdevs} == {("mtty", "mtty-2")}
     assert host.available("mtty", "mtty-2") == 9
     with pytest.raises(exception.InsufficientCapacity):
         manager.allocate("vm-3", 1, parent="0000:99:00.0")

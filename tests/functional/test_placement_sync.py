@@ -189,7 +189,7 @@ def gpu(
         pci_address=address,
         physical_gpu=address,
         numa_node=0,
-        mdev_type=mdev_type,
+        device_type=mdev_type,
         resource_class=rc,
         total=total,
         used=0,

@@ -162,7 +162,7 @@ def held_vgpu(env: Env, instance: str, via_attach: bool = False) -> tuple[str, s
         (handle,) = env.attach(instance, [{"mdev_type": VGPU_TYPE, "count": 1}])["attachments"]
         vf, uuid = handle["address"], handle["uuid"]
     else:
-        (record,) = env.manager.allocate(instance, 1, mdev_type=VGPU_TYPE).mdevs
+        (record,) = env.manager.allocate(instance, 1, device_type=VGPU_TYPE).mdevs
         vf, uuid = record.parent, record.uuid
     env.host.sim.hold(vf)
     return vf, uuid
@@ -188,9 +188,12 @@ def test_release_remove_never_writes_to_a_held_vf(env: Env, accepts: bool) -> No
     driver_answer(env, accepts)
     vf, uuid = held_vgpu(env, "vm-1")
     since = last_write(env)
-    with pytest.raises(exception.MdevInUse) as info:
+    # A VF's own class (an in-use error as an mdev's is), naming its kind.
+    with pytest.raises(exception.VfInUse) as info:
         env.manager.release("vm-1", remove=True)
-    assert uuid in info.value.message
+    assert isinstance(info.value, exception.DeviceInUse)
+    assert not isinstance(info.value, exception.MdevInUse)
+    assert uuid in info.value.message and f"vGPU VF {vf} is in use" in info.value.message
     assert_kept_typed_and_free(env, vf, uuid, since)
 
 
@@ -202,7 +205,7 @@ def test_detach_remove_through_the_api_never_writes_to_a_held_vf(
     vf, uuid = held_vgpu(env, "vm-1", via_attach=True)
     since = last_write(env)
     status, _, body = api(env)("DELETE", "/v1/instances/vm-1/attachments?remove=true")
-    assert (status, body["error"]["code"]) == (409, "MdevInUse"), body
+    assert (status, body["error"]["code"]) == (409, "VfInUse"), body
     assert uuid in body["error"]["message"]
     assert_kept_typed_and_free(env, vf, uuid, since)
 
@@ -228,7 +231,7 @@ def test_a_rollback_never_writes_to_a_vf_a_vm_took_meanwhile(
     driver_answer(env, accepts)
     try:
         with pytest.raises(exception.VgpuTypeWriteFailed):
-            env.manager.allocate("vm-1", 2, mdev_type=VGPU_TYPE)
+            env.manager.allocate("vm-1", 2, device_type=VGPU_TYPE)
         (vf,) = taken
         uuid = nvidia_vfio.device_uuid(vf)
         assert_kept_typed_and_free(env, vf, uuid, since)
@@ -286,9 +289,9 @@ def test_detaching_a_held_pool_vf_is_refused_by_the_manager_and_keeps_it(
     env: Env, remove: bool
 ) -> None:
     vf, uuid = held_pool_vf(env, "vm-1")
-    with pytest.raises(exception.MdevInUse) as info:
+    with pytest.raises(exception.VfInUse) as info:
         env.manager.release("vm-1", remove=remove)
-    assert uuid in info.value.message
+    assert uuid in info.value.message and f"pool VF {vf} is in use" in info.value.message
     assert_vf_kept_with_its_settings(env, vf, uuid)
     assert_recover_returns_it_once_free(env, vf, uuid)
 
@@ -296,7 +299,7 @@ def test_detaching_a_held_pool_vf_is_refused_by_the_manager_and_keeps_it(
 def test_detaching_a_held_pool_vf_through_the_api_answers_409_and_keeps_it(env: Env) -> None:
     vf, uuid = held_pool_vf(env, "vm-1")
     status, _, body = api(env)("DELETE", "/v1/instances/vm-1/attachments")
-    assert (status, body["error"]["code"]) == (409, "MdevInUse"), body
+    assert (status, body["error"]["code"]) == (409, "VfInUse"), body
     assert uuid in body["error"]["message"]
     assert_vf_kept_with_its_settings(env, vf, uuid)
     assert_recover_returns_it_once_free(env, vf, uuid)
@@ -359,7 +362,7 @@ def test_abort_remove_spares_a_claimed_mdev_a_libvirt_domain_references(
 
 def test_commit_refuses_an_instance_that_holds_devices_and_changes_nothing(env: Env) -> None:
     dest = destination(env)
-    held = env.manager.allocate("vm-c", 1, mdev_type="mtty-2").uuids
+    held = env.manager.allocate("vm-c", 1, device_type="mtty-2").uuids
     mapping = dest.claim("vm-c", {SOURCE: "mtty-2"})
     before = env.rows()
     assert before[mapping[SOURCE]][:2] == ("vm-c", "claim")
@@ -436,8 +439,8 @@ def reboot_with(env: Env, conf: str) -> Env:
 def test_free_devices_of_a_dropped_type_are_forgotten_after_a_reboot(
     env: Env, conf: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    mdev = env.manager.allocate("vm-1", 1, mdev_type="mtty-2").uuids[0]
-    (vgpu_record,) = env.manager.allocate("vm-2", 1, mdev_type=VGPU_TYPE).mdevs
+    mdev = env.manager.allocate("vm-1", 1, device_type="mtty-2").uuids[0]
+    (vgpu_record,) = env.manager.allocate("vm-2", 1, device_type=VGPU_TYPE).mdevs
     vgpu, vgpu_vf = vgpu_record.uuid, vgpu_record.parent
     kept = env.attach("vm-3", [{"pool": "nic_a", "mac": MAC}])["attachments"][0]["uuid"]
     env.manager.release("vm-1")
@@ -452,10 +455,11 @@ def test_free_devices_of_a_dropped_type_are_forgotten_after_a_reboot(
         assert after.host.sysfs_uuids() == set()  # no mtty-2 (nor mtty-1) made
         assert after.typed() == {}  # no VF typed, with the old type or the new one
         assert set(after.rows()) == {kept}  # no row left for what is gone
-        said = [r.getMessage() for r in caplog.records if "forgot free mdev" in r.getMessage()]
-        assert sorted(said) == sorted(  # what the operator reads in the journal
-            f"forgot free mdev {u}: gone from sysfs, and the config no longer gives {p} type {t}"
-            for u, p, t in ((mdev, "mtty", "mtty-2"), (vgpu, vgpu_vf, VGPU_TYPE))
+        said = [r.getMessage() for r in caplog.records if "forgot free " in r.getMessage()]
+        assert sorted(said) == sorted(  # what the operator reads in the journal, each by its kind
+            f"forgot free {k} {u}: gone from sysfs, and the config no longer gives {p} type {t}"
+            for k, u, p, t in (("mdev", mdev, "mtty", "mtty-2"),
+                               ("vGPU VF", vgpu, vgpu_vf, VGPU_TYPE))
         )
         again = after.manager.recover()  # nothing waits, nothing comes back
         assert (again.recreated, again.forgotten, again.waiting_for_parent) == ([], [], [])
@@ -470,17 +474,17 @@ def test_before_the_reboot_a_free_device_of_a_dropped_type_is_never_given_out(
     recorded, and an allocation of the type now configured does not get them
     (it asked for mtty-1, not the free mtty-2; nvidia-1147, not the free
     nvidia-1150 VF, which also keeps the card at its size: no room)."""
-    mdev = env.manager.allocate("vm-1", 1, mdev_type="mtty-2").uuids[0]
-    vgpu = env.manager.allocate("vm-2", 1, mdev_type=VGPU_TYPE).uuids[0]
+    mdev = env.manager.allocate("vm-1", 1, device_type="mtty-2").uuids[0]
+    vgpu = env.manager.allocate("vm-2", 1, device_type=VGPU_TYPE).uuids[0]
     env.manager.release("vm-1")
     env.manager.release("vm-2")
     env.manager.ledger.close()
     after = Env(env.host, DROPPED)
     try:
-        (got,) = after.manager.allocate("vm-3", 1, mdev_type="mtty-1").mdevs
-        assert got.uuid != mdev and got.mdev_type == "mtty-1"
+        (got,) = after.manager.allocate("vm-3", 1, device_type="mtty-1").mdevs
+        assert got.uuid != mdev and got.device_type == "mtty-1"
         with pytest.raises(exception.InsufficientCapacity):
-            after.manager.allocate("vm-4", 1, mdev_type=VGPU_OTHER)
+            after.manager.allocate("vm-4", 1, device_type=VGPU_OTHER)
         rows = after.rows()
         assert rows[mdev] == rows[vgpu] == (None, None, "present")  # recorded, free
         assert mdev in after.host.sysfs_uuids() and VGPU_ID in after.typed().values()
@@ -493,8 +497,8 @@ def test_before_the_reboot_a_free_device_of_a_dropped_type_is_never_given_out(
 def test_an_assigned_device_of_a_dropped_type_refuses_recovery(
     env: Env, mdev_type: str, conf: str
 ) -> None:
-    uuid = env.manager.allocate("vm-1", 1, mdev_type=mdev_type).uuids[0]
-    free = env.manager.allocate("vm-2", 1, mdev_type=mdev_type).uuids[0]
+    uuid = env.manager.allocate("vm-1", 1, device_type=mdev_type).uuids[0]
+    free = env.manager.allocate("vm-2", 1, device_type=mdev_type).uuids[0]
     env.manager.release("vm-2")
     before = env.rows()
     after = reboot_with(env, conf)

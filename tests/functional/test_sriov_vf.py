@@ -247,8 +247,13 @@ def test_the_backend_makes_and_unmakes_the_ledgers_device(env) -> None:
     host, pools, _ = env
     pools.ensure_num_vfs()
     backend, writer = SriovVfBackend(), PrivsepWriter(host.root)
-    with pytest.raises(exception.LedgerError):
+    with pytest.raises(exception.VfUuidMismatch) as refused:
         backend.create(writer, VF0, "nic_a", device_uuid(VF1))
+    assert refused.value.message == (
+        f"device {device_uuid(VF1)} is not the device of pool VF {VF0}, whose UUID is "
+        f"{device_uuid(VF0)} (derived from the VF's address)"
+    )
+    assert _driver(host, VF0) == "igbvf"  # nothing made
     backend.create(writer, VF0, "nic_a", device_uuid(VF0))
     assert _driver(host, VF0) == "vfio-pci"
     device = DeviceRef(device_uuid(VF0), VF0, "nic_a", "sriov_vf")

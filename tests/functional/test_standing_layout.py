@@ -426,7 +426,7 @@ def test_a_gpu_moved_to_another_type_is_cleared_then_given_the_new_layout(sim):
     manager = sim.manager(body(0))
     try:
         # Two free 4Q devices on GPU1: an instance's, released without --remove.
-        manager.allocate("vm-a", 2, parent=GPU1, mdev_type=TYPE)
+        manager.allocate("vm-a", 2, parent=GPU1, device_type=TYPE)
         manager.release("vm-a")
         assert types_per_gpu(sim) == {GPU1: [1150, 1150], GPU2: []}
     finally:
@@ -474,7 +474,7 @@ def test_a_configuration_that_hands_an_instance_s_vf_to_another_owner_is_refused
         core = AgentCore(daemon_conf(running), writer=writers.DirectWriter(sim.root))
         try:
             core.startup()
-            (held,) = core.devices.allocate("vm-a", 1, parent=GPU1, mdev_type=TYPE).uuids
+            (held,) = core.devices.allocate("vm-a", 1, parent=GPU1, device_type=TYPE).uuids
             config = Path(sim.config(new_body + extra, name="new.conf"))
             with pytest.raises(exception.ReloadRefused) as refused:
                 core.reload(daemon_conf(config))
@@ -561,7 +561,7 @@ def held_open(host, device: dict):
 
 def kept_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if "kept as a free mdev instead of removed" in r.getMessage()]
+            if "kept as a free vGPU VF instead of removed" in r.getMessage()]
 
 
 def test_an_idle_layout_asks_for_no_rescan_and_says_a_refused_remove_once(sim, caplog):
@@ -614,8 +614,8 @@ def test_draining_is_one_set_for_the_listing_health_and_the_release(sim):
         periods = Periods(core)
         periods.run()
         devices = core.devices
-        a = devices.allocate("vm-a", 1, parent=GPU1, mdev_type=TYPE).uuids[0]
-        b = devices.allocate("vm-b", 1, parent=GPU1, mdev_type=TYPE).uuids[0]
+        a = devices.allocate("vm-a", 1, parent=GPU1, device_type=TYPE).uuids[0]
+        b = devices.allocate("vm-b", 1, parent=GPU1, device_type=TYPE).uuids[0]
         configure(core, body(1))  # 2 -> 1: GPU1 holds two instances' devices
         periods.run()
         named = draining_listed(core)

@@ -2,7 +2,7 @@
 VF's settings are kept in a JSON file, as the PF's driver would hold them, so
 that a test (or another process: a killed worker, a later ``recover``) reads
 them back independently of the agent.  It refuses what igb refuses
-(``link_state``: EOPNOTSUPP, research vendor-vfio-and-sriov.md §6) the way
+(``link_state``: EOPNOTSUPP, docs/design.md §10.4) the way
 the real algorithm does: nothing of the request is left set.
 
 The rtnetlink calls themselves are proven against a real netlink socket

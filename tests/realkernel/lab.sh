@@ -5,11 +5,11 @@
 #
 #   host    (default) the distribution's default kernel; the guest chroots into the host's
 #           own / shared read-only over 9p and runs the checkout's .venv
-#           (research/mtty-lab.md);
+#           (docs/design.md §12);
 #   trixie  Debian's 6.12 kernel from bookworm-security and a trixie userland (QEMU 10,
 #           libvirt 11) made by mmdebstrap into the cache, the agent installed in a venv
 #           inside it; the guest's root is that tree, read-only over 9p under a tmpfs
-#           overlay (research/live-migration-lab.md).
+#           overlay (docs/design.md §7.4, §12).
 #
 # usage: lab.sh [--lab NAME] [-- COMMAND [ARG...]]
 #   COMMAND runs in the guest as root, cwd = the repository (shared read-only), with the
@@ -604,8 +604,8 @@ boot() {
 	rm -f "$RESULTS"/{realkernel.junit.xml,console.log,dmesg.log,guest-rc,guest-error,qemu.pid}
 	rm -rf "$RESULTS/logs"
 	stamp "booting $ABI under QEMU (TCG, ${LAB_MEMORY_MB} MiB), timeout ${TIMEOUT}s"
-	# TCG: /dev/kvm on this kind of machine cannot run an unmodified kernel (mtty-lab.md,
-	# Blockers), and the guest's work is small.  vmlinux boots through PVH (no firmware).
+	# TCG: /dev/kvm on this kind of machine cannot run an unmodified kernel
+	# (docs/design.md §12), and the guest's work is small.  vmlinux boots through PVH (no firmware).
 	# QEMU does not exit on some errors (the VM just pauses): always under timeout.
 	timeout --kill-after=10 "$TIMEOUT" "${QEMU[@]}" \
 		-accel tcg -cpu max -smp 2 -m "$LAB_MEMORY_MB" \

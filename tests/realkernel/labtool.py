@@ -17,7 +17,8 @@
                              line, leaving out the EXCLUDE distributions (what a lab rootfs
                              takes from Debian instead, e.g. libvirt-python)
 
-Standard library only; run with any Python >= 3.11.  research/mtty-lab.md has the recipe.
+Standard library only; run with any Python >= 3.11.  tests/realkernel/README.md
+("How it works") has the recipe.
 """
 
 from __future__ import annotations

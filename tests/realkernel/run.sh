@@ -2,9 +2,9 @@
 # Real-kernel tier (what `make test` runs after the unit and functional tiers): the
 # agent against real kernels with the mtty sample driver, in QEMU (TCG) guests built
 # and booted by lab.sh, one per lab profile (labs/*.sh):
-#   host    the distribution's default kernel, the host's root (research/mtty-lab.md);
+#   host    the distribution's default kernel, the host's root (docs/design.md §12);
 #   trixie  Debian's 6.12 kernel, a trixie userland with QEMU 10 and libvirt 11: a real
-#           live migration through two agents (research/live-migration-lab.md).
+#           live migration through two agents (docs/design.md §7.4, §12).
 #   igb     lab 2's kernel and userland with QEMU's SR-IOV NIC (-device igb): VF settings
 #           and the vfio-pci hand-over on the real igb/igbvf drivers.
 #   systemd bookworm's kernel, a bookworm userland booting systemd as PID 1: the package

@@ -24,7 +24,7 @@ def record(uuid: str, owner: str | None) -> DeviceRecord:
     return DeviceRecord(
         uuid=uuid,
         parent="0000:84:00.0",
-        mdev_type="nvidia-35",
+        device_type="nvidia-35",
         state=DeviceState.PRESENT,
         owner=owner,
         owner_kind=None,
@@ -312,8 +312,14 @@ def test_too_long_instance_id_is_400(app):
         (exception.InsufficientCapacity(mdev_type="t", parents="p", reason="r"), 409),
         (exception.InstanceAlreadyAllocated(instance="i", count=1), 409),
         (exception.MdevInUse(uuid=UUID, reason="r"), 409),
+        # Every kind of device in use alike (issue 35: each its own code).
+        (exception.VfInUse(vf="0000:c1:00.4", reason="r"), 409),
+        (exception.DeviceInUse(uuid=UUID, reason="r"), 409),
         (exception.MdevAlreadyAssigned(uuid=UUID, owner_kind="instance", owner="i"), 409),
         (exception.LedgerError(reason="locked"), 503),
+        # Once LedgerErrors: answered as they were, with codes of their own.
+        (exception.BackendNotInstalled(name="toy_vf", installed="mdev"), 503),
+        (exception.VfUuidMismatch(uuid=UUID, kind="VF", vf="v", expected=UUID), 503),
         (exception.SysfsWriteFailed(path="p", error="EIO"), 500),
         (RuntimeError("bug"), 500),
     ],

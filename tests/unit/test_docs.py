@@ -152,3 +152,115 @@ def test_no_committed_file_names_a_machine_path():
         found += [f"{name}:{n}: {m.group(0)}" for n, line in enumerate(text.splitlines(), 1)
                   for m in [MACHINE_PATHS.search(line)] if m]
     assert found == []
+
+
+# Citations of documents that are not in the repository (issue 35): the plan
+# the project started from (its file's name in upper case, then "§N") and the
+# research notes it was written with (their file names; "research note §N",
+# "research §N", "research/..."): a reader of a clone cannot follow them.
+# docs/design.md and its Sources carry those facts, and a citation points
+# there.  (`git grep` for the plan's name finds nothing: not even here.)
+RESEARCH_NOTES = (
+    "sysfs-mdevctl-kubevirt", "nova", "mtty-lab", "live-migration-lab",
+    "cyborg-osacc-placement", "vendor-vfio-and-sriov", "nova-34-and-standing-layouts",
+    r"mixed-size-mig[\w-]*",
+)
+OUTSIDE_CITATION = re.compile(
+    "|".join([
+        r"(?-i:DESIGN\.md)",  # the plan's name, upper case: docs/design.md is ours
+        r"\bresearch\b\s*(?:notes?\s*)?(?:/|§)",
+        r"\bresearch\s+(?:[\w-]+\.md\b|nova-34)",
+        r"\b(?:" + "|".join(RESEARCH_NOTES) + r")\.md\b",
+        r"\b(?:mtty-lab|live-migration-lab)\b",
+    ]),
+    re.IGNORECASE,
+)
+# Not checked (a visible list: each entry says why):
+CITATIONS_NOT_CHECKED = (
+    # Captures of real hosts and tools, byte for byte: their text is theirs.
+    "tests/fixtures/",
+    # Other engineers are editing these files now; their citations are theirs
+    # to replace (issue 35 item 6).  Remove each entry once the lead lifts it.
+    "accel_agent/simulator/",
+    "accel_agent/reporting/placement/",
+    # This test: it quotes every form it refuses.
+    "tests/unit/test_docs.py",
+    # The deliberate faults quote code, and one of them brings a citation
+    # back on purpose (tests/faults/docs-citation-outside.patch); what a
+    # patch's context quotes is the code's, checked here.
+    "tests/faults/",
+)
+
+
+def outside_citations(names: list[str], read) -> list[str]:
+    """``file:line: text`` of every citation of a document outside the
+    repository in ``names`` (``read(name)`` gives a file's text, None for
+    one that is not text), those under CITATIONS_NOT_CHECKED aside."""
+    found = []
+    for name in names:
+        if name.startswith(CITATIONS_NOT_CHECKED) or (text := read(name)) is None:
+            continue
+        found += [f"{name}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+                  if OUTSIDE_CITATION.search(line)]
+    return found
+
+
+def _committed_text(name: str) -> str | None:
+    path = REPO / name
+    if not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def test_every_citation_points_into_the_repository():
+    import subprocess
+
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode().split("\0")
+    assert "docs/design.md" in files  # where they point now
+    assert outside_citations(list(filter(None, files)), _committed_text) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Targets (DESIGN" ".md §9):",
+        "Nova (research/nova.md §3, §11) walks",
+        "cycled (research note §4-5).",
+        "# no newline (research §3)",
+        "Facts tried on igb (research vendor-vfio-and-sriov.md §6):",
+        'Refused in use (research nova-34 "vGPU 17+ facts")',
+        "Values from Research vendor-vfio-and-sriov.md §6",
+        "exactly as measured in mtty-lab.md: 24 ports",
+        "# 38 bytes (mtty-lab: EINVAL)",
+        "`research/live-migration-lab.md` (shared notes)",
+    ],
+)
+def test_the_citation_rule_sees_each_form_the_notes_were_cited_in(line):
+    assert outside_citations(["a.py"], lambda name: line) == [f"a.py:1: {line}"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(docs/design.md §10.4)",
+        "the lock of the mdev ledger",
+        "Nova's nova/virt/libvirt/driver.py",
+        "see tests/realkernel/README.md",
+    ],
+)
+def test_the_citation_rule_passes_citations_into_the_repository(line):
+    assert outside_citations(["a.py"], lambda name: line) == []
+
+
+def test_the_citation_rule_leaves_out_the_listed_directories_only():
+    line = "(research §3)"
+    assert outside_citations(
+        ["accel_agent/simulator/x.py", "accel_agent/reporting/placement/plan.py",
+         "tests/fixtures/a.txt", "accel_agent/sim.py"],
+        lambda name: line,
+    ) == [f"accel_agent/sim.py:1: {line}"]

@@ -1,4 +1,4 @@
-"""Inventory math (DESIGN.md §5) on simulated hosts: Nova's numbers and ours."""
+"""Inventory math (docs/design.md §5.1) on simulated hosts: Nova's numbers and ours."""
 
 from accel_agent.devices import inventory as inventory_mod
 from accel_agent.devices import policy as policy_mod
@@ -62,7 +62,7 @@ def test_nova_two_types_16_and_10(tmp_path):
     assert totals(inv) == {"testhost_pci_0000_06_00_0": 16, "testhost_pci_0000_07_00_0": 10}
     p07 = inv.provider("testhost_pci_0000_07_00_0")
     # The nvidia-11 mdev on 07 is not nvidia-12 capacity, and not counted as used there.
-    assert p07.mdev_type == "nvidia-12" and p07.used == 0
+    assert p07.device_type == "nvidia-12" and p07.used == 0
 
 
 def test_first_address_less_type_is_default_with_its_custom_class(tmp_path):
@@ -80,7 +80,7 @@ def test_first_address_less_type_is_default_with_its_custom_class(tmp_path):
         """,
     )
     p06 = inv.provider("testhost_pci_0000_06_00_0")
-    assert (p06.mdev_type, p06.resource_class, p06.total) == ("nvidia-11", "CUSTOM_M60_0B", 16)
+    assert (p06.device_type, p06.resource_class, p06.total) == ("nvidia-11", "CUSTOM_M60_0B", 16)
     assert inv.provider("testhost_pci_0000_07_00_0").resource_class == "VGPU"
 
 
@@ -113,7 +113,7 @@ def test_upper_case_and_short_config_addresses_match_kernel_parents(tmp_path):
         device_addresses = 8B:00.0
         """,
     )
-    assert {p.name: p.mdev_type for p in inv.providers} == {
+    assert {p.name: p.device_type for p in inv.providers} == {
         "testhost_pci_0000_8a_00_0": "nvidia-35",
         "testhost_pci_0000_8b_00_0": "nvidia-36",
     }

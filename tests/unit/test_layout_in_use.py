@@ -34,7 +34,7 @@ def uid(n: int) -> str:
 def rec(n: int, parent: str, *, owner: str | None = LAYOUT_OWNER, layout: bool = False,
         mdev_type: str = TYPE) -> DeviceRecord:
     return DeviceRecord(
-        uuid=uid(n), parent=parent, mdev_type=mdev_type, state=DeviceState.PRESENT,
+        uuid=uid(n), parent=parent, device_type=mdev_type, state=DeviceState.PRESENT,
         owner=owner,
         owner_kind=None if owner is None else (
             OwnerKind.STANDING if owner == LAYOUT_OWNER else OwnerKind.INSTANCE),
@@ -63,7 +63,7 @@ RECORDS = [
 
 def snapshot(records=RECORDS) -> HostSnapshot:
     mdevs = {
-        r.uuid: Mdev(r.uuid, r.parent, r.mdev_type, 10 + int(r.uuid[:8]), backend="nvidia-vfio")
+        r.uuid: Mdev(r.uuid, r.parent, r.device_type, 10 + int(r.uuid[:8]), backend="nvidia-vfio")
         for r in records
     }
     return HostSnapshot.build("/sim", PARENTS, mdevs)
@@ -173,7 +173,7 @@ def test_no_layout_device_no_walk_and_a_type_gone_loses_its_series(agent):
     converge(agent)
     assert gauge(agent.rescans, OTHER) == 1
     # The other type's device left: its series goes with it.
-    agent.records[:] = [r for r in agent.records if r.mdev_type != OTHER]
+    agent.records[:] = [r for r in agent.records if r.device_type != OTHER]
     converge(agent)
     assert gauge(agent.rescans, OTHER) is None and gauge(agent.rescans, TYPE) == 0
     walks = agent.proc.walks

@@ -1,4 +1,4 @@
-"""Who may change the ledger file (DESIGN.md §5, issue 21 item 1): a reader
+"""Who may change the ledger file (docs/design.md §5.2, issue 21 item 1): a reader
 (``read_only``) never creates, writes, migrates or checkpoints it; a writer
 refuses an older schema unless it was asked to upgrade, and an upgrade keeps
 a backup copy made with SQLite's backup API; opening never closes a

@@ -104,9 +104,9 @@ def test_the_listing_says_null_when_unknown_and_each_mdevs_flags_when_known():
         U1: Mdev(uuid=U1, parent=GPU, mdev_type="nvidia-35", iommu_group=1),
         U2: Mdev(uuid=U2, parent=GPU, mdev_type="nvidia-35", iommu_group=2),
     })
-    from accel_agent.devices.policy import MdevPolicy
+    from accel_agent.devices.policy import DevicePolicy
 
-    policy = MdevPolicy()
+    policy = DevicePolicy()
     unknown = views.mdevs_document(snapshot, policy, "h")
     assert [m["libvirt"] for m in unknown["mdevs"]] == [None, None]
     known = views.mdevs_document(snapshot, policy, "h", libvirt={U1: (True, False)})

@@ -48,7 +48,7 @@ def gpu(bus: str = "84", *, total: int = 16, rc: str = "VGPU", traits: Any = Non
         pci_address=address,
         physical_gpu=address,
         numa_node=None,
-        mdev_type="nvidia-35",
+        device_type="nvidia-35",
         resource_class=rc,
         total=total,
         used=0,

@@ -1,4 +1,4 @@
-"""Config -> type per parent: Nova's semantics plus DESIGN.md §3's fixes."""
+"""Config -> type per parent: Nova's semantics plus docs/design.md §3.3's fixes."""
 
 import os
 

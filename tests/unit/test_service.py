@@ -16,7 +16,7 @@ from accel_agent.daemon.counts import count_mdevs, mdev_infos, placement_signatu
 from accel_agent.daemon.reloads import orphaned
 from accel_agent.devices.inventory import Inventory, Provider
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
-from accel_agent.devices.policy import MdevPolicy, TypeConfig
+from accel_agent.devices.policy import DevicePolicy, TypeConfig
 from accel_agent.devices.protocol import Existing
 from accel_agent.reporting.metrics import AgentMetrics
 from accel_agent.sysfs.model import HostSnapshot, Mdev
@@ -40,7 +40,7 @@ def rec(
     return DeviceRecord(
         uuid=uuid,
         parent=parent,
-        mdev_type=mdev_type,
+        device_type=mdev_type,
         state=state,
         owner=owner,
         owner_kind=kind or (OwnerKind.INSTANCE if owner else None),
@@ -52,9 +52,9 @@ def rec(
     )
 
 
-def policy(parent_types: dict[str, str], default: str | None = None) -> MdevPolicy:
+def policy(parent_types: dict[str, str], default: str | None = None) -> DevicePolicy:
     types = {*parent_types.values(), *([default] if default else [])}
-    return MdevPolicy(
+    return DevicePolicy(
         types=tuple(TypeConfig(t, (), "VGPU", None) for t in sorted(types)),
         parent_types=MappingProxyType(parent_types),
         default_type=default,
@@ -81,7 +81,7 @@ def test_orphaned_names_a_device_of_a_type_nova_would_report_and_skips_the_layou
     instance holds hands it to Nova too; a layout's device nobody holds is
     Nova's to hand out, and a device gone with its parent gives the type it
     needs to be re-created with."""
-    nova = MdevPolicy(
+    nova = DevicePolicy(
         types=(TypeConfig("nvidia-35", (), "VGPU", None, standing=1, reported_by="nova"),),
         default_type="nvidia-35",
     )
@@ -130,7 +130,7 @@ def provider(name: str, total: int, used: int) -> Provider:
         pci_address="0000:84:00.0",
         physical_gpu="0000:84:00.0",
         numa_node=0,
-        mdev_type="nvidia-35",
+        device_type="nvidia-35",
         resource_class="VGPU",
         total=total,
         used=used,

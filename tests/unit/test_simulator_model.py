@@ -50,7 +50,7 @@ def mtty_avail(host: SimulatedHost) -> tuple[int, int]:
 
 @pytest.mark.parametrize("data", [
     U1[:35].encode(),                    # too short
-    U1.encode() + b"\r\n",               # 38 bytes (mtty-lab: EINVAL)
+    U1.encode() + b"\r\n",               # 38 bytes (EINVAL on a real kernel: docs/design.md §4.3)
     b"83b8f4f2509f382f3c1ee6bfe0fa1001",  # no dashes: 32 bytes
     b"",  # handled below: an empty write is a no-op, not an error
 ])

@@ -1,6 +1,6 @@
 """VF network settings: validation, and apply/reset with read-back and rollback,
-over a link that answers like igb did on a real kernel (research
-vendor-vfio-and-sriov.md §6): EOPNOTSUPP for link_state, EINVAL for
+over a link that answers like igb did on a real kernel (docs/design.md
+§10.4): EOPNOTSUPP for link_state, EINVAL for
 min_tx_rate, and spoofchk/trust reported.  The real netlink socket is the
 functional tier's (tests/functional/test_vf_netlink.py) and the lab's."""
 

@@ -85,7 +85,7 @@ def test_nova_update_mdev_xml_fails_on_notfound_mdev() -> None:
     )
 
 
-# --- nova.md §9.2 edge cases ------------------------------------------------------------
+# --- edge cases Nova's test_migration.py leaves out (docs/design.md §7.2) --------------
 
 
 @pytest.mark.parametrize(

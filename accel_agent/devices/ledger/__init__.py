@@ -5,7 +5,7 @@
 which a durable commit always follows, skip the fsync), schema
 versioned by ``PRAGMA user_version`` and migrated in one transaction.
 
-The manager's protocol (DESIGN.md §5) is "intent before every sysfs write,
+The manager's protocol (docs/design.md §5.2, §5.7) is "intent before every sysfs write,
 settled after", so a crash at any instant is repaired at the next start:
 
 * create:  ``record_create_intent`` (state ``creating``) -> privileged create
@@ -27,7 +27,7 @@ assigned one.  ``with ledger.transaction():`` is ``BEGIN IMMEDIATE``: two
 processes (agent and an offline ``accelctl``) serialise on SQLite's write
 lock, and threads of one process on the ledger's lock.
 
-One connection per process (DESIGN.md §5): the daemon and everything in its
+One connection per process (docs/design.md §5.2): the daemon and everything in its
 process go through its one Ledger object; other processes that only read
 open it ``read_only`` (SQLite's ``mode=ro``: never created, migrated, written
 or checkpointed).  A schema migration runs only where asked for

@@ -1,4 +1,4 @@
-"""Attach requests (DESIGN.md §11): what an instance's attach call asked for
+"""Attach requests (docs/design.md §11): what an instance's attach call asked for
 and which device answers which request, so a repeated call is recognised
 after a restart and gets the same handles.  Written in the transaction that
 assigns the devices; ``release_owner`` drops it with them."""

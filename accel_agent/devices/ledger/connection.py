@@ -71,7 +71,7 @@ class LedgerConnection:
         :attr:`schema_version` first.
 
         Never open a ledger a second time in a process that has it open
-        (DESIGN.md §5): closing ANY descriptor of a file drops every POSIX
+        (docs/design.md §5.2): closing ANY descriptor of a file drops every POSIX
         lock the process holds on it, the live connection's included, and
         another process's last close then checkpoints and unlinks the WAL
         the live connection still writes to.

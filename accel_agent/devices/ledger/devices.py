@@ -72,12 +72,12 @@ class DeviceStore(IntentStore):
             return self._select("a.owner = ?", (owner,))
         return self._select("a.owner = ? AND a.owner_kind = ?", (owner, OwnerKind(owner_kind)))
 
-    def free_of_type(self, parent: str, mdev_type: str) -> list[DeviceRecord]:
-        """Present, unassigned, unreserved mdevs of ``mdev_type`` on ``parent``."""
+    def free_of_type(self, parent: str, device_type: str) -> list[DeviceRecord]:
+        """Present, unassigned, unreserved devices of ``device_type`` on ``parent``."""
         return self._select(
             "m.parent = ? AND m.mdev_type = ? AND m.state = 'present' "
             "AND a.uuid IS NULL AND m.intent_id IS NULL",
-            (parent, mdev_type),
+            (parent, device_type),
         )
 
     # --- operations (mdev rows) ----------------------------------------------------
@@ -86,7 +86,7 @@ class DeviceStore(IntentStore):
         self,
         uuid: str,
         parent: str,
-        mdev_type: str,
+        device_type: str,
         *,
         intent_id: int | None = None,
         backend: str = "mdev",
@@ -94,20 +94,22 @@ class DeviceStore(IntentStore):
     ) -> DeviceRecord:
         """Before the sysfs create write: a ``creating`` row (with the
         device's per-instance ``settings``, when it has any)."""
-        return self._insert(uuid, parent, mdev_type, DeviceState.CREATING, False, intent_id,
+        return self._insert(uuid, parent, device_type, DeviceState.CREATING, False, intent_id,
                             action="record a create intent for", backend=backend,
                             settings=settings)
 
-    def adopt(self, uuid: str, parent: str, mdev_type: str, backend: str = "mdev") -> DeviceRecord:
-        """Take ownership of an existing (foreign) mdev: it may then be reused or removed."""
-        return self._insert(uuid, parent, mdev_type, DeviceState.PRESENT, True, None,
+    def adopt(
+        self, uuid: str, parent: str, device_type: str, backend: str = "mdev"
+    ) -> DeviceRecord:
+        """Take ownership of an existing (foreign) device: it may then be reused or removed."""
+        return self._insert(uuid, parent, device_type, DeviceState.PRESENT, True, None,
                             action="adopt", backend=backend)
 
     def _insert(
         self,
         uuid: str,
         parent: str,
-        mdev_type: str,
+        device_type: str,
         state: DeviceState,
         adopted: bool,
         intent_id: int | None,
@@ -119,7 +121,7 @@ class DeviceStore(IntentStore):
         validate_uuid(uuid)
         encoded = None if settings is None else json.dumps(dict(settings), sort_keys=True)
         validate_name("parent", parent)
-        validate_name("mdev type", mdev_type)
+        validate_name("device type", device_type)
         validate_name("backend", backend)
         with self.transaction():
             existing = self.get(uuid)
@@ -132,7 +134,7 @@ class DeviceStore(IntentStore):
             self._execute(
                 "INSERT INTO mdevs (uuid, parent, mdev_type, state, intent_id, adopted, "
                 "created_at, updated_at, backend, settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (uuid, parent, mdev_type, state.value, intent_id, int(adopted), now, now,
+                (uuid, parent, device_type, state.value, intent_id, int(adopted), now, now,
                  backend, encoded),
             )
             return self._require(uuid)

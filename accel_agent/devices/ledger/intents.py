@@ -1,4 +1,4 @@
-"""Intents: an operation that began and has not finished (DESIGN.md §5).
+"""Intents: an operation that began and has not finished (docs/design.md §5.2).
 
 ``begin_intent`` records it before the operation's first sysfs write; the
 rows it reserves or creates point at it (``mdevs.intent_id``) until

@@ -38,7 +38,9 @@ class IntentKind(enum.StrEnum):
 class DeviceRecord:
     uuid: str
     parent: str
-    mdev_type: str
+    # Its type: an mdev type, a vGPU type, a VF pool's name (the ledger's
+    # column is ``mdev_type``, as it was when mdevs were all it held).
+    device_type: str
     state: DeviceState
     owner: str | None
     owner_kind: OwnerKind | None
@@ -98,7 +100,7 @@ def decode_record(row: Sequence[Any]) -> DeviceRecord:
     return DeviceRecord(
         uuid=row[0],
         parent=row[1],
-        mdev_type=row[2],
+        device_type=row[2],
         state=DeviceState(row[3]),
         owner=row[4],
         owner_kind=OwnerKind(row[5]) if row[5] is not None else None,

@@ -3,7 +3,7 @@ migrations between them (``PRAGMA user_version`` is the version).
 
 Append only: MIGRATIONS[n] takes the schema from version n to n + 1, and a
 migration runs only where asked for, after a backup copy (accel_agent.devices.
-ledger, DESIGN.md §5).
+ledger, docs/design.md §5.2).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _migrate_v3_to_v4(conn: sqlite3.Connection) -> None:
         "CHECK (settings IS NULL OR (length(settings) <= 4096 AND json_valid(settings)))"
     )
     # What an instance's attach call asked for and which device answers which
-    # request (DESIGN.md §11): written in the transaction that assigns the
+    # request (docs/design.md §11): written in the transaction that assigns the
     # devices, dropped with them, so a repeated call is recognised after a
     # restart and gets the same handles.
     conn.execute(

@@ -69,7 +69,13 @@ from accel_agent.devices.protocol.remove import (
     release_quietly,
     remove_owned,
 )
-from accel_agent.devices.protocol.runs import LOCK_NAME, device_ref, operation
+from accel_agent.devices.protocol.runs import (
+    LEGACY_LOCK_NAME,
+    LOCK_NAME,
+    LOCK_NAMES,
+    device_ref,
+    operation,
+)
 from accel_agent.devices.protocol.settle import (
     Existing,
     forget_gone,
@@ -88,7 +94,9 @@ from accel_agent.devices.protocol.standing import (
 __all__ = [
     "LAYOUT",
     "LAYOUT_OWNER",
+    "LEGACY_LOCK_NAME",
     "LOCK_NAME",
+    "LOCK_NAMES",
     "Adoption",
     "Assignment",
     "AttachRecord",

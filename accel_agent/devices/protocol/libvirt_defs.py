@@ -96,7 +96,7 @@ def define_made(m: DeviceManager, uuids: Sequence[str]) -> None:
                 if found.autostart:
                     m.nodedevs.set_autostart(uuid, False)
                 continue
-            m.nodedevs.define(uuid, record.parent, record.mdev_type, autostart=False)
+            m.nodedevs.define(uuid, record.parent, record.device_type, autostart=False)
             LOG.info("defined mdev %s in libvirt, autostart off", uuid)
     except exception.AccelAgentException as exc:
         failure = exc

@@ -56,7 +56,7 @@ class PlanItem:
     the source device it stands in for."""
 
     slot: Slot
-    mdev_type: str
+    device_type: str
     source: str | None = None
 
 
@@ -103,7 +103,7 @@ class ToMake:
 
     uuid: str
     parent: str
-    mdev_type: str
+    device_type: str
     backend: DeviceBackend
     settings: Mapping[str, Any] | None
 
@@ -204,16 +204,16 @@ class Operation:
                     backend = m.backend(parent.backend)
                     new = backend.new_device_uuid(parent)
                 m.ledger.record_create_intent(
-                    new, slot.parent, item.mdev_type, intent_id=intent, backend=backend.name,
+                    new, slot.parent, item.device_type, intent_id=intent, backend=backend.name,
                     settings=slot.settings,
                 )
-                to_make.append(ToMake(new, slot.parent, item.mdev_type, backend, slot.settings))
+                to_make.append(ToMake(new, slot.parent, item.device_type, backend, slot.settings))
                 chosen.append(Chosen(new, item.source))
         self.intent, self.chosen, self.to_make = intent, chosen, to_make
 
     def _make(self) -> None:
         for each in self.to_make:
-            each.backend.make(self.m.writer, each.parent, each.mdev_type, each.uuid,
+            each.backend.make(self.m.writer, each.parent, each.device_type, each.uuid,
                               each.settings)
             self.made.append(each.uuid)
             step(self.m, "allocate.created")
@@ -249,11 +249,21 @@ class Operation:
                 self.owner.name, self.attach.document(self.uuids)
             )
 
+    def _backends(self) -> list[str]:
+        """The backend of each device the owner got: what its log line
+        calls them (mdevs, VFs)."""
+        made = {each.uuid: each.backend.name for each in self.to_make}
+        return [
+            made[uuid] if uuid in made else getattr(self.m.ledger.get(uuid), "backend", "")
+            for uuid in self.uuids
+        ]
+
     def _log_assigned(self) -> None:
         LOG.info(
-            "%s %d mdev(s) for %s: %s",
+            "%s %d %s for %s: %s",
             "claimed" if self.owner.kind is OwnerKind.CLAIM else "allocated",
             len(self.chosen),
+            self.m.device_kinds(self._backends()),
             self.owner.name,
             ", ".join(self.uuids),
         )
@@ -305,8 +315,9 @@ class Operation:
             if failure is not None:
                 undone = False
                 # It stays recorded (free, owned): reusable, never leaked.
-                LOG.error("rollback could not remove mdev %s: %s", uuid, failure)
                 record = m.ledger.get(uuid)
+                LOG.error("rollback could not remove %s %s: %s",
+                          m.device_kind(record.backend) if record else "device", uuid, failure)
                 if record is not None and record.state is DeviceState.REMOVING:
                     m.ledger.cancel_remove(uuid)
                 elif record is not None and record.state is DeviceState.CREATING:

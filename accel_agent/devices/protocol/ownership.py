@@ -38,7 +38,7 @@ class Adoption:
 
     uuid: str
     parent: str
-    mdev_type: str
+    device_type: str
     backend: str = "mdev"
     instance: str | None = None
 
@@ -91,7 +91,7 @@ class Takeover:
         with apply(m):
             for each in self.adopt:
                 adopted.append(
-                    m.ledger.adopt(each.uuid, each.parent, each.mdev_type, backend=each.backend)
+                    m.ledger.adopt(each.uuid, each.parent, each.device_type, backend=each.backend)
                 )
                 if each.instance is not None:
                     m.ledger.assign(each.uuid, each.instance)

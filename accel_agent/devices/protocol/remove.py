@@ -61,7 +61,7 @@ def remove_owned(m: DeviceManager, uuid: str) -> bool:
     try:
         with contextlib.suppress(exception.MdevNotFound):
             destroy(m, uuid)
-    except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
+    except (exception.DeviceInUse, exception.MdevRemoveTimeout) as exc:
         held = exc
     else:
         m.refused_removes.pop(uuid, None)
@@ -80,11 +80,13 @@ def kept_in_use(m: DeviceManager, uuid: str, exc: exception.AccelAgentException)
     """Said (and counted) once per device and reason: a device a VM holds
     is tried again at every converge until it is free, and one line per
     try would fill the journal."""
+    record = m.ledger.get(uuid)
+    kind = m.device_kind(record.backend) if record is not None else "device"
     if m.refused_removes.get(uuid) == exc.message:
-        LOG.debug("mdev %s still kept instead of removed: %s", uuid, exc.message)
+        LOG.debug("%s %s still kept instead of removed: %s", kind, uuid, exc.message)
         return
     m.refused_removes[uuid] = exc.message
-    LOG.warning("mdev %s kept as a free mdev instead of removed: %s", uuid, exc.message)
+    LOG.warning("%s %s kept as a free %s instead of removed: %s", kind, uuid, kind, exc.message)
     m.on_kept_in_use(uuid)
 
 
@@ -163,7 +165,7 @@ class Release:
                     destroy(m, uuid)
                 self.gone.append(uuid)
                 m.refused_removes.pop(uuid, None)
-            except (exception.MdevInUse, exception.MdevRemoveTimeout) as exc:
+            except (exception.DeviceInUse, exception.MdevRemoveTimeout) as exc:
                 in_use = exc
             if in_use is not None:
                 kept_in_use(m, uuid, in_use)

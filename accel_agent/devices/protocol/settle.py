@@ -124,7 +124,7 @@ def remake(m: DeviceManager, record: DeviceRecord) -> None:
     new intent: the row is one (recorded present, missing), and a crash here
     leaves it for the next recovery."""
     m.backend(record.backend).make(
-        m.writer, record.parent, record.mdev_type, record.uuid, record.settings
+        m.writer, record.parent, record.device_type, record.uuid, record.settings
     )
 
 

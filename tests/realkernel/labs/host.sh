@@ -1,6 +1,6 @@
 # Lab "host" (lab 1): the distribution's default kernel (what linux-image-amd64 points at,
 # bookworm's 6.1) with mtty, and the host's own root shared read-only over 9p: the tests
-# run with the checkout's .venv, so a warm run only boots.  research/mtty-lab.md.
+# run with the checkout's .venv, so a warm run only boots.  docs/design.md §12.
 # Sourced by lab.sh; the variables are described in tests/realkernel/README.md (Profiles).
 # shellcheck shell=bash disable=SC2034 # the variables are lab.sh's
 LAB_KERNEL=default

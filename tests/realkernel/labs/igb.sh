@@ -3,7 +3,7 @@
 # package list is the same) with QEMU's 82576 (`-device igb`, 7 VFs) behind an emulated
 # Intel IOMMU, so that a VF can be handed to vfio-pci.  igb is new in QEMU 8.0: the outer
 # QEMU is the rootfs's (10.0), not the host's 7.2.  The NIC's only network is a QEMU hub
-# port: no frame leaves QEMU.  research/vendor-vfio-and-sriov.md §6.
+# port: no frame leaves QEMU.  docs/design.md §10.4, §12.
 # Sourced by lab.sh; see tests/realkernel/README.md (Profiles).
 # shellcheck shell=bash disable=SC2034 # the variables are lab.sh's
 # shellcheck source=trixie.sh

@@ -2,7 +2,7 @@
 # its device state) and a trixie userland with QEMU 10 and libvirt 11, built by mmdebstrap
 # from the Debian archive into the lab cache; the agent is installed in a venv inside it.
 # Two libvirtds and two agents live-migrate a VM with an mdev between them.
-# research/live-migration-lab.md.  Sourced by lab.sh; see tests/realkernel/README.md (Profiles).
+# docs/design.md §7.4, §12.  Sourced by lab.sh; see tests/realkernel/README.md (Profiles).
 # shellcheck shell=bash disable=SC2034 # the variables are lab.sh's
 LAB_KERNEL=6.12
 LAB_ABI_ENV=ACCEL_REALKERNEL_TRIXIE_ABI

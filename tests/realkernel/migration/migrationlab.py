@@ -3,7 +3,7 @@ mtty parent, two libvirtds and two agents beside each other as two "hosts", a VM
 with an mtty mdev, and a live migration driven through the agent.  Used by
 test_migration_real.py and by benchmark (l) (benchmarks/migration.py).
 
-Two hosts in one guest (research/live-migration-lab.md): each libvirtd runs in
+Two hosts in one guest (docs/design.md §7.4): each libvirtd runs in
 its own mount namespace with its own /run, /etc/libvirt, /var/lib/libvirt,
 /var/cache/libvirt and /var/log/libvirt, its own socket directory and its own
 ``host_uuid`` (libvirt refuses a migration to the host it runs on).  Each agent

@@ -53,7 +53,7 @@ def assert_ledgers_agree_with_sysfs(hosts: Hosts) -> None:
         for record in agent.ledger():
             assert record.uuid not in recorded, f"{record.uuid} recorded by two agents"
             recorded[record.uuid] = agent.name
-            assert in_sysfs.get(record.uuid) == record.mdev_type, (agent.name, record)
+            assert in_sysfs.get(record.uuid) == record.device_type, (agent.name, record)
             assert record.parent == mdevlab.PARENT
     leaked = set(in_sysfs) - set(recorded)
     assert not leaked, f"in sysfs, owned by neither agent: {leaked}"

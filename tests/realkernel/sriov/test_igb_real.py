@@ -2,8 +2,7 @@
 sysfs daemon, MAC/VLAN/rate/spoofchk/trust set through its CAP_NET_ADMIN
 daemon and checked with ``ip link show``, a setting igb refuses rolling back
 the rest, the hand-over to vfio-pci and back, the reset at unprepare, and a
-VF whose VFIO group is held kept as it is.  Facts: research
-vendor-vfio-and-sriov.md §6."""
+VF whose VFIO group is held kept as it is.  Facts: docs/design.md §10.4."""
 
 from __future__ import annotations
 
