@@ -5,9 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PROMTOOL := $(VENV)/bin/promtool
 # Debian packages: libvirt headers (libvirt-python builds against them; libvirt0 ships the
-# RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks.
+# RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks,
+# postgresql for Placement as production runs it (tests/functional/test_placement_fleet.py,
+# make bench-fleet: a cluster of their own on loopback, not the package's).
 APT_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv fuse3 libfuse3-3 \
-	libxml2-utils systemd libsystemd-dev pci.ids
+	libxml2-utils systemd libsystemd-dev pci.ids postgresql
 DEMO_DIR ?= /run/accel-agent-demo
 DEMO_SYSFS := $(DEMO_DIR)/sysfs
 DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
