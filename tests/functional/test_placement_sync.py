@@ -297,6 +297,56 @@ def test_sync_reports_exactly_the_inventory_and_then_writes_nothing(
     assert fresh_adapter.writes() == []
 
 
+def test_an_unchanged_tree_is_read_with_one_get_whatever_its_allocations(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    """Usages are read before a write, not to find nothing changed (subtree.py)."""
+    clock = Clock()
+    reporter, adapter = reporter_for(server.endpoint, host, clock=clock)
+    a, b = gpu(host, "84"), gpu(host, "85")
+    assert reporter.sync(inventory_of(host, a, b)).ok
+    root = admin.provider(host)
+    assert root is not None
+    tree = ("GET", f"/resource_providers?in_tree={root['uuid']}")
+    admin.allocate(provider_uuid(a.name), {"VGPU": 3})  # bumps a's generation
+    adapter.calls.clear()
+
+    clock.now += reporter.refresh_interval
+    assert reporter.sync(inventory_of(host, a, b)).ok
+    # a changed (an allocation): its inventories and traits read again, no usages.
+    base = f"/resource_providers/{provider_uuid(a.name)}"
+    assert adapter.calls == [tree, ("GET", f"{base}/inventories"), ("GET", f"{base}/traits")]
+    adapter.calls.clear()
+    clock.now += reporter.refresh_interval
+    assert reporter.sync(inventory_of(host, a, b)).ok
+    assert adapter.calls == [tree]
+
+    # A write is planned on usages as they are now: read before it.
+    adapter.calls.clear()
+    assert reporter.sync(inventory_of(host, gpu(host, "84", total=8), b)).ok
+    assert adapter.calls.index(("GET", f"{base}/usages")) < adapter.calls.index(
+        ("PUT", f"{base}/inventories"))
+
+
+def test_a_reload_with_the_same_placement_settings_keeps_what_the_reporter_knew(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    inventory = inventory_of(host, gpu(host, "84"))
+    before, _ = reporter_for(server.endpoint, host, settings=("endpoint", server.endpoint))
+    assert before.sync(inventory).ok
+
+    after, adapter = reporter_for(server.endpoint, host, settings=("endpoint", server.endpoint))
+    assert after.carry_from(before)
+    kept = after.sync(inventory)
+    assert kept.ok and kept.unchanged and adapter.calls == []
+    assert after.health()["providers"] == 1
+
+    # Another Placement (or auth, or host): nothing is carried, everything read.
+    other, other_adapter = reporter_for(server.endpoint, host, settings=("endpoint", "elsewhere"))
+    assert not other.carry_from(before)
+    assert other.sync(inventory).attempted and other_adapter.calls
+
+
 def test_config_path_admin_token_against_noauth2(
     server: PlacementServer, admin: Admin, tmp_path: Path
 ) -> None:
@@ -504,14 +554,18 @@ def test_removed_gpu_is_deleted_or_drained_until_free(
     assert result.ok, result
     assert result.deleted == (a.name,)
     assert result.drained == (b.name,)
+    # Waiting on its allocations: looked at (usages read) at every sync until freed.
+    assert result.pending == (b.name,)
     names = [p["name"] for p in admin.view(host)["providers"]]
     assert names == [b.name, c.name]
     drained = admin.call("GET", f"/resource_providers/{b_uuid}/inventories")["inventories"]
     assert drained == {"VGPU": {**b.inventory_record(), "reserved": 4}}
     assert admin.call("GET", f"/allocations/{consumer}")["allocations"]  # untouched
     adapter.calls.clear()
-    assert reporter.sync(inventory_of(host, c)).ok
+    waiting = reporter.sync(inventory_of(host, c))
+    assert waiting.ok and waiting.attempted and waiting.pending == (b.name,)
     assert adapter.writes() == []  # already drained: nothing to do while allocated
+    assert ("GET", f"/resource_providers/{b_uuid}/usages") in adapter.calls
 
     admin.free(consumer)
     final = reporter.sync(inventory_of(host, c))
