@@ -6,6 +6,7 @@ source a seeded Random per agent (as each daemon has its own)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 
@@ -46,7 +47,7 @@ def test_agents_that_failed_together_retry_spread_over_half_the_delay() -> None:
         # ...and spread across that half: not a herd at one instant (50 agents
         # over half the delay: the widest gap between neighbours is a small part of it).
         assert waits[-1] - waits[0] >= delay * 0.4, (failures, waits)
-        assert max(b - a for a, b in zip(waits, waits[1:], strict=False)) <= delay * 0.1
+        assert max(b - a for a, b in itertools.pairwise(waits)) <= delay * 0.1
 
 
 def test_a_success_clears_the_back_off_and_the_next_failure_starts_again() -> None:

@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
@@ -150,7 +151,11 @@ class PlacementReporter:
             return False
         self._reader.carry_from(previous._reader)
         self._root_uuid = previous._root_uuid
-        self._verified = previous._verified
+        verified = previous._verified
+        if verified is not None:
+            # Not later than this reporter's own refresh_interval says (a reload may shorten it).
+            latest = self._clock() + self.refresh_interval
+            self._verified = replace(verified, refresh_at=min(verified.refresh_at, latest))
         self._health.carry_from(previous._health)
         return True
 
@@ -177,7 +182,7 @@ class PlacementReporter:
         if self._client is None:
             return SyncResult(ok=True, attempted=False, error="Placement reporting is disabled")
         with self._sync_lock:
-            verified = self._verified
+            verified = self._verified if self.refresh_interval > 0 else None
             if not force and verified is not None and verified.covers(inventory, self._clock()):
                 return SyncResult(ok=True, attempted=False, unchanged=True,
                                   providers=self._health.providers)
