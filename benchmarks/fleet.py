@@ -382,8 +382,9 @@ def report(agents: int, quick: bool, command: str) -> list[str]:
     took = time.time() - started
     from benchmarks.__main__ import machine
 
-    kind = ("QUICK MODE (10x shorter intervals and phases: a development run, not the "
-            "figures of record)" if quick else "full run, the agents' default intervals")
+    kind = ("QUICK MODE: 10x shorter intervals and phases, a development run, not the "
+            "figures of record, which `make bench-fleet` makes on a quiet machine: 50 agents, "
+            "about 80 minutes" if quick else "full run, the agents' default intervals")
     return [
         BEGIN,
         f"### (h) a fleet of {agents} agents against one Placement ({kind})",
@@ -398,7 +399,24 @@ def report(agents: int, quick: bool, command: str) -> list[str]:
         f"max_backoff {run.max_backoff} s",
         "",
         *body,
+        *herd_lines(),
         END,
+    ]
+
+
+def herd_lines() -> list[str]:
+    """The back-off carried to 1,000 and 10,000 agents (benchmarks/fleet_herd.py)."""
+    from benchmarks import fleet_herd
+
+    return [
+        "#### the back-off carried to 1,000 and 10,000 agents (a simulation, not a measurement)",
+        "",
+        "The agents' own back-off (health.SyncHealth, one per agent, a clock the script moves), "
+        "with the defaults, for an outage of 40 s and of 300 s: when the agents' first attempts "
+        "after Placement is back start. Command: `python -m benchmarks.fleet_herd`.",
+        "",
+        *fleet_herd.table([1000, 10000], [40.0, 300.0]),
+        "",
     ]
 
 
