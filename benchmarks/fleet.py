@@ -372,6 +372,9 @@ def report(agents: int, quick: bool, command: str) -> list[str]:
         raise SystemExit(f"the fleet benchmark cannot run: {missing}")
     scale = 10 if quick else 1
     started = time.time()
+    from benchmarks.__main__ import machine
+
+    where = machine()  # its load average is the start's
     with tempfile.TemporaryDirectory(prefix="accel-bench-fleet-") as tmp:
         run = Run(agents, scale, Path(tmp))
         try:
@@ -380,7 +383,6 @@ def report(agents: int, quick: bool, command: str) -> list[str]:
             print("\n".join(run.lines), file=sys.stderr)
             raise
     took = time.time() - started
-    from benchmarks.__main__ import machine
 
     kind = ("QUICK MODE: 10x shorter intervals and phases, a development run, not the "
             "figures of record, which `make bench-fleet` makes on a quiet machine: 50 agents, "
@@ -391,7 +393,7 @@ def report(agents: int, quick: bool, command: str) -> list[str]:
         "",
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
         f"{took / 60:.0f} min",
-        f"- machine: {machine()}",
+        f"- machine: {where}",
         f"- command: `{command}`",
         f"- Placement: openstack-placement under gunicorn, {WORKERS} sync worker processes, on "
         f"PostgreSQL from Debian, loopback; each agent a real daemon on a static host of {GPUS} "
