@@ -5,9 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PROMTOOL := $(VENV)/bin/promtool
 # Debian packages: libvirt headers (libvirt-python builds against them; libvirt0 ships the
-# RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks.
+# RNG schemas and the test:/// driver), fuse3 for the simulator, systemd for unit checks,
+# postgresql for Placement as production runs it (tests/functional/test_placement_fleet.py,
+# make bench-fleet: a cluster of their own on loopback, not the package's).
 APT_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv fuse3 libfuse3-3 \
-	libxml2-utils systemd libsystemd-dev pci.ids
+	libxml2-utils systemd libsystemd-dev pci.ids postgresql
 DEMO_DIR ?= /run/accel-agent-demo
 DEMO_SYSFS := $(DEMO_DIR)/sysfs
 DEMO_CONF := $(DEMO_DIR)/accel-agent.conf
@@ -19,7 +21,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
 .PHONY: all deps venv demo test test-unit test-functional test-realkernel test-nova test-package lint \
-	sample-config bench bench-hosts soak prove-faults test-stress dist deb docs clean
+	sample-config bench bench-hosts bench-fleet soak prove-faults test-stress dist deb docs clean
 
 all: test
 
@@ -125,6 +127,15 @@ bench: venv .stamps/bench-apt
 # shape of benchmarks/hosttrees.py (TREES=flat,worst picks some; QUICK=1: 5 rounds).
 bench-hosts: venv .stamps/bench-apt
 	$(PY) -m benchmarks --only n $(if $(TREES),--trees $(TREES)) $(if $(QUICK),--quick)
+
+# (h) a fleet of 50 real agents against one Placement as production runs it (gunicorn
+# workers on Debian's PostgreSQL, installed with apt when missing, a cluster of its own
+# on loopback, removed afterwards): about 80 minutes on 2 cores, bounded by its phases.
+# QUICK=1: 10 agents, every interval and phase 10x shorter (~10 minutes); AGENTS=N.
+# Its block goes into BENCHMARKS.md, where make bench keeps it.
+bench-fleet: venv
+	$(PY) -m benchmarks.fleet $(if $(QUICK),--quick) $(if $(AGENTS),--agents $(AGENTS)) \
+		--output BENCHMARKS.md
 
 # The random-kill harnesses at length (about an hour for 1,000 kills of one
 # operation at a time, two to three hours for 1,000 SIGKILLs of the running

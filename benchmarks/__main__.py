@@ -9,7 +9,9 @@ the agent (lab trixie: timings of claim, migrate, commit, release; downtime),
 (m) a large host (2,000 parents x 4 types, static tree and FUSE simulator):
 time to READY, listings, an allocate during rescans, SIGTERM mid-scan,
 (n) (a) on each host shape of benchmarks/hosttrees.py (bridges, descriptions,
-NUMA nodes, existing mdevs, enabled types, no bus/mdev, vendor-VFIO VFs).
+NUMA nodes, existing mdevs, enabled types, no bus/mdev, vendor-VFIO VFs),
+(h) a fleet of agents against one Placement (benchmarks/fleet.py, only when
+asked: ``make bench-fleet`` writes its block, which ``make bench`` keeps).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ TARGETS = {
     "n": "(a)'s targets on every host shape of benchmarks/hosttrees.py, not on the best one",
     "r": "start to READY with a standing layout of 4 GPUs x 16 VFs, and after a reboot "
     "(measured, no target)",
+    "h": "a fleet against one Placement (make bench-fleet, not in the default run): 0 writes "
+    "per agent per hour with nothing changing; the first minute after an outage under N/10 "
+    "requests per second",
 }
 
 
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         "l: a real live migration through the agent in the lab trixie guest; "
         "m: a large host, 2,000 parents x 4 types; "
         "n: (a) on each host shape of benchmarks/hosttrees.py; "
-        "p: where a listing's time goes; r: start to READY with a 4 x 16 standing layout)",
+        "p: where a listing's time goes; r: start to READY with a 4 x 16 standing layout; "
+        "h: a fleet of agents against one Placement, ~80 min, 10 with --quick: make bench-fleet)",
     )
     parser.add_argument(
         "--trees",
@@ -196,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         print("running (r) start to READY with a standing layout ...", file=sys.stderr,
               flush=True)
         out.extend(standing.report(args.quick))
+    if "h" in args.only:
+        from benchmarks import fleet
+
+        print("running (h) a fleet against one Placement ...", file=sys.stderr, flush=True)
+        out.extend(fleet.report(10 if args.quick else 50, args.quick,
+                                "python -m benchmarks --only h" + " --quick" * args.quick)[1:-1])
     if "m" in args.only:
         from benchmarks import largehost
 
@@ -221,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import soak
 
         kept = soak.blocks(args.output)
+        if "h" not in args.only:
+            # make bench-fleet's figures take over an hour to make: keep them too.
+            from benchmarks import fleet
+
+            fleet_block = soak.block(args.output, fleet.BEGIN, fleet.END)
+            if fleet_block:
+                kept += [""] * bool(kept) + fleet_block
         if kept:
             report = report.rstrip("\n") + "\n\n" + "\n".join(kept) + "\n"
         with open(args.output, "w") as handle:

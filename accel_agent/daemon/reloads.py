@@ -233,6 +233,8 @@ class Reloads:
             devices.define_mdevs = new_conf.libvirt.define_mdevs
             devices.remove_timeout = new_conf.remove_timeout
         core.conf = new_conf
+        # What it knew of Placement, and its back-off, go on (reporter.carry_from).
+        reporter.carry_from(core.reporter)
         core.reporter = reporter
         core.metrics.set_placement(reporter.health())
         return notes

@@ -87,6 +87,20 @@ placement_opts = [
         "(mdevs created or removed, GPUs appearing) also trigger a sync.",
     ),
     cfg.IntOpt(
+        "refresh_interval",
+        default=300,
+        min=0,
+        max=86400,
+        help="At most this many seconds (each wait drawn between half of it and all of it, so "
+        "that a fleet's agents do not read together) between two reads of the providers in "
+        "Placement while the host's inventory does not change. A sync every sync_interval "
+        "sends nothing in between: the agent remembers what it last made exact (as Nova's "
+        "[compute] resource_provider_association_refresh, 300 s). A change someone else makes "
+        "to the agent's providers is undone at the next read. An inventory change, a failed "
+        "sync or a provider waiting on its allocations (drained) is synchronised at once and "
+        "at every sync_interval. 0: read Placement at every sync.",
+    ),
+    cfg.IntOpt(
         "max_conflict_retries",
         default=4,
         min=0,

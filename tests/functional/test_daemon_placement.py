@@ -40,6 +40,8 @@ enabled = true
 create_root_provider = true
 sync_interval = 1
 max_backoff = 2
+# Read Placement at every sync: an outage is noticed without an inventory change.
+refresh_interval = 1
 timeout = 5
 auth_type = admin_token
 endpoint = {endpoint}

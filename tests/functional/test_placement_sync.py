@@ -251,7 +251,8 @@ def test_sync_reports_exactly_the_inventory_and_then_writes_nothing(
         gpu(host, "84"),
         gpu(host, "85", total=4, rc="CUSTOM_NVIDIA_GRID", mdev_type="nvidia-36"),
     )
-    reporter, adapter = reporter_for(server.endpoint, host)
+    clock = Clock()
+    reporter, adapter = reporter_for(server.endpoint, host, clock=clock)
 
     result = reporter.sync(inventory)
 
@@ -281,13 +282,69 @@ def test_sync_reports_exactly_the_inventory_and_then_writes_nothing(
     again = reporter.sync(inventory)
     assert again.ok and not again.changed
     assert adapter.writes() == [] and again.writes == 0
-    # Unchanged generations: the root lookup and the tree listing, nothing else.
-    assert len(adapter.calls) == 2
+    # Nothing changed since Placement was found exact: nothing sent at all.
+    assert again.unchanged and not again.attempted and adapter.calls == []
+    # Once refresh_interval has passed, Placement is read again; with unchanged
+    # generations that is the tree listing under the kept root, nothing else.
+    clock.now += reporter.refresh_interval
+    verified = reporter.sync(inventory)
+    assert verified.ok and verified.attempted and not verified.changed
+    assert adapter.calls == [("GET", f"/resource_providers?in_tree={root['uuid']}")]
 
     # A restarted agent (empty cache) reads everything but still writes nothing.
     fresh, fresh_adapter = reporter_for(server.endpoint, host)
     assert fresh.sync(inventory).ok
     assert fresh_adapter.writes() == []
+
+
+def test_an_unchanged_tree_is_read_with_one_get_whatever_its_allocations(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    """Usages are read before a write, not to find nothing changed (subtree.py)."""
+    clock = Clock()
+    reporter, adapter = reporter_for(server.endpoint, host, clock=clock)
+    a, b = gpu(host, "84"), gpu(host, "85")
+    assert reporter.sync(inventory_of(host, a, b)).ok
+    root = admin.provider(host)
+    assert root is not None
+    tree = ("GET", f"/resource_providers?in_tree={root['uuid']}")
+    admin.allocate(provider_uuid(a.name), {"VGPU": 3})  # bumps a's generation
+    adapter.calls.clear()
+
+    clock.now += reporter.refresh_interval
+    assert reporter.sync(inventory_of(host, a, b)).ok
+    # a changed (an allocation): its inventories and traits read again, no usages.
+    base = f"/resource_providers/{provider_uuid(a.name)}"
+    assert adapter.calls == [tree, ("GET", f"{base}/inventories"), ("GET", f"{base}/traits")]
+    adapter.calls.clear()
+    clock.now += reporter.refresh_interval
+    assert reporter.sync(inventory_of(host, a, b)).ok
+    assert adapter.calls == [tree]
+
+    # A write is planned on usages as they are now: read before it.
+    adapter.calls.clear()
+    assert reporter.sync(inventory_of(host, gpu(host, "84", total=8), b)).ok
+    assert adapter.calls.index(("GET", f"{base}/usages")) < adapter.calls.index(
+        ("PUT", f"{base}/inventories"))
+
+
+def test_a_reload_with_the_same_placement_settings_keeps_what_the_reporter_knew(
+    server: PlacementServer, admin: Admin, host: str
+) -> None:
+    inventory = inventory_of(host, gpu(host, "84"))
+    before, _ = reporter_for(server.endpoint, host, settings=("endpoint", server.endpoint))
+    assert before.sync(inventory).ok
+
+    after, adapter = reporter_for(server.endpoint, host, settings=("endpoint", server.endpoint))
+    assert after.carry_from(before)
+    kept = after.sync(inventory)
+    assert kept.ok and kept.unchanged and adapter.calls == []
+    assert after.health()["providers"] == 1
+
+    # Another Placement (or auth, or host): nothing is carried, everything read.
+    other, other_adapter = reporter_for(server.endpoint, host, settings=("endpoint", "elsewhere"))
+    assert not other.carry_from(before)
+    assert other.sync(inventory).attempted and other_adapter.calls
 
 
 def test_config_path_admin_token_against_noauth2(
@@ -497,14 +554,18 @@ def test_removed_gpu_is_deleted_or_drained_until_free(
     assert result.ok, result
     assert result.deleted == (a.name,)
     assert result.drained == (b.name,)
+    # Waiting on its allocations: looked at (usages read) at every sync until freed.
+    assert result.pending == (b.name,)
     names = [p["name"] for p in admin.view(host)["providers"]]
     assert names == [b.name, c.name]
     drained = admin.call("GET", f"/resource_providers/{b_uuid}/inventories")["inventories"]
     assert drained == {"VGPU": {**b.inventory_record(), "reserved": 4}}
     assert admin.call("GET", f"/allocations/{consumer}")["allocations"]  # untouched
     adapter.calls.clear()
-    assert reporter.sync(inventory_of(host, c)).ok
+    waiting = reporter.sync(inventory_of(host, c))
+    assert waiting.ok and waiting.attempted and waiting.pending == (b.name,)
     assert adapter.writes() == []  # already drained: nothing to do while allocated
+    assert ("GET", f"/resource_providers/{b_uuid}/usages") in adapter.calls
 
     admin.free(consumer)
     final = reporter.sync(inventory_of(host, c))
@@ -555,16 +616,17 @@ def test_placement_outage_backs_off_and_recovers_without_restart(tmp_path: Path)
         health = reporter.health()
         assert health["state"] == "failing" and health["consecutive_failures"] == 1
         assert health["providers"] == 1  # what Placement last held
-        assert clock.now + 8 <= reporter.next_attempt_at <= clock.now + 10
+        # Each wait drawn between half of it and all of it (health.jittered).
+        assert clock.now + 5 <= reporter.next_attempt_at <= clock.now + 10
         skipped = reporter.sync(wanted)
         assert not skipped.attempted and "backing off" in (skipped.error or "")
         # Back-off doubles and is capped at max_backoff.
         clock.now = reporter.next_attempt_at
         assert not reporter.sync(wanted).ok
-        assert clock.now + 16 <= reporter.next_attempt_at <= clock.now + 20
+        assert clock.now + 10 <= reporter.next_attempt_at <= clock.now + 20
         clock.now = reporter.next_attempt_at
         assert not reporter.sync(wanted).ok
-        assert clock.now + 20 <= reporter.next_attempt_at <= clock.now + 25
+        assert clock.now + 12.5 <= reporter.next_attempt_at <= clock.now + 25
         assert reporter.health()["consecutive_failures"] == 3
 
         server.start()  # same port, same database
@@ -588,11 +650,16 @@ def test_a_placement_rebuilt_from_scratch_is_filled_again_without_restart(
     with PlacementServer(tmp_path / "placement") as server:
         host = "rebuilt.example.org"
         wanted = inventory_of(host, gpu(host, "84", rc="CUSTOM_NVIDIA_35"))
-        reporter, _ = reporter_for(server.endpoint, host, create_root=True)
+        clock = Clock()
+        reporter, _ = reporter_for(server.endpoint, host, create_root=True, clock=clock)
         assert reporter.sync(wanted).ok
         server.stop()
         server.database.unlink()
         server.start()  # same port, an empty database
+        # Seen at the next read of Placement (refresh_interval), by a reporter
+        # that keeps the root it knew: that root's tree is empty now, so the
+        # root is looked up by name and created again.
+        clock.now += reporter.refresh_interval
 
         result = reporter.sync(wanted)
 
@@ -694,9 +761,10 @@ BAD_ANSWERS = {
         "GET", r"/resource_providers/[^/?]+/inventories$",
         lambda doc: _record(doc, total="16"),
         "inventories.VGPU.total is a string '16', not an integer"),
+    # Usages are read before a write (subtree.py): a change to write.
     "usage-as-text": Bad(
         "GET", r"/resource_providers/[^/?]+/usages$", lambda doc: {"usages": {"VGPU": "1"}},
-        "usages.VGPU is a string '1', not an integer"),
+        "usages.VGPU is a string '1', not an integer", write=True),
     "written-without-generation": Bad(
         "PUT", r"/resource_providers/[^/?]+/inventories$",
         lambda doc: {"inventories": doc["inventories"]},

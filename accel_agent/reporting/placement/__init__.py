@@ -3,8 +3,9 @@
 The agent owns a subtree: one child provider per physical GPU (``Provider``
 from :mod:`accel_agent.devices.inventory`) under the host's root provider, which
 nova-compute normally creates.  A sync reads what Placement holds, plans the
-difference and writes only that, so a steady state costs two GETs (plus one
-per provider holding allocations) and no writes.
+difference and writes only that; one that would find Placement as the last
+one left it sends nothing, so a steady state costs one GET (the tree) every
+``[placement] refresh_interval`` and no writes (docs/operations.md, "Scale").
 
 One job per module, in the order a sync uses them:
 
@@ -20,7 +21,8 @@ One job per module, in the order a sync uses them:
   the pinned microversion, failures as the agent's exceptions;
 * :mod:`.answers` — an answer is input: read with a bound, parsed, checked
   for the fields used before any is used;
-* :mod:`.health` — the loop's state: failures, back-off, the health document;
+* :mod:`.memory` — what the last exact sync knew: when a sync sends nothing;
+* :mod:`.health` — the loop's state: failures, jittered back-off, the health document;
 * :mod:`.result` — what one sync did.
 
 The reporter logs to the logger it is given; by default, and for the

@@ -2,9 +2,19 @@
 
 Placement being down never raises into the caller's loop: a failed sync is
 recorded here, logged as one warning, and the next attempt waits
-``sync_interval * 2**(failures - 1)`` (at most ``max_backoff``, with jitter);
-a success clears the back-off.  :meth:`SyncHealth.document` is what
-``/v1/health`` shows as ``reporting`` and the metrics export.
+``sync_interval * 2**(failures - 1)`` (at most ``max_backoff``), drawn
+between half of that and all of it (:func:`jittered`); a success clears the
+back-off.  :meth:`SyncHealth.document` is what ``/v1/health`` shows as
+``reporting`` and the metrics export.
+
+Why the jitter is that wide: a fleet's agents fail together (Placement went
+away for all of them; a fleet-wide reload woke them all at one instant), and
+an agent's retries keep the phase of its first failure.  Drawn from
+``[delay/2, delay]``, the retries of agents that failed at one instant are
+spread over half the delay by the first retry, and never come before half of
+it (Placement that just came back is not hit by everyone within a second);
+a jitter of a fifth of the delay (as before issue 38) spread 50 agents that
+failed together over 12 s at the first retry.
 
 A sync in progress shows too, while it runs, not only once it ends:
 ``syncing_since`` is when it began, and once it has run longer than its
@@ -27,6 +37,15 @@ from typing import Any
 
 from accel_agent.reporting.placement.result import SyncResult
 
+# Every wait the reporter schedules (a retry, the next verification) is drawn
+# from [delay * JITTER_LOW, delay]: see the module's docstring.
+JITTER_LOW = 0.5
+
+
+def jittered(delay: float, rng: random.Random) -> float:
+    """``delay`` spread: a value in ``[delay * JITTER_LOW, delay]``."""
+    return delay * rng.uniform(JITTER_LOW, 1.0)
+
 
 def iso(timestamp: float | None) -> str | None:
     return None if timestamp is None else datetime.fromtimestamp(timestamp, UTC).isoformat()
@@ -44,6 +63,7 @@ class SyncHealth:
         clock: Callable[[], float],
         log: logging.Logger | logging.LoggerAdapter[Any],
         stuck_after: float | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self._sync_interval = sync_interval
         self.stuck_after = max(sync_interval, stuck_after or 0.0)
@@ -57,6 +77,7 @@ class SyncHealth:
         self._failures = 0
         self._next_attempt_at = 0.0
         self._providers = 0
+        self._rng = rng or random.Random()
 
     @property
     def next_attempt_at(self) -> float:
@@ -67,6 +88,22 @@ class SyncHealth:
     def failures(self) -> int:
         with self._lock:
             return self._failures
+
+    @property
+    def providers(self) -> int:
+        with self._lock:
+            return self._providers
+
+    def carry_from(self, other: SyncHealth) -> None:
+        """``other``'s record (a reload's new reporter): the failures in a row
+        and their back-off go on, so that a fleet-wide reload during an outage
+        does not make every agent retry at once."""
+        with other._lock:
+            kept = (other._last_success, other._last_error, other._failures,
+                    other._next_attempt_at, other._providers)
+        with self._lock:
+            (self._last_success, self._last_error, self._failures,
+             self._next_attempt_at, self._providers) = kept
 
     def begin(self) -> None:
         """A sync starts (it ends with :meth:`record`)."""
@@ -108,7 +145,7 @@ class SyncHealth:
                 )
                 # Jitter spreads a fleet's retries once Placement comes back.
                 delay = min(self._sync_interval * 2 ** (self._failures - 1), self._max_backoff)
-                self._next_attempt_at = now + delay * random.uniform(0.8, 1.0)
+                self._next_attempt_at = now + jittered(delay, self._rng)
             if result.error is None:
                 self._providers = result.providers
         if not result.ok:

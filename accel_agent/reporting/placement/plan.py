@@ -49,6 +49,12 @@ class ProviderState:
     inventories: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     traits: frozenset[str] = frozenset()
     usages: Mapping[str, int] = field(default_factory=dict)
+    # False: ``usages`` is as last read, maybe higher than Placement's now
+    # (a freed allocation does not bump the generation: .subtree).  The
+    # reporter reads them again before it plans a write or while the provider
+    # waits on its allocations (:func:`pending`); a plan without writes does
+    # not depend on them otherwise.
+    usages_fresh: bool = True
 
     @property
     def owned(self) -> bool:
@@ -290,6 +296,18 @@ def _plan_removal(actual: ProviderState) -> list[Action]:
             actual.name, actual.uuid, drained, actual.inventories, in_use=actual.in_use, drain=True
         )
     ]
+
+
+def pending(desired: Provider | None, actual: ProviderState | None) -> bool:
+    """True while ``actual``, one of ours, waits on its allocations: a provider
+    to delete (drained until they are freed) or a resource class the agent no
+    longer wants, kept drained while allocated.  Such a provider is looked at
+    again at every sync, with its usages read afresh, until it is done."""
+    if actual is None or not actual.owned:
+        return False
+    if desired is None or desired.total <= 0:
+        return True
+    return bool(set(actual.inventories) - {desired.resource_class})
 
 
 def plan(

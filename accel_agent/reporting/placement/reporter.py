@@ -12,24 +12,38 @@ order, asks :mod:`.plan` for the writes and sends them (:mod:`.writer`):
   that provider only; Placement unavailable, or an answer it could not have
   sent, fails the whole sync;
 * Placement being down never raises into the caller's loop: the result is
-  recorded (:mod:`.health`) and the next attempt backs off exponentially.
+  recorded (:mod:`.health`) and the next attempt backs off exponentially,
+  jittered;
+* a sync that would find Placement as the last one left it sends nothing
+  (:mod:`.memory`): the inventory is the same, nothing waits on allocations,
+  and ``refresh_interval`` has not passed;
+* the root provider's UUID is kept: a sync reads the tree under it (one
+  GET), and looks the root up by name only when that tree no longer shows it.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
 from accel_agent.devices.inventory import Inventory, Provider
 from accel_agent.reporting.placement import answers
 from accel_agent.reporting.placement.client import PlacementClient, build_adapter
-from accel_agent.reporting.placement.health import SyncHealth, iso
-from accel_agent.reporting.placement.plan import ProviderState, plan_provider, provider_uuid
+from accel_agent.reporting.placement.health import SyncHealth, iso, jittered
+from accel_agent.reporting.placement.memory import Verified, signature
+from accel_agent.reporting.placement.plan import (
+    ProviderState,
+    pending,
+    plan_provider,
+    provider_uuid,
+)
 from accel_agent.reporting.placement.result import SyncResult, SyncTally
 from accel_agent.reporting.placement.subtree import SubtreeReader
 from accel_agent.reporting.placement.writer import ActionWriter
@@ -49,7 +63,9 @@ class PlacementReporter:
     ``adapter`` None means reporting is disabled: :meth:`sync` does nothing
     and :meth:`health` says ``disabled``.  ``max_retries``: redrives of one
     provider after generation conflicts within one sync (so at most
-    ``max_retries + 1`` attempts).
+    ``max_retries + 1`` attempts).  ``refresh_interval``: at most this long
+    (jittered) between two reads of an unchanged inventory's providers; 0
+    reads at every sync.  ``rng``: the jitter's source (tests).
     """
 
     def __init__(
@@ -62,11 +78,19 @@ class PlacementReporter:
         max_retries: int = 4,
         sync_interval: float = 60,
         max_backoff: float = 600,
+        refresh_interval: float = 300,
         logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
         clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        settings: tuple[Any, ...] = (),
     ) -> None:
         self.host = host
         self.sync_interval = sync_interval
+        self.refresh_interval = refresh_interval
+        # What decides which Placement this reporter talks to and how (from_conf):
+        # a reload's new reporter with the same carries this one's memory.
+        self.settings = (host, *settings)
+        self._rng = rng or random.Random()
         self._client = PlacementClient(adapter) if adapter is not None else None
         self._create_root = create_root
         self._take_over = take_over
@@ -78,10 +102,15 @@ class PlacementReporter:
             sync_interval=sync_interval, max_backoff=max_backoff, clock=clock, log=self._log,
             # A sync longer than one answer may take and than the interval is behind.
             stuck_after=getattr(getattr(adapter, "session", None), "timeout", None),
+            rng=self._rng,
         )
-        # Both only ever used under _sync_lock.
+        # Only ever used under _sync_lock.
         self._reader = SubtreeReader()
         self._writer = ActionWriter(self._log)
+        # Replaced whole (one reference), so that carry_from may read them
+        # without the lock.
+        self._root_uuid: str | None = None
+        self._verified: Verified | None = None
 
     @classmethod
     def from_conf(
@@ -92,16 +121,43 @@ class PlacementReporter:
     ) -> PlacementReporter:
         """Built from ``[placement]``; ``host`` defaults to ``[DEFAULT] host``."""
         group = conf.placement
+        adapter = build_adapter(conf) if group.enabled else None
         return cls(
-            build_adapter(conf) if group.enabled else None,
+            adapter,
             host or conf.host,
             create_root=group.create_root_provider,
             take_over=group.take_over_providers,
             max_retries=group.max_conflict_retries,
             sync_interval=group.sync_interval,
             max_backoff=group.max_backoff,
+            refresh_interval=group.refresh_interval,
             logger=logger,
+            # After build_adapter: the auth plugin's options are registered then.
+            settings=_settings(conf),
         )
+
+    def carry_from(self, previous: PlacementReporter) -> bool:
+        """Take over ``previous``'s knowledge (a reload replaces the reporter):
+        the subtree cache, the root, what was verified, and the failures with
+        their back-off, when both talk to the same Placement for the same host
+        with the same settings.  Without it every reload would read the whole
+        subtree again, and a fleet-wide reload during an outage would make
+        every agent retry at the same instant.  Returns whether it did.
+
+        Read without ``previous``'s lock (a sync of it may be running): each
+        piece is replaced whole by a sync, and one that ends after this only
+        made Placement more exact than what was taken."""
+        if previous is self or previous.settings != self.settings or not self.enabled:
+            return False
+        self._reader.carry_from(previous._reader)
+        self._root_uuid = previous._root_uuid
+        verified = previous._verified
+        if verified is not None:
+            # Not later than this reporter's own refresh_interval says (a reload may shorten it).
+            latest = self._clock() + self.refresh_interval
+            self._verified = replace(verified, refresh_at=min(verified.refresh_at, latest))
+        self._health.carry_from(previous._health)
+        return True
 
     @property
     def enabled(self) -> bool:
@@ -126,6 +182,10 @@ class PlacementReporter:
         if self._client is None:
             return SyncResult(ok=True, attempted=False, error="Placement reporting is disabled")
         with self._sync_lock:
+            verified = self._verified if self.refresh_interval > 0 else None
+            if not force and verified is not None and verified.covers(inventory, self._clock()):
+                return SyncResult(ok=True, attempted=False, unchanged=True,
+                                  providers=self._health.providers)
             if not force and not self.due():
                 return SyncResult(
                     ok=False,
@@ -143,8 +203,18 @@ class PlacementReporter:
                 # A bug or an unexpected answer must not kill the caller's loop.
                 self._log.exception("Placement sync failed unexpectedly")
                 result = SyncResult(ok=False, error=f"unexpected error: {exc!r}")
+            self._remember(inventory, result)
             self._health.record(result)
             return result
+
+    def _remember(self, inventory: Inventory, result: SyncResult) -> None:
+        if not result.ok or result.pending or self.refresh_interval <= 0:
+            self._verified = None
+            return
+        self._verified = Verified(
+            signature(inventory),
+            self._clock() + jittered(self.refresh_interval, self._rng),
+        )
 
     # -- one sync --
 
@@ -154,14 +224,30 @@ class PlacementReporter:
                 reason=f"inventory is for host {inventory.host}, the reporter for {self.host}"
             )
         self._writer.start_sync()
-        root_uuid = self._find_root(client)
-        actual = self._reader.children(client, root_uuid)
+        root_uuid, actual = self._read_subtree(client)
         wanted = {p.name: p for p in inventory.providers}
         tally = SyncTally()
         for name in sorted(wanted.keys() | actual.keys()):
             self._converge(client, name, wanted.get(name), actual.get(name), root_uuid, tally)
         self._reader.remember(tally.present.values())
         return tally.result(writes=client.writes)
+
+    def _read_subtree(self, client: PlacementClient) -> tuple[str, dict[str, ProviderState]]:
+        """The root's UUID and its children: through the kept root (one GET),
+        or, when its tree no longer shows it, the root found by name."""
+        if self._root_uuid is not None:
+            actual = self._reader.tree(client, self._root_uuid, self.host)
+            if actual is not None:
+                return self._root_uuid, actual
+            self._root_uuid = None
+        root_uuid = self._find_root(client)
+        actual = self._reader.tree(client, root_uuid, self.host)
+        if actual is None:
+            raise exception.PlacementError(
+                reason=f"root provider {self.host} ({root_uuid}) left Placement while it was read"
+            )
+        self._root_uuid = root_uuid
+        return root_uuid, actual
 
     def _find_root(self, client: PlacementClient) -> str:
         query = urllib.parse.urlencode({"name": self.host})
@@ -194,9 +280,18 @@ class PlacementReporter:
                 if attempt > 1:
                     uuid = state.uuid if state else provider_uuid(name)
                     state = self._reader.refetch(client, uuid)
-                for action in plan_provider(
-                    name, desired, state, root_uuid, take_over=self._take_over
+                actions = plan_provider(name, desired, state, root_uuid, take_over=self._take_over)
+                if (
+                    state is not None
+                    and not state.usages_fresh
+                    and (actions or pending(desired, state))
                 ):
+                    # A write, or a provider waiting on its allocations: on usages as they are now.
+                    state = self._reader.with_usages(client, state)
+                    actions = plan_provider(
+                        name, desired, state, root_uuid, take_over=self._take_over
+                    )
+                for action in actions:
                     state = self._writer.apply(client, action, state)
                     tally.note(action)
             except exception.PlacementGenerationConflict as exc:
@@ -224,9 +319,32 @@ class PlacementReporter:
                 return
             if state is not None:
                 tally.present[name] = state
+                if pending(desired, state):
+                    tally.pending.append(name)
             return
 
     def _fail(self, tally: SyncTally, name: str, reason: str) -> None:
         # Other providers still converge; this one is retried at the next sync.
         tally.failures[name] = reason
         self._log.error("could not synchronise provider %s: %s", name, reason)
+
+
+# When to sync, not what Placement is or what goes into it: a reload that
+# changes only these keeps what the reporter knows.
+_SCHEDULE_OPTIONS = frozenset(
+    {"sync_interval", "max_backoff", "refresh_interval", "max_conflict_retries"}
+)
+
+
+def _settings(conf: cfg.ConfigOpts) -> tuple[Any, ...]:
+    """Every other ``[placement]`` value (the auth plugin's too), as comparable text."""
+    from accel_agent.reporting.placement_opts import GROUP
+
+    group = conf[GROUP]
+    values = []
+    for name in sorted(set(group.keys()) - _SCHEDULE_OPTIONS):
+        try:
+            values.append((name, repr(group[name])))
+        except Exception:  # one that cannot be read (checked at start) differs from any
+            values.append((name, "<unreadable>"))
+    return tuple(values)

@@ -18,8 +18,11 @@ from accel_agent.reporting.placement.plan import (
 class SyncResult:
     """What one :meth:`PlacementReporter.sync` did.
 
-    ``attempted`` False: nothing was sent (disabled, or backing off).
-    ``ok``: every provider converged.  ``failures``: provider name -> why.
+    ``attempted`` False: nothing was sent (disabled, backing off, or
+    ``unchanged``: Placement was exact for this inventory at the last sync and
+    it is not time to look again, .memory).  ``ok``: every provider
+    converged.  ``failures``: provider name -> why.  ``pending``: providers
+    left waiting on their allocations (drained), looked at again at every sync.
     """
 
     ok: bool
@@ -33,6 +36,8 @@ class SyncResult:
     writes: int = 0
     conflicts: int = 0
     providers: int = 0
+    unchanged: bool = False
+    pending: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -50,6 +55,7 @@ class SyncTally:
     failures: dict[str, str] = field(default_factory=dict)
     conflicts: int = 0
     present: dict[str, ProviderState] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
 
     def note(self, action: Action) -> None:
         name = action.name
@@ -74,4 +80,5 @@ class SyncTally:
             writes=writes,
             conflicts=self.conflicts,
             providers=owned,
+            pending=tuple(self.pending),
         )
