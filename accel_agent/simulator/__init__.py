@@ -1,4 +1,4 @@
-"""A kernel-faithful simulated mdev host (research sysfs-mdevctl-kubevirt.md §1.9).
+"""A kernel-faithful simulated mdev host (docs/design.md §8.1).
 
 * :mod:`.spec` - ``HostSpec`` and friends: a JSON-serialisable host description
   (its field checks in :mod:`.spec_fields`, the SR-IOV specs in :mod:`.spec_sriov`);

@@ -19,7 +19,7 @@ Layout it adds (beside the model module's)::
   vfio/<N>                                 stand-in for /dev/vfio/<N>
 
 The mdev core's rules, in the kernel's order (research
-sysfs-mdevctl-kubevirt.md §1.4/§1.5, mtty-lab.md; drivers/vfio/mdev/):
+docs/design.md §4.3, §4.4, measured in tests/realkernel/; drivers/vfio/mdev/):
 
 ===================================  =======  ==================================
 write / event                        errno    source

@@ -5,7 +5,7 @@ The host owns a :class:`~accel_agent.simulator.tree.Tree` laid out like
 ``create`` adds the mdev directory and every link before it returns, a write to
 an mdev's ``remove`` deletes them and restores the counters, a parent's
 unregistration destroys its children.  Failures are ``OSError`` with the
-kernel's errno (research sysfs-mdevctl-kubevirt.md §1.4/§1.5, mtty-lab.md), so
+kernel's errno (docs/design.md §4.3, §4.4), so
 the FUSE front and in-process callers see the same numbers.
 
 The host is the wiring of five parts, each a model of one kernel piece that

@@ -2,7 +2,7 @@
 
 Since vGPU 17 (Ada, Hopper, Blackwell) the ``nvidia`` driver registers no mdev
 parent: a vGPU is an SR-IOV VF that stays bound to ``nvidia`` and is typed
-through files under the VF (research vendor-vfio-and-sriov.md §2-5).  The VFs
+through files under the VF (docs/design.md §10.3).  The VFs
 themselves (``sriov_numvfs``, ``virtfn``/``physfn``, IOMMU groups, binding)
 are :mod:`.pci`'s; this module adds, while a VF of a GPU whose spec lists
 ``vgpu_types`` is bound to its VF driver, ``<VF>/nvidia/``:
@@ -16,12 +16,12 @@ creatable_vgpu_types      0444  ``ID    : vGPU Name`` then ``<id>  : <name>`` pe
 current_vgpu_type         0644  decimal id, ``0`` = none; writing an id creates
                                 the vGPU, writing ``0`` destroys it
 gpu_instance_id           0644  a MIG-backed vGPU's GPU instance, ``0`` for a
-                                time-sliced one; ENXIO while untyped (research
-                                §3: "reads fail with ENXIO until a vGPU exists")
+                                time-sliced one; ENXIO while untyped (docs/design.md
+                                §10.3: it fails until a type is set)
 placement_id              0644  the vGPU's placement id (``0`` for a MIG-backed
                                 one or a type without placements: a choice);
                                 ENXIO while untyped
-vgpu_params               0644  reads empty (research §3); takes
+vgpu_params               0644  reads empty (docs/design.md §10.3); takes
                                 ``vgpu-placement-id=<id>`` on a typed VF
 ========================  ====  ===============================================
 
@@ -32,15 +32,14 @@ The equal-size rule, while mixed-size mode is off: on a free VF every type
 while the card holds no vGPU; once it holds
 vGPUs of framebuffer size S, only the types of size S, each while fewer than
 its ``max_instances`` vGPUs of that size exist on the card.  A card whose VFs
-are all typed therefore shows the header only everywhere.  Sources: research
-vendor-vfio-and-sriov.md §3 (the list holds what is creatable *now*, nothing
-on a typed VF, the header only on a full card), §4 (without ``-shm 1`` before
-the first type write "only types of the first-placed size stay creatable
-(homogeneous)"), §5 (capacity per PF ``min(free VFs, max_instances(T) -
-used(T))``), and nova-34-and-standing-layouts.md "NVIDIA vGPU 17+ facts"
-(``creatable_vgpu_types`` "narrows as siblings are typed", one size per GPU);
-the public sources are those the research files name (among them KubeVirt
-user-guide PR 518: "a single type per card will be configured").
+are all typed therefore shows the header only everywhere.  Sources: docs/design.md
+§10.3 (the list holds what is creatable *now*, nothing on a typed VF, the
+header only on a full card; without mixed-size mode before the first type
+write only types of the first-placed size stay creatable; capacity per PF
+``min(free VFs, max_instances(T) - used(T))``; ``creatable_vgpu_types``
+narrows as siblings are typed, one size per GPU) and its Sources V1-V3
+(among them KubeVirt user-guide PR 518: "a single type per card will be
+configured").
 
 Writes to ``current_vgpu_type`` (parsed like the kernel's ``kstrtoul``, so a
 trailing newline is optional; the driver's own parser is not published):
@@ -49,10 +48,10 @@ trailing newline is optional; the driver's own parser is not published):
 write                                  errno    source
 =====================================  =======  ===================================
 not a number                           EINVAL   kstrtoul (ERANGE beyond 64 bits)
-an id not creatable on this VF now     EINVAL   choice: research §3 says it fails
+an id not creatable on this VF now     EINVAL   choice: docs/design.md §10.3 says it fails
   (unknown, another size, type full)            and leaves 0; the errno is unpublished
 an id on a VF already typed            EINVAL   choice: nothing is creatable there
-``0`` on a free VF                     ok       no-op (research §5: "already 0
+``0`` on a free VF                     ok       no-op (docs/design.md §10.3: "already 0
                                                 counts as done")
 ``0`` while the VF's ``vfio/<group>``  EBUSY    choice (below)
   is open or held (a VM uses it)
@@ -90,12 +89,12 @@ one its type supports or overlaps another vGPU's (:meth:`NvidiaGpu.boot_failure
 open (libvirt's and the agent's in-use probe) is the VFIO group core's alone
 and succeeds.  Each failed boot is recorded (``status``: ``vgpu_boot_failures``).
 
-A ``0`` written to a VF in use is refused and the vGPU stays (research
-nova-34-and-standing-layouts.md "NVIDIA vGPU 17+ facts": third-party logs show
+A ``0`` written to a VF in use is refused and the vGPU stays (docs/design.md
+§8.1: third-party logs show
 the refusal, reported as EPERM; NVIDIA documents no errno).  The simulator
 answers EBUSY, a choice: it is the kernel's own answer for this device being
-in use (a second open of its VFIO group, vfio/group.c, research
-vendor-vfio-and-sriov.md §5; an unbind or ``sriov_numvfs`` 0 here too), so
+in use (a second open of its VFIO group, vfio/group.c, docs/design.md
+§4.6; an unbind or ``sriov_numvfs`` 0 here too), so
 one errno means "in use" across the simulated host, and EPERM would read as
 a permission problem.  Nothing may depend on the number: the agent must take
 any errno as a refusal that destroyed nothing (``fail-next-vgpu-write EPERM
@@ -113,8 +112,8 @@ Writes to ``gpu_instance_id`` and ``placement_id`` are refused with EINVAL
 (their semantics on this route are unpublished).  Unbinding a VF from
 ``nvidia`` destroys its vGPU and the directory (the driver's remove); a
 reboot starts every VF at ``0`` ("each VF's ``current_vgpu_type`` resets on
-PCI re-enumeration", research
-nova-34-and-standing-layouts.md).  ``reboot --vfs-disabled`` and
+PCI re-enumeration", docs/design.md
+§10.3).  ``reboot --vfs-disabled`` and
 ``driver-reload`` leave the GPU with no VF at all until ``enable-vfs`` (the
 ``sriov-manage -e`` of :mod:`.pci_sriov`) adds them again, untyped.
 """
@@ -287,7 +286,7 @@ class NvidiaVgpus:
             if vf.type_id == 0:
                 return len(data)
             if vf.fn.busy and not self.accept_held_destroy:
-                # Refused in use (research nova-34 "vGPU 17+ facts"); EBUSY is the
+                # Refused in use (docs/design.md §8.1); EBUSY is the
                 # simulator's choice of errno, the real one is unpublished.
                 raise oserror(errno.EBUSY, f"{vf.fn.address}: the vGPU is in use by a VM")
             vf.type_id, vf.placement_id, vf.gpu_instance_id = 0, None, None

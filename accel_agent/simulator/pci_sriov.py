@@ -106,8 +106,8 @@ class SriovPfs:
         """Enable the VFs the spec says exist at boot (what a boot script did).
         ``vgpu_vfs`` False: the vGPU 17+ GPUs' boot script has not run yet, so
         they come up without VFs (NVIDIA: "the virtual functions ... are
-        disabled after the hypervisor host is rebooted"; research
-        nova-34-and-standing-layouts.md, "NVIDIA vGPU 17+ facts"); other PFs
+        disabled after the hypervisor host is rebooted"; docs/design.md
+        §10.3, Sources V1); other PFs
         (NICs) still get theirs."""
         for fn in self._sorted_pfs():
             assert fn.pf_spec is not None
@@ -118,7 +118,7 @@ class SriovPfs:
 
     def sriov_manage_enable(self, target: str | None) -> dict[str, list[str]]:
         """NVIDIA's ``sriov-manage -e PF|ALL`` (None: ALL), the way its script
-        does it (research vendor-vfio-and-sriov.md §4; the script ships with the
+        does it (docs/design.md §10.3; the script ships with the
         vGPU host driver as /usr/lib/nvidia/sriov-manage and runs at boot from
         nvidia-sriov.service): a GPU that has VFs already is left alone ("already
         has VFs enabled"), any other gets ``sriov_totalvfs`` VFs, each probed

@@ -2,7 +2,7 @@
 
 The kernel leaves both to the vendor driver (``get_available`` and the probe's
 errno) except for the mdev core's own per-parent counter.  Each policy here
-mirrors one real driver family (research sysfs-mdevctl-kubevirt.md §1.3):
+mirrors one real driver family (docs/design.md §4.2, §8.1):
 
 ==================  ===============================================  ==========
 policy              available_instances                              refusal

@@ -19,7 +19,7 @@ mig
 igb-sriov     82576 ports 0000:10:00.0, 0000:10:00.1,    no mdev: VFs 10:10.0..
               0000:11:00.0, ... (netdev enp16s0f0, ...)  via sriov_numvfs
 i915-gvtg     0000:00:02.0                               shared, weights
-mtty          mtty (virtual, values from mtty-lab.md)    global, 24 ports
+mtty          mtty (virtual, values measured in tests/realkernel/)    global, 24 ports
 mdpy          mdpy (virtual)                             core counter (EUSERS)
 nova          0000:06:00.0, 0000:07:00.0 (Nova's tests)  independent
 synthetic     0001:BB:SS.F (benchmarks)                  independent
@@ -156,7 +156,7 @@ def nvidia_vfio_pf(index: int) -> str:
 def nvidia_vfio(gpus: int = 1, vfs: int = 16) -> HostSpec:
     """NVIDIA vGPU 17+ on L40S GPUs: no mdev; VFs bound to nvidia, typed via nvidia/.
 
-    Research vendor-vfio-and-sriov.md §2-5: each PF (10de:26b9, bound to
+    docs/design.md §10.3: each PF (10de:26b9, bound to
     ``nvidia``) has ``vfs`` VFs enabled at boot (``sriov_totalvfs`` 32; a boot
     script enabled them: NVIDIA's own ``sriov-manage -e`` enables all 32, which
     is what ``simulate enable-vfs`` does after ``reboot --vfs-disabled`` or
@@ -225,7 +225,7 @@ def igb_port(index: int) -> tuple[str, str]:
 def igb_sriov(nics: int = 1) -> HostSpec:
     """Intel 82576 SR-IOV NIC ports (igb): VFs created by writing sriov_numvfs.
 
-    Values from research vendor-vfio-and-sriov.md §6 (QEMU's ``-device igb``
+    Values from docs/design.md §10.4 (QEMU's ``-device igb``
     with Debian's igb/igbvf): PF 8086:10c9 bound to ``igb``, ``sriov_totalvfs``
     7, no VF at boot (igb's ``max_vfs`` defaults to 0); VFs 8086:10ca bound to
     ``igbvf``, each in its own IOMMU group, at VF offset 0x80 and stride 2
@@ -255,7 +255,7 @@ def i915_gvtg() -> HostSpec:
 
 
 def mtty() -> HostSpec:
-    """The kernel's mtty sample exactly as measured in mtty-lab.md: 24 ports
+    """The kernel's mtty sample exactly as measured on a real kernel (docs/design.md §4.2, §4.3): 24 ports
     module-wide, mtty-1 uses one, mtty-2 two, no description, ENOSPC when full."""
     parent = ParentSpec(
         name="mtty", kind="virtual", driver="mtty", policy="global", capacity=24,

@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-# How a parent's available_instances counters behave (research §1.3 / §1.9):
+# How a parent's available_instances counters behave (docs/design.md §4.2, §8.1):
 #   independent        every type has its own max_instances, types do not interact
 #   shared             one pool per parent in weight units (i915 GVT-g)
 #   global             one pool shared by every parent with the same ``pool`` name (mtty ports)

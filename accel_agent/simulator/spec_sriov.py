@@ -44,7 +44,7 @@ class VgpuTypeSpec:
 
     ``type_id`` is the decimal id written to ``current_vgpu_type`` (unique per
     card model only).  ``framebuffer_mib`` is what the equal-size rule compares
-    (research vendor-vfio-and-sriov.md §5); ``max_instances`` is the limit per
+    (docs/design.md §10.3); ``max_instances`` is the limit per
     physical GPU.  A time-sliced type may have a ``placement_size`` and the
     ``placements`` (ids) it supports in mixed-size mode (NVML
     ``nvmlDeviceGetVgpuTypeSupportedPlacements``; without them it cannot be

@@ -2,7 +2,7 @@
 
 Pure: no HTTP, no clock, no log; the reporter reads :class:`ProviderState`
 from Placement, asks :func:`plan_provider` what to send and sends it.  The
-rules it keeps (research/cyborg-osacc-placement.md §4, §6):
+rules it keeps (docs/design.md §5.1):
 
 * never touch a provider the agent did not create: ours carry
   ``CUSTOM_OWNER_ACCEL_AGENT``, or the deterministic UUID the agent gives
