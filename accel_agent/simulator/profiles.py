@@ -255,8 +255,9 @@ def i915_gvtg() -> HostSpec:
 
 
 def mtty() -> HostSpec:
-    """The kernel's mtty sample exactly as measured on a real kernel (docs/design.md §4.2, §4.3): 24 ports
-    module-wide, mtty-1 uses one, mtty-2 two, no description, ENOSPC when full."""
+    """The kernel's mtty sample exactly as measured on a real kernel
+    (docs/design.md §4.2, §4.3): 24 ports module-wide, mtty-1 uses one,
+    mtty-2 two, no description, ENOSPC when full."""
     parent = ParentSpec(
         name="mtty", kind="virtual", driver="mtty", policy="global", capacity=24,
         types=(TypeSpec("mtty-1", name="Single port serial", weight=1),
