@@ -818,3 +818,14 @@ class NvmlCallTimeout(NvmlError):
 
 _NVML_CLASSES = (NvmlInUse, NvmlNotSupported, NvmlResetRequired, NvmlNoPermission,
                  NvmlInvalidArgument, NvmlNotFound, NvmlInsufficientResources, NvmlNotAvailable)
+
+
+# --- layouts of today's NVIDIA GPUs ------------------------------------------------------
+
+
+class PlacementsDoNotFit(AccelAgentException):
+    """A mixed-size layout that no arrangement of placements holds
+    (devices/placements.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot hold %(asked)s in mixed-size mode: %(needs)s; %(fits)s"
+
