@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
+from accel_agent.devices.gpu_layouts import GpuLayout
 from accel_agent.devices.requests import is_type_name
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
@@ -58,6 +59,8 @@ class DevicePolicy:
     parent_types: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     default_type: str | None = None
     warnings: tuple[str, ...] = ()
+    # [gpu_layout_<name>] sections: mixed-size layouts (devices/gpu_layouts.py).
+    gpu_layouts: tuple[GpuLayout, ...] = ()
 
     def type_for(self, parent: Parent | str) -> str | None:
         """The configured type of a parent, explicit or default.
@@ -94,6 +97,27 @@ class DevicePolicy:
         if config is None or config.standing <= 0:
             return None
         return config.mdev_type, config.standing
+
+    def gpu_layout_for(self, parent: Parent | str) -> GpuLayout | None:
+        """The mixed-size layout of the parent's GPU: a PF a layout names in
+        ``gpus``, or a VF of one."""
+        if not self.gpu_layouts:
+            return None
+        keys = {address.normalise_parent(parent if isinstance(parent, str)
+                                         else (parent.pci_address or parent.name))}
+        if not isinstance(parent, str) and parent.physfn is not None:
+            keys.add(parent.physfn)
+        return next((g for g in self.gpu_layouts if keys & set(g.gpus)), None)
+
+    def wanted_on(self, parent: Parent | str) -> tuple[tuple[str, int], ...]:
+        """What the parent's GPU carries at all times, ``(type, count)``
+        each: its mixed-size layout's vGPUs, or its standing layout, or
+        nothing."""
+        layout = self.gpu_layout_for(parent)
+        if layout is not None:
+            return layout.vgpus
+        found = self.standing_for(parent)
+        return (found,) if found is not None else ()
 
     def reported_by_nova(self, mdev_type: str | None) -> bool:
         config = self.config_of(mdev_type) if mdev_type else None
