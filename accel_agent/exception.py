@@ -69,6 +69,16 @@ class DuplicateDeviceAddress(InvalidMdevConfig):
     )
 
 
+class DuplicateLayoutAddress(DuplicateDeviceAddress):
+    """A GPU a mixed-size layout names that another layout, or an
+    ``[mdev_<type>] device_addresses``, names too: one GPU, one layout."""
+
+    msg_fmt = (
+        "Invalid configuration for mdev-capable devices: duplicate layouts for PCI ID "
+        "%(address)s: in %(first)s and in %(second)s%(why)s"
+    )
+
+
 class InvalidDeviceAddress(InvalidMdevConfig):
     msg_fmt = (
         "Invalid configuration for mdev-capable devices: incorrect device address: "

@@ -203,6 +203,8 @@ def _policy_option(error: exception.AccelAgentException) -> tuple[str, str] | No
     if isinstance(error, exception.InvalidMdevClass):
         return f"mdev_{error.kwargs.get('mdev_type')}", "mdev_class"
     reason = str(error.kwargs.get("reason", ""))
+    if reason.startswith("[gpu_layout_") and reason.endswith("] reported_by must be agent or nova"):
+        return reason[1:].partition("]")[0], "reported_by"
     for option in ("max_instances", "standing", "reported_by"):
         if isinstance(error, exception.InvalidMdevConfig) and reason.startswith(option + " "):
             mdev_type = reason.partition(" of type ")[2].partition(" ")[0]
