@@ -24,9 +24,9 @@ naming the file and the line:
 
 Known options are those of the sample config: the ``oslo.config.opts``
 entry points ``accel_agent`` and ``oslo.log`` (what oslo-config-generator
-documents: config/registry.py), ``[mdev_<type>]``'s and
-``[vf_pool_<name>]``'s and ``[gpu_layout_<name>]``'s options, and the options of the keystoneauth plugin
-a ``[placement]`` section names.
+documents: config/registry.py), ``[mdev_<type>]``'s,
+``[vf_pool_<name>]``'s and ``[gpu_layout_<name>]``'s options, and the
+options of the keystoneauth plugin a ``[placement]`` section names.
 """
 
 from __future__ import annotations
