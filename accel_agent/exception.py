@@ -833,6 +833,14 @@ _NVML_CLASSES = (NvmlInUse, NvmlNotSupported, NvmlResetRequired, NvmlNoPermissio
 # --- layouts of today's NVIDIA GPUs ------------------------------------------------------
 
 
+class LayoutCannotFit(AccelAgentException):
+    """A mixed-size layout's GPU that cannot hold it whatever the placements:
+    no mixed-size capability, or a type it does not support
+    (devices/gpu_layout_fit.py)."""
+
+    msg_fmt = "%(where)s cannot hold its layout: %(reason)s"
+
+
 class PlacementsDoNotFit(AccelAgentException):
     """A mixed-size layout that no arrangement of placements holds
     (devices/placements.py)."""

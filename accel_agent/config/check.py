@@ -15,8 +15,8 @@ every reload (SIGHUP, ``POST /v1/reload``) check a configuration with
    standing layout that cannot fit, and what the host says of them;
 5. the start's refusals: its places (another agent, the logging files, the
    API socket, the privileged helper, Placement's auth, the metrics
-   address: config/startchecks.py), the ledger's quick_check and what
-   recovery would refuse in it.
+   address: config/startchecks.py), the ledger's quick_check, what
+   recovery would refuse in it, and a mixed-size layout a GPU cannot hold.
 
 Each step reports whatever else is wrong: a value that cannot be read is
 named once, with its file and line, and ends only the checks that need it.
@@ -155,6 +155,10 @@ class _Found:
             startchecks.verify_ledger(conf.state_dir)  # LedgerCorrupt, as the start
         # What recovery (the start) and a reload would refuse in the ledger.
         self.errors += startchecks.owner_problems(conf, state)
+        # Mixed-size layouts their GPUs cannot hold, asked of NVML.
+        fit_errors, fit_warnings = startchecks.layout_fit(conf, state)
+        self.errors += fit_errors
+        self.warnings += fit_warnings
 
     def checked(self, state: HostState | None, strict: bool) -> Checked:
         warnings = list(dict.fromkeys(self.warnings))

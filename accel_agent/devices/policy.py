@@ -498,7 +498,8 @@ def host_warnings(policy: DevicePolicy, snapshot: HostSnapshot) -> list[str]:
             type_config.mdev_type in p.types and policy.type_for(p) == type_config.mdev_type
             for p in snapshot.parents.values()
         )
-        if not offered and type_config.mdev_type == policy.default_type:
+        used_by_layouts = any(type_config.mdev_type in g.types for g in policy.gpu_layouts)
+        if not offered and type_config.mdev_type == policy.default_type and not used_by_layouts:
             warnings.append(
                 f"default type {type_config.mdev_type} is offered by no unlisted parent"
             )
