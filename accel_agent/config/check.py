@@ -191,6 +191,8 @@ def standing_warnings(policy: DevicePolicy, inventory: inventory_mod.Inventory) 
     than N): the layout keeps what fits, health says it is short."""
     found = []
     for provider in inventory.providers:
+        if policy.gpu_layout_for(provider.physical_gpu) is not None:
+            continue  # a mixed-size layout's: its fit is checked by startchecks.layout_fit
         config = policy.config_of(provider.device_type)
         if config is not None and config.standing > provider.total:
             found.append(

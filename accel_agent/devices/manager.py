@@ -186,8 +186,7 @@ class DeviceManager:
         self._rescanner.interrupt()
 
     def _configured_types(self, parent: Parent) -> set[str]:
-        device_type = self.policy.type_for(parent)
-        return {device_type} if device_type else set()
+        return set(self.policy.types_on(parent))
 
     def set_policy(self, policy: DevicePolicy) -> None:
         with self.thread_lock:

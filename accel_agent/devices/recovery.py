@@ -105,8 +105,8 @@ def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> 
     for uuid in foreign:
         mdev = snapshot.mdevs[uuid]
         parent = snapshot.parents.get(mdev.parent)
-        if parent is not None and mdev.mdev_type and m.policy.type_for(parent) == (
-            mdev.mdev_type
+        if parent is not None and mdev.mdev_type and mdev.mdev_type in m.policy.types_on(
+            parent
         ):
             found.append(uuid)
     return found
@@ -118,7 +118,10 @@ def configured_type(policy: DevicePolicy, record: DeviceRecord, devices: Existin
     if record.backend in devices.outside:
         found = devices.outside[record.backend].get(record.parent)
         return found[0] if found else None
-    return policy.type_for_name(record.parent, devices.snapshot.parents)
+    parent = devices.snapshot.parents.get(record.parent, record.parent)
+    if record.device_type in policy.types_on(parent):
+        return record.device_type  # one of its GPU's mixed-size layout's types, or its type
+    return policy.type_for(parent)
 
 
 def owner_refusals(
@@ -160,7 +163,9 @@ def owner_refusals(
                 parent=record.parent,
                 becomes=f"type {configured}" if configured else "no type",
             ))
-        elif policy.reported_by_nova(configured):
+        elif policy.nova_reports_on(
+            devices.snapshot.parents.get(record.parent, record.parent), configured
+        ):
             errors.append(exception.AssignedDeviceToNova(
                 uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.device_type,
                 parent=record.parent,

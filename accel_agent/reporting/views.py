@@ -83,7 +83,7 @@ def mdevs_document(
                 "mdev_type": mdev.mdev_type,
                 "iommu_group": mdev.iommu_group,
                 "physical_gpu": parent.physical_gpu if parent else None,
-                "configured": parent is not None and policy.type_for(parent) == mdev.mdev_type,
+                "configured": parent is not None and mdev.mdev_type in policy.types_on(parent),
                 "owned": mdev.uuid in owned_set,
                 "instance": owners.get(mdev.uuid),
                 "backend": mdev.backend,
