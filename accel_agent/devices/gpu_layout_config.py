@@ -40,6 +40,20 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 # few dozen VFs: the fit check says how many fit; this only bounds the text).
 MAX_COUNT = 65535
 REPORTERS = ("agent", "nova")
+# Nova 34 cannot hand out the VFs of one GPU that carry several types: its
+# PCI-in-Placement translator puts a PF's VFs in one provider of one resource
+# class (nova/compute/pci_placement_translator.py, PciResourceProvider:
+# PlacementPciMixedResourceClassException, and ...MixedTraitsException for
+# traits), and without Placement an alias tells VFs apart by vendor and
+# product id only, which every type of one GPU shares
+# (tests/nova/test_nova_mixed_layout.py runs Nova's code on it).
+NOVA_MIXED = (
+    "{section} reported_by = nova with several types: Nova (34) cannot tell one GPU's VFs "
+    "of different types apart (in Placement a PF's VFs must share one resource class and "
+    "one set of traits, 'VFs from the same PF cannot be configured with different "
+    "resource_class values'; without it an alias matches vendor and product ids, which "
+    "the types share); use reported_by = agent, or give the layout one type"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +131,8 @@ def resolve_layouts(
         vgpus = _vgpus(options, section, enabled_types, errors)
         if options.reported_by not in REPORTERS:
             errors.append(_invalid(f"{section} reported_by must be agent or nova"))
+        elif options.reported_by == "nova" and len(vgpus) > 1:
+            errors.append(_invalid(NOVA_MIXED.format(section=section)))
         for gpu in gpus:
             mdev_type = type_addresses.get(gpu)
             if mdev_type is not None:

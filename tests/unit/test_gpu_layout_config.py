@@ -32,10 +32,10 @@ def layout(vgpus: str, gpus: str = "21:00.0", extra: str = "", types: str = TYPE
 
 def test_a_layout_is_read_normalised_and_its_types_kept():
     found = policy(layout("nvidia-1188:1, nvidia-1186:1, nvidia-1184:2",
-                          gpus="0000:22:00.0, 21:00.0") + "reported_by = nova\n")
+                          gpus="0000:22:00.0, 21:00.0"))
     assert found.gpu_layouts == (GpuLayout(
         "l4", ("0000:21:00.0", "0000:22:00.0"),
-        (("nvidia-1188", 1), ("nvidia-1186", 1), ("nvidia-1184", 2)), "nova"),)
+        (("nvidia-1188", 1), ("nvidia-1186", 1), ("nvidia-1184", 2)), "agent"),)
     # The address-less types after the first are kept for the layout, no warning.
     assert [t.mdev_type for t in found.types] == ["nvidia-1188", "nvidia-1186", "nvidia-1184"]
     assert found.warnings == ()
@@ -44,8 +44,25 @@ def test_a_layout_is_read_normalised_and_its_types_kept():
     assert found.type_for("0000:21:00.0") is None
     assert found.types_on("0000:21:00.0") == ("nvidia-1188", "nvidia-1186", "nvidia-1184")
     assert found.type_for("0000:41:00.0") == "nvidia-1188"
-    assert found.nova_reports_on("0000:22:00.0", "nvidia-1184")
+    assert not found.nova_reports_on("0000:22:00.0", "nvidia-1184")
+    assert not found.any_nova_reports
+
+
+def test_a_layout_of_one_type_nova_reports():
+    found = policy(layout("nvidia-1184:8") + "reported_by = nova\n")
+    assert found.nova_reports_on("0000:21:00.0", "nvidia-1184") and found.any_nova_reports
     assert not found.nova_reports_on("0000:41:00.0", "nvidia-1188")
+
+
+def test_a_layout_of_several_types_nova_reports_is_refused_naming_nova_s_rule():
+    (message,) = refusals(layout("nvidia-1188:1, nvidia-1184:4") + "reported_by = nova\n")
+    assert message == (
+        "Invalid configuration for mdev-capable devices: [gpu_layout_l4] reported_by = nova "
+        "with several types: Nova (34) cannot tell one GPU's VFs of different types apart (in "
+        "Placement a PF's VFs must share one resource class and one set of traits, 'VFs from "
+        "the same PF cannot be configured with different resource_class values'; without it "
+        "an alias matches vendor and product ids, which the types share); use reported_by = "
+        "agent, or give the layout one type")
 
 
 def test_an_address_less_type_no_layout_uses_is_still_dropped():
