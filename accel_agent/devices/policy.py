@@ -503,6 +503,13 @@ def host_warnings(policy: DevicePolicy, snapshot: HostSnapshot) -> list[str]:
             warnings.append(
                 f"default type {type_config.mdev_type} is offered by no unlisted parent"
             )
+    for layout in policy.gpu_layouts:
+        for gpu in layout.gpus:
+            if gpu not in gpus:
+                warnings.append(
+                    f"{gpu} (in [{layout.section}] gpus) has no vGPU VFs on this host: "
+                    f"{_diagnosis(policy, snapshot, gpu)}"
+                )
     return warnings
 
 

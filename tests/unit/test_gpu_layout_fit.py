@@ -164,3 +164,7 @@ def test_a_layout_gpu_absent_from_the_host_is_not_asked_of_nvml(host, tmp_path):
     root = materialise(host, tmp_path / "sys")
     errors, warnings, _state = checked(root, TOO_MUCH, tmp_path, gpus="0000:e1:00.0")
     assert not [m for m in errors + warnings if "mixed-size" in m]
+    # It is named, with accelctl explain's verdict, as a type's absent GPU is.
+    (warning,) = [w for w in warnings if "0000:e1:00.0" in w]
+    assert warning.startswith("0000:e1:00.0 (in [gpu_layout_mixed] gpus) has no vGPU VFs on "
+                              "this host: there is no PCI device 0000:e1:00.0")
