@@ -168,3 +168,16 @@ def test_a_layout_gpu_absent_from_the_host_is_not_asked_of_nvml(host, tmp_path):
     (warning,) = [w for w in warnings if "0000:e1:00.0" in w]
     assert warning.startswith("0000:e1:00.0 (in [gpu_layout_mixed] gpus) has no vGPU VFs on "
                               "this host: there is no PCI device 0000:e1:00.0")
+
+
+def test_a_bad_reported_by_is_named_once_with_its_file_and_line(host, tmp_path):
+    root = materialise(host, tmp_path / "sys")
+    conf = make_conf(
+        f"state_dir = {tmp_path / 'state'}\n[libvirt]\nuri =\n"
+        f"[devices]\nenabled_mdev_types = {L4_6Q}\nenabled_gpu_layouts = mixed\n"
+        f"[gpu_layout_mixed]\ngpus = {L4}\nvgpus = {L4_6Q}:2\nreported_by = cyborg\n",
+        sysfs_root=root)
+    errors, _warnings, _state = check.check(conf)
+    (error,) = [e for e in errors if "reported_by" in e]
+    assert error.endswith(".conf:13: [gpu_layout_mixed] reported_by = cyborg: valid values are "
+                          "[agent, nova], but found 'cyborg'"), error
