@@ -161,3 +161,20 @@ def test_a_layout_device_an_instance_holds_is_configured_for_recovery(snapshot):
     (refusal,) = recovery.owner_refusals(held, policy("agent", f"{L4_12Q}:1, {L4_3Q}:2"),
                                          devices)
     assert type(refusal).__name__ == "AssignedDeviceRetyped"
+
+
+def test_explain_names_the_gpu_s_layout_never_the_default_type(snapshot):
+    from accel_agent import explain
+    from accel_agent.explain import render
+
+    document = explain.explain(snapshot, explain.Asks.of(policy("agent"), None), L4, "h", None)
+    (gpu,) = document["devices"]
+    assert gpu["config"]["mdev_type"] is None and gpu["config"]["source"] == "gpu_layout"
+    assert gpu["config"]["gpu_layout"] == {
+        "name": "mixed", "reported_by": "agent",
+        "vgpus": [{"mdev_type": L4_12Q, "count": 1}, {"mdev_type": L4_6Q, "count": 1},
+                  {"mdev_type": L4_3Q, "count": 2}]}
+    assert gpu["verdict"]["summary"].startswith(
+        "ready: its VFs are laid out by its mixed-size layout [gpu_layout_mixed]")
+    assert ("mixed-size layout [gpu_layout_mixed]: nvidia-1188:1, nvidia-1186:1, "
+            "nvidia-1184:2") in render.text(document).replace("\n", " ").replace("  ", " ")
