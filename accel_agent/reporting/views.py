@@ -43,6 +43,9 @@ def types_document(snapshot: HostSnapshot, policy: DevicePolicy, host: str) -> d
                 "numa_node": parent.numa_node,
                 "driver": parent.driver,
                 "configured_type": policy.type_for(parent),
+                # Every type the configuration gives it: several on a GPU of
+                # a mixed-size layout, where configured_type is null.
+                "configured_types": list(policy.types_on(parent)),
                 "types": types,
                 "backend": parent.backend,
             }

@@ -178,3 +178,24 @@ def test_explain_names_the_gpu_s_layout_never_the_default_type(snapshot):
         "ready: its VFs are laid out by its mixed-size layout [gpu_layout_mixed]")
     assert ("mixed-size layout [gpu_layout_mixed]: nvidia-1188:1, nvidia-1186:1, "
             "nvidia-1184:2") in render.text(document).replace("\n", " ").replace("  ", " ")
+
+
+def test_types_configured_keeps_every_type_of_the_layout_on_its_gpu(tmp_path):
+    import argparse
+
+    from accel_agent.cmd import ctl_listings
+    from accel_agent.reporting import views
+
+    host = SimulatedHost(profiles.build_spec(["nvidia-l4"], vfs=2))
+    snapshot = scan_host(materialise(host, tmp_path / "sys"), backends.builtin())
+    document = views.types_document(snapshot, policy("agent"), "h")
+    vf = next(p for p in document["parents"] if p["physical_gpu"] == L4)
+    assert vf["configured_type"] is None  # several types: no one type
+    assert vf["configured_types"] == [L4_12Q, L4_6Q, L4_3Q]
+    keep = ctl_listings._type_filter(argparse.Namespace(configured=True))
+    kept = {(p["name"], t["type_id"]) for p in keep(document)["parents"] for t in p["types"]}
+    assert {t for _vf, t in kept} == {L4_12Q, L4_6Q, L4_3Q}
+    assert {vf for vf, _t in kept} == {"0000:21:00.4", "0000:21:00.5"}
+    # The table's "configured" column says so for each of them.
+    _head, rows = ctl_listings._types_table(document)
+    assert {(r[0], r[1]) for r in rows if r[-1] == "yes"} == kept
