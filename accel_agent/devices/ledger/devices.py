@@ -233,6 +233,16 @@ class DeviceStore(IntentStore):
             self._execute("UPDATE mdevs SET updated_at = ? WHERE uuid = ?", (now, uuid))
             return self._require(uuid)
 
+    def set_layout(self, uuid: str, member: bool = True) -> DeviceRecord:
+        """Mark a device as a standing layout's (or no longer)."""
+        with self.transaction():
+            self._require(uuid)
+            self._execute(
+                "UPDATE mdevs SET layout = ?, updated_at = ? WHERE uuid = ?",
+                (int(member), self._clock(), uuid),
+            )
+            return self._require(uuid)
+
     def set_placement(self, uuid: str, placement_id: int | None) -> DeviceRecord:
         """Record a vGPU's placement (one the agent wrote and read back, or
         one a device in use already has: it is never moved)."""
@@ -242,16 +252,6 @@ class DeviceStore(IntentStore):
             self._execute(
                 "UPDATE mdevs SET placement_id = ?, updated_at = ? WHERE uuid = ?",
                 (placement_id, self._clock(), uuid),
-            )
-            return self._require(uuid)
-
-    def set_layout(self, uuid: str, member: bool = True) -> DeviceRecord:
-        """Mark a device as a standing layout's (or no longer)."""
-        with self.transaction():
-            self._require(uuid)
-            self._execute(
-                "UPDATE mdevs SET layout = ?, updated_at = ? WHERE uuid = ?",
-                (int(member), self._clock(), uuid),
             )
             return self._require(uuid)
 
