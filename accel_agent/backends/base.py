@@ -188,6 +188,11 @@ class DeviceBackend(abc.ABC, Generic[W]):
         raise exception.MdevTypeNotSupported(
             parent=parent, mdev_type=f"a placement ({self.name} devices have none)")
 
+    def placement_type_id(self, device_type: str) -> int | None:
+        """The id NVML knows ``device_type`` by, for a backend whose devices
+        have placements on their GPU (NVIDIA's vGPU VFs); None otherwise."""
+        return None
+
     def served_pools(self) -> Mapping[str, Any]:
         """The named pools an ``outside_snapshot`` backend hands parents out
         of, by name (what an attach request's ``pool`` names; each with its

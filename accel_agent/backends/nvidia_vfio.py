@@ -66,6 +66,9 @@ class NvidiaVfioBackend(DeviceBackend[VgpuWriter]):
         mixed-size layout's plan), read back by the writer."""
         writer.set_vgpu_placement(parent, placement_id)
 
+    def placement_type_id(self, device_type: str) -> int | None:
+        return nvidia_vfio.type_id_of(device_type)
+
     def destroy(self, writer: VgpuWriter, device: DeviceRef, timeout: float) -> None:
         writer.clear_vgpu_type(device.parent, timeout)
 
