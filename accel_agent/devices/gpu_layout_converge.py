@@ -30,6 +30,7 @@ operation protocol, under the operation's lock (the caller's).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -111,9 +112,11 @@ def prepare_for_recovery(
     return not_ready
 
 
-def converge(m: DeviceManager, snapshot: HostSnapshot, report: LayoutReport) -> None:
+def converge(m: DeviceManager, snapshot: HostSnapshot, report: LayoutReport) -> bool:
     """Every GPU of a mixed layout on the host (module docstring).  One GPU
-    that fails keeps no other from its layout."""
+    that fails keeps no other from its layout.  True when a device was made
+    or removed on one of them (``snapshot`` is stale there)."""
+    before = len(report.created) + len(report.removed)
     gpus = state.layout_gpus(snapshot, m.policy)
     for gpu in list(m.mixed_reasons):
         if gpu not in gpus:
@@ -133,6 +136,7 @@ def converge(m: DeviceManager, snapshot: HostSnapshot, report: LayoutReport) -> 
             report.failed[gpu] = exc.message
         else:
             m.mixed_reasons.pop(gpu, None)
+    return len(report.created) + len(report.removed) != before
 
 
 def _records_on(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> list[DeviceRecord]:
@@ -152,16 +156,65 @@ def _converge_gpu(
     if _settle_devices(m, snapshot, gpu, layout, report):
         snapshot = m.scan()  # what went or moved: the rest comes from a new scan
     records = _records_on(m, snapshot, gpu)
-    fixed = _kept(m, snapshot, gpu, layout, records, report)
+    kept = _kept(m, snapshot, gpu, layout, records, report)
     vf_backend = next(p.backend for p in snapshot.parents.values() if p.physfn == gpu)
-    types = _placements(m, gpu, layout, {p.device_type for p in fixed}, vf_backend)
-    try:
-        plan = placements.plan(gpu, layout.vgpus, types, fixed)
-    except exception.PlacementsDoNotFit as exc:
-        raise _Short(f"{state.DOES_NOT_FIT}: {exc.message}") from None
+    types = _placements(m, gpu, layout, {p.device_type for _, p in kept}, vf_backend)
+    plan = _plan(gpu, layout, types, kept)
+    if plan is None:
+        return
     _check(gpu, plan, types)
+    moving = [r for r, placed in kept if placed not in plan.fixed]
+    if moving:
+        # Idle layout devices where the new plan wants others: they go, and
+        # the plan's vGPUs are made in their place (a changed layout that
+        # only fits with them elsewhere).
+        for record in moving:
+            if not protocol.remove_from_layout(m, record.uuid):
+                raise _Short(f"{state.DOES_NOT_FIT}: it fits only once {record.uuid} on "
+                             f"{record.parent} moves, and it is in use")
+            report.removed.append(record.uuid)
+        snapshot = m.scan()
+        records = _records_on(m, snapshot, gpu)
     if plan.new:
         _make(m, snapshot, gpu, plan.new, records, report)
+
+
+def _plan(
+    gpu: str,
+    layout: GpuLayout,
+    types: dict[str, placements.TypePlacements],
+    kept: list[tuple[DeviceRecord, placements.Placed]],
+) -> placements.Plan | None:
+    """Where every vGPU of the layout goes: around every device kept where
+    it is; where that does not fit, around those that must stay (held by
+    an instance or a claim, draining, or recorded but missing), the idle
+    layout devices placed again with the rest, each keeping its place where
+    the new plan has one of its type there (``Plan.fixed``)."""
+    fixed = [placed for _, placed in kept]
+    try:
+        return placements.plan(gpu, layout.vgpus, types, fixed)
+    except exception.PlacementsDoNotFit as exc:
+        first = exc
+    pinned = [placed for record, placed in kept if not _movable(record, layout)]
+    try:
+        fresh = placements.plan(gpu, layout.vgpus, types, pinned)
+    except exception.PlacementsDoNotFit:
+        raise _Short(f"{state.DOES_NOT_FIT}: {first.message}") from None
+    # An idle device already where the fresh plan puts one of its type stays.
+    new = list(fresh.new)
+    stay = list(pinned)
+    for record, placed in kept:
+        if _movable(record, layout) and placed in new:
+            new.remove(placed)
+            stay.append(placed)
+    return placements.Plan(tuple(stay), tuple(new))
+
+
+def _movable(record: DeviceRecord, layout: GpuLayout) -> bool:
+    """An idle device of the layout (held by it, of a type it names, on the
+    host): one the converge may remove to place the layout anew."""
+    return (record.owner_kind is OwnerKind.STANDING and record.device_type in layout.types
+            and record.placement_id is not None)
 
 
 def _settle_devices(
@@ -209,18 +262,22 @@ def _kept(
     layout: GpuLayout,
     records: list[DeviceRecord],
     report: LayoutReport,
-) -> list[placements.Placed]:
-    """The devices that stay on the GPU and where they are: the planner's
-    ``fixed``.  A layout device found elsewhere than recorded is placed
-    again (no guest holds it); one an instance holds is never moved: its
+) -> list[tuple[DeviceRecord, placements.Placed]]:
+    """The devices on the GPU and where they are (the planner's ``fixed``
+    unless the layout only fits with some elsewhere).  A layout device
+    found elsewhere than recorded is placed again (no guest holds it); one
+    an instance holds is never moved: its
     placement is recorded as found.  A recorded device missing from the
     host (recovery re-creates it) keeps its recorded place."""
-    fixed: list[placements.Placed] = []
+    fixed: list[tuple[DeviceRecord, placements.Placed]] = []
     for record in records:
         mdev = snapshot.mdevs.get(record.uuid)
         if mdev is None:
             if record.placement_id is not None:
-                fixed.append(placements.Placed(record.device_type, record.placement_id))
+                # Recovery's to re-create: its place is kept, it must not move.
+                pinned = dataclasses.replace(record, owner_kind=None)
+                fixed.append((pinned, placements.Placed(record.device_type,
+                                                        record.placement_id)))
             continue
         found = mdev.placement_id
         wanted = record.placement_id
@@ -232,7 +289,8 @@ def _kept(
             found = _place_again(m, record, wanted, found, report)
         elif wanted != found:
             protocol.record_placement(m, record.uuid, found)
-        fixed.append(placements.Placed(record.device_type, found))
+            record = dataclasses.replace(record, placement_id=found)
+        fixed.append((record, placements.Placed(record.device_type, found)))
     return fixed
 
 

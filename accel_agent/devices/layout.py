@@ -365,11 +365,16 @@ def converge(m: DeviceManager) -> LayoutReport:
                 report.failed[provider.physical_gpu] = failure.message
         # The mixed-size layouts, each GPU in the order the driver needs
         # (devices/gpu_layout_converge.py); they change only their own GPUs.
-        gpu_layout_converge.converge(m, snapshot, report)
+        made, gone = list(report.created), set(report.removed)
+        if gpu_layout_converge.converge(m, snapshot, report):
+            # A VF's device has the VF's UUID: one removed and made again
+            # there (another type, a layout placed anew) reads as the old
+            # one in the first scan, so what is left comes from a new scan.
+            snapshot, made, gone = m.scan(), [], set()
         # What is left, from the first scan and what this converge made and
         # removed (a scan more would cost a start with a large layout seconds).
-        left = state_of_records(snapshot, m.policy, m.ledger.all(), report.created,
-                                set(report.removed), m.mixed_reasons)
+        left = state_of_records(snapshot, m.policy, m.ledger.all(), made, gone,
+                                m.mixed_reasons)
         report.draining = sorted(left.draining)
         report.short = dict(left.short)
         report.missing = left.missing
@@ -444,7 +449,12 @@ def _drop_unwanted(
         wanted = wanted_on.get(record.parent)
         if wanted is not None and wanted[0] == record.device_type:
             continue
-        if gpu_layout_state.on_mixed_gpu(m.policy, snapshot.parents.get(record.parent)):
+        parent = snapshot.parents.get(record.parent)
+        if parent is None and record.backend != "mdev":
+            # A VF gone with its GPU's SR-IOV (a driver reload, VFs disabled):
+            # nothing to remove; it waits for its parent (recovery re-makes it).
+            continue
+        if gpu_layout_state.on_mixed_gpu(m.policy, parent):
             continue  # a mixed-size layout's: its own converge decides
         if record.state is not DeviceState.PRESENT or record.intent_id is not None:
             continue  # an operation is on it: recovery settles it first

@@ -114,10 +114,16 @@ def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> 
 
 def configured_type(policy: DevicePolicy, record: DeviceRecord, devices: Existing) -> str | None:
     """What ``policy`` gives the record's parent now: its type (a VF finds its
-    GPU's), or for a pool VF its pool."""
+    GPU's; on a GPU of a mixed-size layout, the record's own type while the
+    layout names it), or for a pool VF its pool."""
     if record.backend in devices.outside:
         found = devices.outside[record.backend].get(record.parent)
         return found[0] if found else None
+    parent = devices.snapshot.parents.get(record.parent)
+    layout = policy.gpu_layout_for(parent) if parent is not None else None
+    if layout is not None:
+        # A VF of a mixed-size layout's GPU: any type the layout names.
+        return record.device_type if record.device_type in layout.types else None
     return policy.type_for_name(record.parent, devices.snapshot.parents)
 
 
