@@ -186,6 +186,13 @@ def test_a_layout_change_drains_without_retyping_or_moving_a_device_in_use(sim):
         assert core.health()["layout"]["draining"] == []
         assert core.health()["layout"]["short"] == {}
         assert not [w for w in sim.sim.status()["vgpu_writes"][writes:] if w["held"]]
+        # A reboot now re-creates them in the ledger's order, the kept 4Q
+        # first after the 24Q: the driver puts it at 24, recovery puts it back.
+        placed = on_host(sim)
+        sim.sim.reboot()
+        core.rescan()
+        assert_complete(sim, new)
+        assert on_host(sim) == placed
 
 
 class _NotSticking:
