@@ -157,6 +157,9 @@ def _converge_gpu(
         snapshot = m.scan()  # what went or moved: the rest comes from a new scan
     records = _records_on(m, snapshot, gpu)
     kept = _kept(m, snapshot, gpu, layout, records, report)
+    have = [placed.device_type for _, placed in kept]
+    if all(have.count(t) >= n for t, n in layout.vgpus):
+        return  # in place: no plan to make (and no NVML placement reads)
     vf_backend = next(p.backend for p in snapshot.parents.values() if p.physfn == gpu)
     types = _placements(m, gpu, layout, {p.device_type for _, p in kept}, vf_backend)
     plan = _plan(gpu, layout, types, kept)
