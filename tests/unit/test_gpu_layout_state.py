@@ -89,3 +89,25 @@ def test_short_counts_what_is_there_and_keeps_the_converge_s_reason() -> None:
     mixed = layout.state_of(full, policy(MIX), all_four, frozenset(all_four), reasons=why)
     assert mixed.short[GPU].text(GPU) == (
         f"{GPU} has 4 of 4 gpu_layout_mix ({why[GPU]})")
+
+
+def test_an_instance_s_vgpu_of_a_type_its_mixed_layout_names_is_no_refusal() -> None:
+    """Recovery, a reload and check-config share owner_refusals: on a GPU
+    of a mixed-size layout, a held vGPU of a type the layout names keeps its
+    owner; one of a type it no longer names would be retyped: refused."""
+    from accel_agent.devices import recovery
+    from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
+    from accel_agent.devices.protocol import Existing
+
+    snap = snapshot({VFS[1]: Q12})
+
+    def held(device_type: str) -> DeviceRecord:
+        return DeviceRecord(uid(0), VFS[1], device_type, DeviceState.PRESENT, "vm-a",
+                            OwnerKind.INSTANCE, None, None, False, 0.0, 0.0,
+                            backend="nvidia_vfio", placement_id=24)
+
+    devices = Existing(snap, {})
+    assert recovery.owner_refusals([held(Q12)], policy(MIX), devices) == []
+    changed = dataclasses.replace(MIX, vgpus=((Q24, 1), (Q4, 2)))
+    (refusal,) = recovery.owner_refusals([held(Q12)], policy(changed), devices)
+    assert "vm-a" in refusal.message and Q12 in refusal.message
