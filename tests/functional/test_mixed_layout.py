@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -54,6 +55,13 @@ def agent(host, vgpus=MIXED) -> Iterator[AgentCore]:
     layout in its policy (its config sections are read by check-config's
     and the policy's code; here the policy is given whole)."""
     host.reset()
+    with agent_on(host, vgpus) as core:
+        yield core
+
+
+@contextlib.contextmanager
+def agent_on(host, vgpus=MIXED) -> Iterator[AgentCore]:
+    """:func:`agent` on the host as it is (its ledger, its devices)."""
     manager = host.manager(INI)
     manager.set_policy(dataclasses.replace(manager.policy, gpu_layouts=(layout(vgpus),)))
     conf = make_conf(INI + f"\n[DEFAULT]\nstate_dir = {host.state_dir}\n", sysfs_root=host.root)
@@ -263,3 +271,79 @@ def test_nvml_unavailable_is_the_reason_the_gpu_is_short(sim):
         assert short["reason"].startswith("NVML unavailable"), short
         with pytest.raises(exception.NvmlNotAvailable):
             core.devices.nvml.heterogeneous_mode(GPU)
+
+
+# --- a kill at every crash point of the order ------------------------------------------
+
+
+def _child(host, kill: tuple[str, int] | None, record: str | None = None) -> int:
+    """Bring the layout up (recovery, then the converge) in a forked process
+    SIGKILLed at the ``kill`` crash point (its n-th time); ``record``: a file
+    to write every crash point reached instead.  Its exit status."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            seen: dict[str, int] = {}
+            lines: list[str] = []
+
+            def on_step(step: str) -> None:
+                seen[step] = seen.get(step, 0) + 1
+                lines.append(f"{step} {seen[step]}")
+                if kill == (step, seen[step]):
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            manager = host.manager(INI, on_step=on_step)
+            manager.set_policy(dataclasses.replace(manager.policy, gpu_layouts=(layout(),)))
+            manager.recover()
+            if record:
+                with open(record, "w") as handle:
+                    handle.write("\n".join(lines))
+            os._exit(0)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def _crash_points(host, tmp_path, reboot_first: bool) -> list[tuple[str, int]]:
+    host.reset()
+    if reboot_first:
+        assert _child(host, None) == 0
+        host.sim.reboot()
+    path = str(tmp_path / "steps")
+    assert _child(host, None, record=path) == 0
+    with open(path) as handle:
+        return [(s, int(n)) for s, n in (line.split() for line in handle.read().splitlines())]
+
+
+@pytest.mark.filterwarnings("ignore:Using fork")  # the child never runs eventlet
+@pytest.mark.parametrize("reboot_first", [False, True], ids=["first-start", "after-reboot"])
+def test_a_kill_at_any_step_of_the_order_is_recovered_to_the_whole_layout(
+    sim, tmp_path, reboot_first
+):
+    """Issue 36's order killed between any two of its steps (the mode set,
+    each intent, each type, each placement, each assignment; after a reboot
+    each re-created type and placement): the next start brings the GPU to its
+    whole layout, every placement as recorded and read back, nothing leaked,
+    and a second recovery changes nothing."""
+    points = _crash_points(sim, tmp_path, reboot_first)
+    names = {s for s, _ in points}
+    order = {"layout.mode_set", "recover.typed" if reboot_first else "allocate.typed"}
+    assert order <= names, names
+    for kill in points:
+        sim.reset()
+        if reboot_first:
+            assert _child(sim, None) == 0
+            sim.sim.reboot()
+        assert _child(sim, kill) == signal.SIGKILL, kill
+        with agent_on(sim) as core:
+            core.startup()
+            assert_complete(sim)
+            typed = set(on_host(sim))
+            rows = ledger_sql.rows(sim.state_dir)
+            assert {r.parent for r in rows} == typed, kill  # nothing leaked, nothing lost
+            assert {(r.state, r.intent_id) for r in rows} == {("present", None)}, kill
+            before = on_host(sim)
+            report = core.devices.recover()
+            assert (report.recreated, report.layout_made, report.layout_removed) == ([], [], [])
+            assert on_host(sim) == before

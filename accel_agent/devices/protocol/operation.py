@@ -224,6 +224,7 @@ class Operation:
             if each.placement_id is not None:
                 # Right after its type: the next vGPU's type write must find
                 # this one where the plan put it (the driver placed it anywhere).
+                step(self.m, "allocate.typed")
                 each.backend.place(self.m.writer, each.parent, each.placement_id)
             step(self.m, "allocate.created")
 

@@ -128,6 +128,7 @@ def remake(m: DeviceManager, record: DeviceRecord) -> None:
     if record.placement_id is not None:
         # A mixed-size layout's vGPU: back on its recorded placement before
         # any other vGPU of its GPU is typed (the driver placed it anywhere).
+        step(m, "recover.typed")
         backend.place(m.writer, record.parent, record.placement_id)
 
 
@@ -162,4 +163,5 @@ def set_mixed_size_mode(m: DeviceManager, gpu: str) -> bool:
     the write's answer.  A privileged write: counted as a change."""
     m.note_write()
     m.nvml.set_heterogeneous_mode(gpu, True)
+    step(m, "layout.mode_set")
     return bool(m.nvml.heterogeneous_mode(gpu))
