@@ -15,11 +15,14 @@ import contextlib
 import dataclasses
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from accel_agent import exception
+from accel_agent.daemon import starting
 from accel_agent.daemon.core import AgentCore
 from accel_agent.devices.gpu_layouts import GpuLayout
 from accel_agent.simulator.profiles_nvidia import L40S_VGPU_TYPES
@@ -146,6 +149,37 @@ def test_a_mixed_layout_comes_up_complete_and_again_after_reboot_reload_and_vf_e
         assert_complete(sim)
         assert on_host(sim) == first
         assert core.health()["layout"]["short"] == {}
+
+
+def test_the_start_waits_for_the_vfs_then_sets_the_mode_and_the_layout(sim):
+    """A boot where NVIDIA's nvidia-sriov.service enables the VFs after the
+    agent started: the start waits for them ([devices] standing_vf_wait),
+    then sets the mode (never before the VFs) and makes the layout before
+    it is ready."""
+    with agent(sim) as core:
+        core.conf.set_override("standing_vf_wait", 120, group="devices")
+        sim.sim.reboot(vfs_disabled=True)
+        enabled: list[bool] = []
+
+        def enable_when_waited() -> None:
+            # Once the start waits for the GPU's VFs (the mode still off).
+            deadline = time.monotonic() + 60
+            waited = False
+            while not waited and time.monotonic() < deadline:
+                phase = core.starting.current()
+                waited = phase is not None and phase.phase == starting.WAITING_FOR_VFS
+                time.sleep(0.05)
+            enabled.append((waited, gpu_state(sim)["heterogeneous"]))
+            sim.sim.enable_vfs("ALL")
+
+        core.starting.begin()  # as the daemon does: the phases are told
+        helper = threading.Thread(target=enable_when_waited, daemon=True)
+        helper.start()
+        core.startup()
+        helper.join(60)
+        assert enabled == [(True, False)]  # it waited, and set no mode meanwhile
+        assert_complete(sim)
+        assert core.health()["layout"]["missing_gpus"] == []
 
 
 @contextlib.contextmanager
