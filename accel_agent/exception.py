@@ -324,6 +324,17 @@ class VgpuTypeMismatch(AccelAgentException):
     )
 
 
+class VgpuPlacementWriteFailed(AccelAgentException):
+    msg_fmt = "placing the vGPU of VF %(vf)s at placement %(placement_id)s failed: %(answer)s"
+
+
+class VgpuPlacementMismatch(AccelAgentException):
+    msg_fmt = (
+        "the vGPU of VF %(vf)s does not read back at placement %(placement_id)s after the "
+        "write (%(found)s)"
+    )
+
+
 class ForeignMdev(AccelAgentException):
     msg_fmt = (
         "mediated device %(uuid)s was not created by the agent; adopt it first "

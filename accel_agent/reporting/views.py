@@ -127,8 +127,9 @@ def _layout_marks(
         if mdev.uuid not in owned:
             continue
         parent = snapshot.parents.get(mdev.parent)
-        found = policy.standing_for(parent) if parent is not None else None
-        if found is not None and found[0] == mdev.mdev_type:
+        # Its GPU's standing type, or a type its mixed-size layout names.
+        wanted = dict(policy.wanted_on(parent)) if parent is not None else {}
+        if mdev.mdev_type in wanted:
             standing.add(mdev.uuid)
     if not members and not standing:
         return standing, frozenset()  # no layout: nothing of it to import
