@@ -407,6 +407,25 @@ class MigrationPostCopyRefused(AccelAgentException):
     )
 
 
+class MigrationVgpuManagerMismatch(AccelAgentException):
+    # Red Hat: a vGPU live migration fails when the vGPU driver versions differ.
+    msg_fmt = (
+        "the NVIDIA vGPU manager versions differ: source host %(source)s, destination host "
+        "%(destination)s; vGPUs (%(types)s) live-migrate only between hosts with the same "
+        "version: install %(source)s on the destination or pick another destination"
+    )
+
+
+class MigrationVgpuManagerUnknown(AccelAgentException):
+    msg_fmt = (
+        "the NVIDIA vGPU manager version of the %(sides)s host is unknown (source host "
+        "%(source)s, destination host %(destination)s): vGPUs (%(types)s) live-migrate only "
+        "between hosts with the same version, and an unknown version cannot be shown equal "
+        "(the source sends its own as source_versions nvidia_vgpu_manager; a host reads its "
+        "own from NVML or /proc/driver/nvidia/version)"
+    )
+
+
 class MigrationNotPossible(AccelAgentException):
     # The request is fine; this host cannot take part (no libvirt to ask for versions).
     msg_fmt = "this host cannot take part in a live migration: %(reason)s"
