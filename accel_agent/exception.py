@@ -848,3 +848,16 @@ class PlacementsDoNotFit(AccelAgentException):
 
     msg_fmt = "GPU %(gpu)s cannot hold %(asked)s in mixed-size mode: %(needs)s; %(fits)s"
 
+
+class MigLayoutInvalid(AccelAgentException):
+    """A MIG-backed vGPU layout whose types and GPU instances disagree, or
+    that names what the GPU does not have (devices/mig_plan.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot carry the MIG layout: %(reason)s"
+
+
+class MigPlacementsDoNotFit(AccelAgentException):
+    """GPU instances that no arrangement of their profiles' placements holds
+    (devices/mig_plan.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot hold the GPU instances %(asked)s: %(needs)s; %(free)s"
