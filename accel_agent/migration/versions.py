@@ -147,7 +147,10 @@ def host_vgpu_manager_version(sysfs_root: str | None = None, conf: Any = None) -
     (the simulator's NVML on a simulated host; this host's own by default)."""
     from accel_agent import nvml  # only a migration of vGPUs pays for it
 
-    gpus = nvml.for_sysfs_root(sysfs_root or nvml.HOST_SYSFS, conf)
+    # [nvml] call_timeout where the process registered [nvml] (the daemon and
+    # accelctl do; a test's bare core options do not): else its default.
+    with_nvml = conf if getattr(conf, "nvml", None) is not None else None
+    gpus = nvml.for_sysfs_root(sysfs_root or nvml.HOST_SYSFS, with_nvml)
     try:
         return vgpu_manager_version(gpus)
     finally:

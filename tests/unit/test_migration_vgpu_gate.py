@@ -17,6 +17,7 @@ import pytest
 
 from accel_agent import exception
 from accel_agent.api import errors
+from accel_agent.config import registry
 from accel_agent.devices import ledger as ledger_mod
 from accel_agent.devices import manager as manager_mod
 from accel_agent.devices import policy as policy_mod
@@ -172,10 +173,15 @@ def test_a_vgpu_claim_with_an_unknown_version_is_refused(manager, root, sent, he
     assert manager.ledger.all() == [] and typed_vfs(root) == before
 
 
-def test_the_destination_reads_its_own_version_by_default(manager):
+def test_the_destination_reads_its_own_version_by_default(manager, root):
     # The materialised tree has no NVML: its version is unknown, so refused.
     with pytest.raises(exception.MigrationVgpuManagerUnknown, match="destination host is"):
         destination(manager, None).claim("vm-1", {SRC[0]: VGPU}, source("550.54.16"))
+    # As the daemon and accelctl build it, with or without [nvml] registered.
+    conf = make_conf(CONF, sysfs_root=root)
+    assert MigrationDestination.from_conf(conf, manager).vgpu_manager_version() is None
+    registry.register(conf)
+    assert MigrationDestination.from_conf(conf, manager).vgpu_manager_version() is None
 
 
 def test_a_vgpu_claim_between_equal_versions_is_made(manager, root):
