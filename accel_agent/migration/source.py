@@ -1,12 +1,13 @@
 """Source side of a live migration with mdevs and vGPU VFs (docs/design.md §7.2, §7.3, §10).
 
 ``prepare`` lists the domain's devices with their types (what the destination
-must claim) after checking this host's versions, and ``versions`` says those
-versions as the destination's claim takes them (``source_versions``: libvirt,
-QEMU, kernel, and this host's NVIDIA vGPU manager where it has one, which the
-destination compares with its own for an instance with vGPUs): its mdevs, and those of its
+must claim) after checking this host's versions: its mdevs, and those of its
 PCI hostdevs that are the agent's vGPU VFs (other PCI devices, a NIC the
 operator passes through, are not the agent's business and stay as they are).
+``versions`` says this host's versions as the destination's claim takes them
+(``source_versions``): libvirt, QEMU, kernel and, where this host has one, its
+NVIDIA vGPU manager's, which the destination compares with its own for an
+instance with vGPUs.
 ``migrate`` rewrites the migratable XML in one pass, each mdev UUID to the
 destination's and each of the agent's VFs to the destination VF's PCI address
 (the claim's ``pci_addresses``), and hands it to libvirt as

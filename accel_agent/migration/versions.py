@@ -5,10 +5,10 @@ says which side is too old and which component, so the operator knows
 which host to upgrade.
 
 An instance with NVIDIA vGPUs also needs the same NVIDIA vGPU manager
-(driver) version on both hosts: Red Hat documents that a vGPU live migration
-"fails if the vGPU driver version differs on the source and destination
-hosts" (RHEL 9, "Configuring virtual machines": live migrating a VM with an
-attached NVIDIA vGPU), and neither Nova nor libvirt checks it.  The version
+(driver) version on both hosts: Red Hat's documentation of vGPU live
+migration says it "fails if the vGPU driver version differs on the source
+and destination hosts", and neither Nova nor libvirt checks it
+(docs/design.md §16.5).  The version
 is NVML's (``nvmlSystemGetDriverVersion``), or, where NVML cannot be loaded
 on the host's own ``/sys``, the ``Kernel Module`` line of
 ``/proc/driver/nvidia/version`` (accel_agent/nvml/real.py, whose
