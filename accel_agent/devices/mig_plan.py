@@ -102,6 +102,9 @@ def instances_needed(
     by_name = {p.name: p for p in profiles}
     needed: dict[int, int] = {}
     needers: dict[int, list[str]] = {}
+    for what, count in [*vgpus, *(mig or ())]:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise _refuse(gpu, f"{what}:{count!r} is not a count (0 or more)")
     for device_type, count in vgpus:
         found = types.get(device_type)
         if found is None:

@@ -102,6 +102,8 @@ def test_a_profile_holds_at_most_its_instance_count(nvml):
         ([(H1G18, 1)], [("1g.5gb", 1)], "profile '1g.5gb', which the GPU does not have"),
         ([(TIME_SLICED, 1)], None, "nvidia-1421 (NVIDIA H200X-4C) is time-sliced"),
         ([(A1G5, 1)], None, "does not support vGPU type nvidia-700"),
+        ([(H1G18, -1)], None, "nvidia-1414:-1 is not a count"),
+        ([(H1G18, 1)], [("1g.18gb", True)], "1g.18gb:True is not a count"),
     ],
 )
 def test_types_and_instances_that_disagree_are_refused_by_name(nvml, vgpus, mig, named):
