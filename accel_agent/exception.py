@@ -428,6 +428,25 @@ class MigrationPostCopyRefused(AccelAgentException):
     )
 
 
+class MigrationVgpuManagerMismatch(AccelAgentException):
+    # Red Hat: a vGPU live migration fails when the vGPU driver versions differ.
+    msg_fmt = (
+        "the NVIDIA vGPU manager versions differ: source host %(source)s, destination host "
+        "%(destination)s; vGPUs (%(types)s) live-migrate only between hosts with the same "
+        "version: install %(source)s on the destination or pick another destination"
+    )
+
+
+class MigrationVgpuManagerUnknown(AccelAgentException):
+    msg_fmt = (
+        "the NVIDIA vGPU manager version of the %(sides)s host is unknown (source host "
+        "%(source)s, destination host %(destination)s): vGPUs (%(types)s) live-migrate only "
+        "between hosts with the same version, and an unknown version cannot be shown equal "
+        "(the source sends its own as source_versions nvidia_vgpu_manager; a host reads its "
+        "own from NVML or /proc/driver/nvidia/version)"
+    )
+
+
 class MigrationNotPossible(AccelAgentException):
     # The request is fine; this host cannot take part (no libvirt to ask for versions).
     msg_fmt = "this host cannot take part in a live migration: %(reason)s"
@@ -858,3 +877,16 @@ class PlacementsDoNotFit(AccelAgentException):
 
     msg_fmt = "GPU %(gpu)s cannot hold %(asked)s in mixed-size mode: %(needs)s; %(fits)s"
 
+
+class MigLayoutInvalid(AccelAgentException):
+    """A MIG-backed vGPU layout whose types and GPU instances disagree, or
+    that names what the GPU does not have (devices/mig_plan.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot carry the MIG layout: %(reason)s"
+
+
+class MigPlacementsDoNotFit(AccelAgentException):
+    """GPU instances that no arrangement of their profiles' placements holds
+    (devices/mig_plan.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot hold the GPU instances %(asked)s: %(needs)s; %(free)s"
