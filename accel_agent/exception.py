@@ -69,6 +69,16 @@ class DuplicateDeviceAddress(InvalidMdevConfig):
     )
 
 
+class DuplicateLayoutAddress(DuplicateDeviceAddress):
+    """A GPU a mixed-size layout names that another layout, or an
+    ``[mdev_<type>] device_addresses``, names too: one GPU, one layout."""
+
+    msg_fmt = (
+        "Invalid configuration for mdev-capable devices: duplicate layouts for PCI ID "
+        "%(address)s: in %(first)s and in %(second)s%(why)s"
+    )
+
+
 class InvalidDeviceAddress(InvalidMdevConfig):
     msg_fmt = (
         "Invalid configuration for mdev-capable devices: incorrect device address: "
@@ -314,6 +324,17 @@ class VgpuTypeMismatch(AccelAgentException):
     )
 
 
+class VgpuPlacementWriteFailed(AccelAgentException):
+    msg_fmt = "placing the vGPU of VF %(vf)s at placement %(placement_id)s failed: %(answer)s"
+
+
+class VgpuPlacementMismatch(AccelAgentException):
+    msg_fmt = (
+        "the vGPU of VF %(vf)s does not read back at placement %(placement_id)s after the "
+        "write (%(found)s)"
+    )
+
+
 class ForeignMdev(AccelAgentException):
     msg_fmt = (
         "mediated device %(uuid)s was not created by the agent; adopt it first "
@@ -404,6 +425,25 @@ class MigrationPostCopyRefused(AccelAgentException):
     msg_fmt = (
         "post-copy live migration is not possible for a domain with mediated devices "
         "(%(uuids)s): drop VIR_MIGRATE_POSTCOPY"
+    )
+
+
+class MigrationVgpuManagerMismatch(AccelAgentException):
+    # Red Hat: a vGPU live migration fails when the vGPU driver versions differ.
+    msg_fmt = (
+        "the NVIDIA vGPU manager versions differ: source host %(source)s, destination host "
+        "%(destination)s; vGPUs (%(types)s) live-migrate only between hosts with the same "
+        "version: install %(source)s on the destination or pick another destination"
+    )
+
+
+class MigrationVgpuManagerUnknown(AccelAgentException):
+    msg_fmt = (
+        "the NVIDIA vGPU manager version of the %(sides)s host is unknown (source host "
+        "%(source)s, destination host %(destination)s): vGPUs (%(types)s) live-migrate only "
+        "between hosts with the same version, and an unknown version cannot be shown equal "
+        "(the source sends its own as source_versions nvidia_vgpu_manager; a host reads its "
+        "own from NVML or /proc/driver/nvidia/version)"
     )
 
 
@@ -818,3 +858,35 @@ class NvmlCallTimeout(NvmlError):
 
 _NVML_CLASSES = (NvmlInUse, NvmlNotSupported, NvmlResetRequired, NvmlNoPermission,
                  NvmlInvalidArgument, NvmlNotFound, NvmlInsufficientResources, NvmlNotAvailable)
+
+
+# --- layouts of today's NVIDIA GPUs ------------------------------------------------------
+
+
+class LayoutCannotFit(AccelAgentException):
+    """A mixed-size layout's GPU that cannot hold it whatever the placements:
+    no mixed-size capability, or a type it does not support
+    (devices/gpu_layout_fit.py)."""
+
+    msg_fmt = "%(where)s cannot hold its layout: %(reason)s"
+
+
+class PlacementsDoNotFit(AccelAgentException):
+    """A mixed-size layout that no arrangement of placements holds
+    (devices/placements.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot hold %(asked)s in mixed-size mode: %(needs)s; %(fits)s"
+
+
+class MigLayoutInvalid(AccelAgentException):
+    """A MIG-backed vGPU layout whose types and GPU instances disagree, or
+    that names what the GPU does not have (devices/mig_plan.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot carry the MIG layout: %(reason)s"
+
+
+class MigPlacementsDoNotFit(AccelAgentException):
+    """GPU instances that no arrangement of their profiles' placements holds
+    (devices/mig_plan.py)."""
+
+    msg_fmt = "GPU %(gpu)s cannot hold the GPU instances %(asked)s: %(needs)s; %(free)s"

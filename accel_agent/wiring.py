@@ -168,6 +168,7 @@ def build_manager(
             on_step=on_step,
             backends=build_backends(conf, writer, net),
             define_mdevs=conf.libvirt.define_mdevs,
+            nvml_conf=conf,
         )
     except BaseException:
         book.close()

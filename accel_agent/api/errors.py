@@ -58,6 +58,8 @@ STATUS_BY_ERROR: dict[type[exception.AccelAgentException], int] = {
     exception.ReloadRefused: 409,
     exception.MigrationVersionTooOld: 409,
     exception.MigrationTypesUnsupported: 409,
+    exception.MigrationVgpuManagerMismatch: 409,
+    exception.MigrationVgpuManagerUnknown: 409,
     exception.MigrationNotPossible: 409,
     exception.TakeoverRefused: 409,
     exception.NoFreeVf: 409,

@@ -181,6 +181,18 @@ class DeviceBackend(abc.ABC, Generic[W]):
         backend whose devices have none just creates it."""
         self.create(writer, parent, device_type, uuid)
 
+    def place(self, writer: W, parent: str, placement_id: int) -> None:
+        """Put the device just made on ``parent`` at ``placement_id`` (a
+        vGPU of a mixed-size layout, devices/placements.py).  A backend
+        whose devices have no placement refuses."""
+        raise exception.MdevTypeNotSupported(
+            parent=parent, mdev_type=f"a placement ({self.name} devices have none)")
+
+    def placement_type_id(self, device_type: str) -> int | None:
+        """The id NVML knows ``device_type`` by, for a backend whose devices
+        have placements on their GPU (NVIDIA's vGPU VFs); None otherwise."""
+        return None
+
     def served_pools(self) -> Mapping[str, Any]:
         """The named pools an ``outside_snapshot`` backend hands parents out
         of, by name (what an attach request's ``pool`` names; each with its

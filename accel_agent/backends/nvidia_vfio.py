@@ -36,6 +36,8 @@ class VgpuWriter(Protocol):
 
     def set_vgpu_type(self, vf: str, type_id: int) -> None: ...
 
+    def set_vgpu_placement(self, vf: str, placement_id: int) -> None: ...
+
     def clear_vgpu_type(self, vf: str, timeout: float) -> None: ...
 
 
@@ -58,6 +60,14 @@ class NvidiaVfioBackend(DeviceBackend[VgpuWriter]):
             raise exception.MdevTypeNotSupported(parent=parent, mdev_type=device_type)
         check_fixed_uuid(self.kind, parent, uuid, nvidia_vfio.device_uuid(parent))
         writer.set_vgpu_type(parent, type_id)
+
+    def place(self, writer: VgpuWriter, parent: str, placement_id: int) -> None:
+        """Move the vGPU just made on VF ``parent`` to ``placement_id`` (a
+        mixed-size layout's plan), read back by the writer."""
+        writer.set_vgpu_placement(parent, placement_id)
+
+    def placement_type_id(self, device_type: str) -> int | None:
+        return nvidia_vfio.type_id_of(device_type)
 
     def destroy(self, writer: VgpuWriter, device: DeviceRef, timeout: float) -> None:
         writer.clear_vgpu_type(device.parent, timeout)

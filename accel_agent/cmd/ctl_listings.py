@@ -116,7 +116,7 @@ def _type_filter(
     def type_matches(parent: dict[str, Any], offered: dict[str, Any]) -> bool:
         if types and offered["type_id"] not in types:
             return False
-        return not configured or offered["type_id"] == parent["configured_type"]
+        return not configured or offered["type_id"] in configured_types(parent)
 
     def keep(document: dict[str, Any]) -> dict[str, Any]:
         kept = []
@@ -131,6 +131,16 @@ def _type_filter(
     return keep
 
 
+def configured_types(parent: dict[str, Any]) -> list[str]:
+    """The types the configuration gives a parent of the types document
+    (``configured_types``; an agent before mixed-size layouts said only
+    ``configured_type``)."""
+    found = parent.get("configured_types")
+    if found is not None:
+        return list(found)
+    return [parent["configured_type"]] if parent.get("configured_type") else []
+
+
 def _types_table(document: dict[str, Any]) -> Table:
     rows = [
         (
@@ -140,7 +150,7 @@ def _types_table(document: dict[str, Any]) -> Table:
             t["device_api"],
             t["available_instances"],
             t["mdevs"],
-            "yes" if parent["configured_type"] == t["type_id"] else "",
+            "yes" if t["type_id"] in configured_types(parent) else "",
         )
         for parent in document["parents"]
         for t in parent["types"]

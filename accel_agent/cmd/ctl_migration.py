@@ -21,9 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "migration",
         help="live migration with mdevs (destination side)",
         description="Destination side of a live migration: claim one mdev per source mdev "
-        "of the same type (checks libvirt >= 8.6.0, QEMU >= 8.1.0, kernel >= 5.18 and the "
-        "types), then commit the claim as the instance's allocation once the migration "
-        "landed, or abort it. Unfinished claims expire ([migration] claim_timeout).",
+        "of the same type (checks libvirt >= 8.6.0, QEMU >= 8.1.0, kernel >= 5.18, the "
+        "types and, for NVIDIA vGPUs, equal vGPU manager versions), then commit the claim "
+        "as the instance's allocation once the migration landed, or abort it. Unfinished "
+        "claims expire ([migration] claim_timeout).",
     )
     sub = migration.add_subparsers(dest="migration_command", metavar="ACTION", required=True)
     claim = sub.add_parser(
@@ -45,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--source-version",
         action="append",
         metavar="COMPONENT=VERSION",
-        help="the source host's libvirt=, qemu= and kernel= versions, checked too",
+        help="the source host's libvirt=, qemu= and kernel= versions, checked too, and "
+        "nvidia_vgpu_manager= (its NVIDIA vGPU manager's), which must equal this host's "
+        "for vGPUs",
     )
     claim.add_argument("--json", action="store_true")
     claim.set_defaults(func=claim_devices)

@@ -15,8 +15,8 @@ every reload (SIGHUP, ``POST /v1/reload``) check a configuration with
    standing layout that cannot fit, and what the host says of them;
 5. the start's refusals: its places (another agent, the logging files, the
    API socket, the privileged helper, Placement's auth, the metrics
-   address: config/startchecks.py), the ledger's quick_check and what
-   recovery would refuse in it.
+   address: config/startchecks.py), the ledger's quick_check, what
+   recovery would refuse in it, and a mixed-size layout a GPU cannot hold.
 
 Each step reports whatever else is wrong: a value that cannot be read is
 named once, with its file and line, and ends only the checks that need it.
@@ -155,6 +155,10 @@ class _Found:
             startchecks.verify_ledger(conf.state_dir)  # LedgerCorrupt, as the start
         # What recovery (the start) and a reload would refuse in the ledger.
         self.errors += startchecks.owner_problems(conf, state)
+        # Mixed-size layouts their GPUs cannot hold, asked of NVML.
+        fit_errors, fit_warnings = startchecks.layout_fit(conf, state)
+        self.errors += fit_errors
+        self.warnings += fit_warnings
 
     def checked(self, state: HostState | None, strict: bool) -> Checked:
         warnings = list(dict.fromkeys(self.warnings))
@@ -187,6 +191,8 @@ def standing_warnings(policy: DevicePolicy, inventory: inventory_mod.Inventory) 
     than N): the layout keeps what fits, health says it is short."""
     found = []
     for provider in inventory.providers:
+        if policy.gpu_layout_for(provider.physical_gpu) is not None:
+            continue  # a mixed-size layout's: its fit is checked by startchecks.layout_fit
         config = policy.config_of(provider.device_type)
         if config is not None and config.standing > provider.total:
             found.append(
@@ -203,6 +209,8 @@ def _policy_option(error: exception.AccelAgentException) -> tuple[str, str] | No
     if isinstance(error, exception.InvalidMdevClass):
         return f"mdev_{error.kwargs.get('mdev_type')}", "mdev_class"
     reason = str(error.kwargs.get("reason", ""))
+    if reason.startswith("[gpu_layout_") and reason.endswith("] reported_by must be agent or nova"):
+        return reason[1:].partition("]")[0], "reported_by"
     for option in ("max_instances", "standing", "reported_by"):
         if isinstance(error, exception.InvalidMdevConfig) and reason.startswith(option + " "):
             mdev_type = reason.partition(" of type ")[2].partition(" ")[0]

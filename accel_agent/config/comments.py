@@ -47,6 +47,9 @@ NAME_OPTIONS = frozenset(
         ("devices", "enabled_vf_pools"),
         ("mdev_", "device_addresses"),
         ("vf_pool_", "device_addresses"),
+        ("devices", "enabled_gpu_layouts"),
+        ("gpu_layout_", "gpus"),
+        ("gpu_layout_", "vgpus"),
         ("api", "socket_group"),
         ("libvirt", "uri"),
         ("migration", "min_libvirt_version"),
@@ -78,7 +81,7 @@ NAME_OPTIONS = frozenset(
     }
 )
 
-_PER_NAME_PREFIXES = ("mdev_", "vgpu_", "vf_pool_")
+_PER_NAME_PREFIXES = ("mdev_", "vgpu_", "vf_pool_", "gpu_layout_")
 
 
 def section_kind(section: str) -> str:

@@ -24,9 +24,9 @@ naming the file and the line:
 
 Known options are those of the sample config: the ``oslo.config.opts``
 entry points ``accel_agent`` and ``oslo.log`` (what oslo-config-generator
-documents: config/registry.py), ``[mdev_<type>]``'s and
-``[vf_pool_<name>]``'s options, and the options of the keystoneauth plugin
-a ``[placement]`` section names.
+documents: config/registry.py), ``[mdev_<type>]``'s,
+``[vf_pool_<name>]``'s and ``[gpu_layout_<name>]``'s options, and the
+options of the keystoneauth plugin a ``[placement]`` section names.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ NAMESPACES = ("accel_agent", "oslo.log")
 # The sample's stand-ins for the per-name sections (config.options.list_opts).
 MDEV_PLACEHOLDER = "mdev_$(mdev_type)"
 POOL_PLACEHOLDER = "vf_pool_$(pool)"
+LAYOUT_PLACEHOLDER = "gpu_layout_$(layout)"
 _INDENTED_HEADER = re.compile(r"[ \t]+\[[^\]]*\]\s*")
 
 
@@ -297,6 +298,8 @@ def _section_opts(section: str, entries: Iterable[Entry]) -> dict[str, Any] | No
         return known.get(MDEV_PLACEHOLDER, {})
     if section.startswith("vf_pool_"):
         return known.get(POOL_PLACEHOLDER, {})
+    if section.startswith("gpu_layout_"):
+        return known.get(LAYOUT_PLACEHOLDER, {})
     if section.startswith("vgpu_"):
         # Nova's legacy group: only that.
         mdev = known.get(MDEV_PLACEHOLDER, {})
@@ -420,6 +423,7 @@ def _written_twice(found: Sequence[Entry], entries: Sequence[Entry]) -> list[str
 
 
 _PLACEHOLDER_EXAMPLES = {"mdev_": "mdev_nvidia-35", "vf_pool_": "vf_pool_nic_a",
+                         "gpu_layout_": "gpu_layout_l4_mixed",
                          "vgpu_": "mdev_nvidia-35"}
 
 

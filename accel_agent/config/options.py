@@ -5,6 +5,13 @@ groups) so that an operator's existing ``nova.conf`` fragment works unchanged.
 The per-type groups are dynamic: they exist only for enabled types and are
 registered by :func:`register_dynamic_opts` once the enabled list is known.
 
+Mixed-size GPU layouts, ``[devices] enabled_gpu_layouts`` and one
+``[gpu_layout_<name>]`` section each (devices/gpu_layouts.py), follow the VF
+pools' precedent: an enabled list names the sections, so a section can be
+kept in the files while it is off, and oslo.config registers a group only
+for a name it was given (its options are found through :func:`named_opts`,
+the registry's hook for per-name groups).
+
 A device backend declares its own options (the ``sriov_vf`` backend's VF
 pools, ``[devices] enabled_vf_pools`` and ``[vf_pool_<name>]``:
 accel_agent/sriov/opts.py), registered through config/registry.py's hook.
@@ -19,6 +26,7 @@ privileged helper can read it without loading the reporter or privsep
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterable
 
@@ -303,6 +311,83 @@ def _dynamic_opts(mdev_type: str) -> list[cfg.Opt]:
     ]
 
 
+# A layout's name, as it appears in [gpu_layout_<name>] (lower-case, like a VF pool's).
+GPU_LAYOUT_NAME_REGEX = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+GPU_LAYOUT_PREFIX = "gpu_layout_"
+
+devices_opts.append(
+    cfg.ListOpt(
+        "enabled_gpu_layouts",
+        default=[],
+        help="""
+Mixed-size vGPU layouts (NVIDIA vGPU 17+ vendor-VFIO GPUs in mixed-size,
+"heterogeneous", mode), one [gpu_layout_<name>] section each: vGPUs of
+several types on each GPU a layout names, every one on a placement the agent
+plans. A layout name is lower-case letters, digits, '_' and '-'. Empty: no
+mixed-size layout.
+""",
+    )
+)
+
+
+def _gpu_layout_opts(name: str) -> list[cfg.Opt]:
+    """The options of ``[gpu_layout_<name>]`` (new objects each call:
+    oslo.config keeps one per group it is registered in)."""
+    return [
+        cfg.ListOpt(
+            "gpus",
+            default=[],
+            help=f"The GPUs of layout {name}: their PFs' PCI addresses (0000:21:00.0 or "
+            "21:00.0). A GPU belongs to one layout and to no [mdev_<type>] device_addresses.",
+        ),
+        cfg.ListOpt(
+            "vgpus",
+            default=[],
+            help="The vGPUs each GPU of the layout carries at all times, <type>:<count>, "
+            "largest or smallest first as you like (e.g. nvidia-1188:1, nvidia-1186:1, "
+            "nvidia-1184:2). Each type is an nvidia-<id> vGPU type of the GPU's VFs, listed "
+            "in [devices] enabled_mdev_types. check-config says when the sizes cannot fit "
+            "a GPU's placements, and what would.",
+        ),
+        cfg.StrOpt(
+            "reported_by",
+            default="agent",
+            choices=[
+                ("agent", "the agent reports each type of the layout to Placement, per GPU "
+                 "and type, with the layout's count as its total, and hands the devices out"),
+                ("nova", "Nova's PCI tracker reports and assigns them ([pci] device_spec "
+                 "from accelctl nova-pci-config, each VF under its own type's resource "
+                 "class): the agent makes them and reports no provider for them"),
+            ],
+            help="Who counts and assigns the layout's devices, as [mdev_<type>] reported_by "
+            "for a standing layout.",
+        ),
+    ]
+
+
+def layout_names(conf: cfg.ConfigOpts) -> list[str]:
+    """The enabled layouts whose name a layout may have (a bad name is
+    refused by the policy, naming it, and has no section)."""
+    return [n for n in dict.fromkeys(conf.devices.enabled_gpu_layouts or [])
+            if re.fullmatch(GPU_LAYOUT_NAME_REGEX, n)]
+
+
+def register_layout_opts(conf: cfg.ConfigOpts, names: Iterable[str] | None = None) -> None:
+    """Register ``[gpu_layout_<name>]`` for each enabled layout (idempotent)."""
+    for name in names if names is not None else layout_names(conf):
+        group = GPU_LAYOUT_PREFIX + name
+        for opt in _gpu_layout_opts(name):
+            if group not in conf or opt.dest not in conf[group]:
+                conf.register_opt(opt, group=group)
+
+
+def named_opts(conf: cfg.ConfigOpts) -> list[tuple[str, list[cfg.Opt]]]:
+    """The per-name groups of this room that ``conf`` enables (the
+    registry's hook): ``[gpu_layout_<name>]`` of each enabled layout.  The
+    ``[mdev_<type>]`` groups are registered by :func:`register_dynamic_opts`."""
+    return [(GPU_LAYOUT_PREFIX + n, _gpu_layout_opts(n)) for n in layout_names(conf)]
+
+
 def register_opts(conf: cfg.ConfigOpts) -> None:
     """Register the core's options and ``[migration]``'s on ``conf`` (every
     command reads them; idempotent).  Everything a process of the agent
@@ -338,6 +423,7 @@ def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
         ("DEFAULT", default_opts),
         ("devices", devices_opts),
         ("mdev_$(mdev_type)", _dynamic_opts("$(mdev_type)")),
+        ("gpu_layout_$(layout)", _gpu_layout_opts("$(layout)")),
         ("api", api_opts),
         ("libvirt", libvirt_opts),
         ("metrics", metrics_opts),

@@ -26,7 +26,10 @@ own action calls, so the two cannot disagree, and say the same words:
 * the ledger: SQLite's quick_check, read-only (``Ledger.verify``, as the
   start runs it);
 * recovery: a device an instance holds that would get another owner
-  (``devices.recovery.owner_refusals``, as recovery and a reload refuse it).
+  (``devices.recovery.owner_refusals``, as recovery and a reload refuse it);
+* mixed-size layouts: each GPU of a ``[gpu_layout_<name>]`` on this host
+  holds its layout, asked of NVML (:func:`layout_fit`:
+  ``devices.gpu_layout_fit``, whose planner the start's placement calls).
 
 ``running``: the pid of the agent that already runs with these places
 (``check-config`` beside it, a reload inside it): its own socket and metrics
@@ -303,3 +306,31 @@ def _outside_devices(conf: cfg.ConfigOpts) -> dict[str, dict[str, tuple[str, boo
         name: dict(backend.outside_devices())
         for name, backend in built.items() if backend.outside_snapshot
     }
+
+
+# --- mixed-size layouts --------------------------------------------------------------
+
+
+def layout_fit(conf: cfg.ConfigOpts, state: HostState) -> tuple[list[str], list[str]]:
+    """(errors, warnings): whether every GPU of every mixed-size layout on
+    this host can hold it (mixed-size capable, its types supported, a plan
+    of placements for every vGPU), asked of the NVML that serves
+    ``sysfs_root`` (``nvml.for_sysfs_root``: the host's, or a simulated
+    host's).  NVML not available: a warning saying the fit was not checked
+    and why (devices/gpu_layout_fit.py)."""
+    if not state.policy.gpu_layouts:
+        return [], []
+    from oslo_config import cfg
+
+    from accel_agent import nvml
+    from accel_agent.devices import gpu_layout_fit
+
+    try:
+        gpus = nvml.for_sysfs_root(conf.sysfs_root, conf)
+    except (ValueError, cfg.Error):  # [nvml] unregistered or unreadable (named by step 2)
+        gpus = nvml.for_sysfs_root(conf.sysfs_root)
+    try:
+        return gpu_layout_fit.layout_fit_problems(
+            conf.sysfs_root, state.policy.gpu_layouts, gpus)
+    finally:
+        gpus.close()

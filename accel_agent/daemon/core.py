@@ -110,7 +110,8 @@ class AgentCore:
         with interruptible():
             phase(starting.RECOVERY)
             report = self.rescans.run_recover(raise_config_errors=True)
-            if any(t.standing > 0 for t in self.devices.policy.types):
+            policy = self.devices.policy
+            if any(t.standing > 0 for t in policy.types) or policy.gpu_layouts:
                 # Before READY: a consumer ordered after the agent (nova-compute)
                 # must never see a GPU without its standing layout.
                 wait = float(self.conf.devices.standing_vf_wait)

@@ -202,7 +202,8 @@ class Rescans:
     def keep_state(self, records: list[DeviceRecord], snapshot: HostSnapshot) -> None:
         """The layouts as ``records`` and ``snapshot`` show them
         (layout.state_of: the definition the listings use too)."""
-        state = layout.state_of_records(snapshot, self.devices.policy, records)
+        state = layout.state_of_records(snapshot, self.devices.policy, records,
+                                        reasons=self.devices.mixed_reasons)
         self._keep_layout(dataclasses.replace(
             self.layout,
             draining=tuple(sorted(state.draining)),

@@ -10,6 +10,14 @@ the VFs' 1s would promise 16 where the card holds 4 (Nova bug 2041519).
 The cap never goes below the mdevs that already exist: a GPU that hosts
 in-use mdevs is never zeroed (Nova zeroes it, which deletes the provider
 under running guests).
+
+A GPU of a mixed-size layout (``[gpu_layout_<name>]``, devices/gpu_layouts.py)
+has one provider per type of the layout, its total the layout's count of
+that type (never below the devices of it that exist): the layout's devices
+are made at start, each on its planned placement, so that count is exactly
+what can be handed out, and what the VFs' ``available_instances`` say (a
+count of what one more vGPU of the type could be, which shrinks as the other
+types take placements) is not used.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from accel_agent.devices.gpu_layouts import GpuLayout
 from accel_agent.devices.policy import DevicePolicy
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
@@ -199,18 +208,65 @@ def compute_inventory(
                 traits=tuple(sorted({type_trait(device_type), OWNER_TRAIT})),
             )
         )
+    for layout in policy.gpu_layouts:
+        providers += _layout_providers(snapshot, policy, layout, host, free)
     providers.sort(key=lambda p: p.name)
     return Inventory(host=host, providers=tuple(providers), warnings=tuple(warnings))
 
 
+def _layout_providers(
+    snapshot: HostSnapshot, policy: DevicePolicy, layout: GpuLayout, host: str,
+    free: set[str],
+) -> list[Provider]:
+    """One provider per GPU of ``layout`` on the host and per type of it:
+    total the layout's count of the type (or the devices of it that exist,
+    when more do: a layout lowered drains, it never zeroes a GPU under its
+    guests), used the existing ones no instance left free."""
+    members_of: dict[str, list[Parent]] = defaultdict(list)
+    for parent in sorted(snapshot.parents.values(), key=lambda p: p.name):
+        gpu = parent.physfn or parent.pci_address
+        if parent.backend != "mdev" and gpu in layout.gpus:
+            members_of[gpu].append(parent)
+    providers = []
+    for gpu, members in members_of.items():
+        for device_type, count in layout.vgpus:
+            type_config = policy.config_of(device_type)
+            if type_config is None:  # pragma: no cover - the policy keeps every layout type
+                continue
+            existing = [m for p in members for m in snapshot.mdevs_on(p.name, device_type)]
+            holding = sorted({m.parent for m in existing})
+            suffix = nodedev_name(gpu, members[0])
+            if len(layout.vgpus) > 1:
+                suffix += "_" + re.sub(r"[^A-Za-z0-9_-]", "_", device_type)
+            providers.append(Provider(
+                name=f"{host}_{suffix}",
+                parent_provider=host,
+                parent_device=gpu,
+                # The VFs holding the type's vGPUs; all the GPU's VFs until
+                # the start made them.
+                parent_devices=tuple(holding) or tuple(p.name for p in members),
+                pci_address=gpu,
+                physical_gpu=gpu,
+                numa_node=members[0].numa_node,
+                device_type=device_type,
+                resource_class=type_config.mdev_class,
+                total=max(count, len(existing)),
+                used=sum(1 for m in existing if m.uuid not in free),
+                traits=tuple(sorted({type_trait(device_type), OWNER_TRAIT})),
+            ))
+    return providers
+
+
 def reported(inventory: Inventory, policy: DevicePolicy) -> Inventory:
     """The providers of ``inventory`` the agent reports: not those of a type
-    ``[mdev_<type>] reported_by = nova`` gives Nova, whose PCI tracker
-    reports the GPU's devices itself (a provider of ours too would count them
-    twice).  The daemon (DeviceManager.reported_inventory), the offline
+    ``[mdev_<type>] reported_by = nova`` gives Nova, nor any of a mixed-size
+    layout's GPU with ``[gpu_layout_<name>] reported_by = nova``: Nova's PCI
+    tracker reports those devices itself (a provider of ours too would count
+    them twice).  The daemon (DeviceManager.reported_inventory), the offline
     listing and check-config's summary all count through it."""
-    if not any(t.nova_reports for t in policy.types):
+    if not policy.any_nova_reports:
         return inventory
     return dataclasses.replace(inventory, providers=tuple(
-        p for p in inventory.providers if not policy.reported_by_nova(p.device_type)
+        p for p in inventory.providers
+        if not policy.nova_reports_on(p.physical_gpu, p.device_type)
     ))

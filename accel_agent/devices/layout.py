@@ -57,14 +57,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.devices import planning, protocol
+from accel_agent.devices import gpu_layout_converge, gpu_layout_state, planning, protocol
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 
 if TYPE_CHECKING:
     from accel_agent.devices import inventory as inventory_mod
     from accel_agent.devices.manager import DeviceManager
     from accel_agent.devices.policy import DevicePolicy
-    from accel_agent.sysfs.model import HostSnapshot
+    from accel_agent.sysfs.model import HostSnapshot, Parent
 
 LOG = logging.getLogger(__name__)
 
@@ -189,6 +189,8 @@ def _groups(
         if holder is None and not own:
             continue  # free: the converge takes it into the layout or removes it now
         parent = snapshot.parents.get(where[0])
+        if gpu_layout_state.on_mixed_gpu(policy, parent):
+            continue  # a mixed-size layout's GPU: gpu_layout_state.py's rules
         found = policy.standing_for(parent) if parent is not None else None
         if parent is None or found is None or found[0] != where[1]:
             if uuid in members:
@@ -236,8 +238,11 @@ def draining_of(
 
     A free device is never draining: the converge takes it into the layout
     or removes it at once.  A function of the ledger, the host and the
-    configuration alone, so every reader names the same devices."""
-    return _draining(*_groups(snapshot, policy, holders, members), policy)
+    configuration alone, so every reader names the same devices.  The
+    GPUs of a mixed-size layout follow the same rules per type
+    (devices/gpu_layout_state.py)."""
+    return _draining(*_groups(snapshot, policy, holders, members), policy) | (
+        gpu_layout_state.draining(snapshot, policy, holders, members))
 
 
 def missing_gpus(snapshot: HostSnapshot, policy: DevicePolicy) -> tuple[str, ...]:
@@ -252,7 +257,7 @@ def missing_gpus(snapshot: HostSnapshot, policy: DevicePolicy) -> tuple[str, ...
         if config.standing > 0
         for address in config.device_addresses
         if address not in present
-    )
+    ) + gpu_layout_state.missing_gpus(snapshot, policy)
 
 
 def state_of(
@@ -262,11 +267,14 @@ def state_of(
     members: Set[str],
     made: Mapping[str, tuple[str, str]] | None = None,
     gone: Set[str] = frozenset(),
+    reasons: Mapping[str, str] | None = None,
 ) -> LayoutState:
     """The layouts now: what drains (:func:`draining_of`), which GPUs on the
     host are short of their N and why, which configured GPUs are missing.
     ``made`` and ``gone``: the devices made and removed since ``snapshot``
-    was read (the converge says what it did rather than scan again)."""
+    was read (the converge says what it did rather than scan again).
+    ``reasons``: GPU -> why its mixed-size layout is not in place, as the
+    last converge found it (DeviceManager.mixed_reasons)."""
     groups, unwanted = _groups(snapshot, policy, holders, members, made)
     wanted: dict[str, tuple[str, int]] = {}
     for parent in snapshot.parents.values():
@@ -285,8 +293,12 @@ def state_of(
             and (p := snapshot.parents.get(m.parent)) is not None and p.physical_gpu == gpu
         ))
         short[gpu] = Short(device_type, standing, present, BLOCKED if others else NO_ROOM, others)
+    for gpu, mixed in gpu_layout_state.short(snapshot, policy, holders, members, reasons or {},
+                                             made, gone).items():
+        short[gpu] = Short(mixed.layout, mixed.wanted, mixed.present, mixed.reason)
     return LayoutState(
-        draining=_draining(groups, unwanted, policy),
+        draining=_draining(groups, unwanted, policy) | gpu_layout_state.draining(
+            snapshot, policy, holders, members, made),
         short=short,
         missing=missing_gpus(snapshot, policy),
     )
@@ -298,18 +310,21 @@ def state_of_records(
     records: Iterable[DeviceRecord],
     made: Iterable[str] = (),
     gone: Set[str] = frozenset(),
+    reasons: Mapping[str, str] | None = None,
 ) -> LayoutState:
     """:func:`state_of` from ledger records (``made``: UUIDs of devices made
     since ``snapshot``, located by their records)."""
     records = list(records)
     made = set(made)
     located = {r.uuid: (r.parent, r.device_type) for r in records if r.uuid in made}
-    return state_of(snapshot, policy, *holders_of(records), made=located, gone=gone)
+    return state_of(snapshot, policy, *holders_of(records), made=located, gone=gone,
+                    reasons=reasons)
 
 
 def has_layouts(m: DeviceManager) -> bool:
-    """Any standing layout configured, or any device a former one holds."""
-    return any(t.standing > 0 for t in m.policy.types) or bool(
+    """Any standing or mixed-size layout configured, or any device a former
+    one holds."""
+    return any(t.standing > 0 for t in m.policy.types) or bool(m.policy.gpu_layouts) or bool(
         m.ledger.by_owner(LAYOUT_OWNER, OwnerKind.STANDING)
     )
 
@@ -335,6 +350,8 @@ def converge(m: DeviceManager) -> LayoutReport:
             config = m.policy.config_of(provider.device_type)
             if config is None or config.standing <= 0:
                 continue
+            if gpu_layout_state.on_mixed_gpu(m.policy, provider.physical_gpu):
+                continue  # its mixed-size layout's, below
             failure: exception.AccelAgentException | None = None
             try:
                 _converge_gpu(m, snapshot, provider, config.standing, report)
@@ -346,10 +363,18 @@ def converge(m: DeviceManager) -> LayoutReport:
                 LOG.warning("standing layout: GPU %s: %s", provider.physical_gpu,
                             failure.message)
                 report.failed[provider.physical_gpu] = failure.message
+        # The mixed-size layouts, each GPU in the order the driver needs
+        # (devices/gpu_layout_converge.py); they change only their own GPUs.
+        made, gone = list(report.created), set(report.removed)
+        if gpu_layout_converge.converge(m, snapshot, report):
+            # A VF's device has the VF's UUID: one removed and made again
+            # there (another type, a layout placed anew) reads as the old
+            # one in the first scan, so what is left comes from a new scan.
+            snapshot, made, gone = m.scan(), [], set()
         # What is left, from the first scan and what this converge made and
         # removed (a scan more would cost a start with a large layout seconds).
-        left = state_of_records(snapshot, m.policy, m.ledger.all(), report.created,
-                                set(report.removed))
+        left = state_of_records(snapshot, m.policy, m.ledger.all(), made, gone,
+                                m.mixed_reasons)
         report.draining = sorted(left.draining)
         report.short = dict(left.short)
         report.missing = left.missing
@@ -424,6 +449,13 @@ def _drop_unwanted(
         wanted = wanted_on.get(record.parent)
         if wanted is not None and wanted[0] == record.device_type:
             continue
+        parent = snapshot.parents.get(record.parent)
+        if parent is None and record.backend != "mdev":
+            # A VF gone with its GPU's SR-IOV (a driver reload, VFs disabled):
+            # nothing to remove; it waits for its parent (recovery re-makes it).
+            continue
+        if gpu_layout_state.on_mixed_gpu(m.policy, parent):
+            continue  # a mixed-size layout's: its own converge decides
         if record.state is not DeviceState.PRESENT or record.intent_id is not None:
             continue  # an operation is on it: recovery settles it first
         removed |= _remove_from_layout(m, record, report)
@@ -510,7 +542,7 @@ def split_release(
     neither.  What drains is what the listings and health named draining
     (:func:`draining_of`, before the release): a device named draining is
     removed once free, every other device of the type goes back."""
-    if not any(t.standing > 0 for t in m.policy.types) and not any(r.layout for r in records):
+    if not has_layouts(m) and not any(r.layout for r in records):
         return [], []
     snapshot = m.scan()
     drain = draining_of(snapshot, m.policy, *holders_of(m.ledger.all()))
@@ -518,7 +550,7 @@ def split_release(
     surplus: list[str] = []
     for record in records:
         parent = snapshot.parents.get(record.parent)
-        found = m.policy.standing_for(parent) if parent is not None else None
+        found = _wanted_type(m.policy, parent, record.device_type)
         if parent is None or found is None or found[0] != record.device_type:
             if record.layout:
                 surplus.append(record.uuid)  # a layout's device it no longer wants
@@ -540,5 +572,16 @@ def take_back(m: DeviceManager, uuids: list[str]) -> None:
 def standing_of(m: DeviceManager, snapshot: HostSnapshot, record: DeviceRecord) -> bool:
     """A device of its GPU's standing layout (held by the layout or an instance)."""
     parent = snapshot.parents.get(record.parent)
-    found = m.policy.standing_for(parent) if parent is not None else None
+    found = _wanted_type(m.policy, parent, record.device_type)
     return found is not None and found[0] == record.device_type
+
+
+def _wanted_type(
+    policy: DevicePolicy, parent: Parent | None, device_type: str
+) -> tuple[str, int] | None:
+    """(the type, its count) when the parent's GPU carries ``device_type`` at
+    all times (its standing layout's type, or one its mixed layout names)."""
+    if parent is None:
+        return None
+    wanted = dict(policy.wanted_on(parent))
+    return (device_type, wanted[device_type]) if device_type in wanted else None

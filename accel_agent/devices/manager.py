@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from accel_agent.devices import requests as requests_mod
     from accel_agent.devices.results import Allocation, Attachment, RecoveryReport, TakeoverPlan
     from accel_agent.libvirt_xml.devices import DeviceDescription
+    from accel_agent.nvml.base import Nvml
     from accel_agent.sysfs.model import HostSnapshot, Parent
 
 
@@ -60,6 +61,8 @@ class DeviceManager:
         backends: Mapping[str, DeviceBackend] | None = None,
         nodedevs: nodedevs_mod.NodeDevices | None = None,
         define_mdevs: bool = False,
+        nvml: Nvml | None = None,
+        nvml_conf: Any = None,
     ) -> None:
         self.sysfs_root = sysfs_root
         # Every device model this host may have; the scan says which serves
@@ -95,6 +98,14 @@ class DeviceManager:
         self.on_changed: Callable[[], None] = lambda: None
         # The thread half of the operation's lock (protocol.operation).
         self.thread_lock = threading.RLock()
+        # NVIDIA's management library for this sysfs root (accel_agent.nvml):
+        # given (tests), else found from the tree on first use (a host with no
+        # mixed-size layout never asks it).
+        self._nvml = nvml
+        self._nvml_conf = nvml_conf
+        # GPU -> why its mixed-size layout is not in place, as the last
+        # converge found it (devices/mixed_layout.py; health's layout.short).
+        self.mixed_reasons: dict[str, str] = {}
         # The agent keeps what the backends learn of the host beside its ledger.
         self._rescanner = HostRescanner(
             sysfs_root, self.backends, str(ledger.path.parent), persist=True
@@ -107,6 +118,22 @@ class DeviceManager:
     @writer.setter
     def writer(self, value: DeviceWriter) -> None:
         self._writer = _CountingWriter(self, value)
+
+    @property
+    def nvml(self) -> Nvml:
+        if self._nvml is None:
+            from accel_agent import nvml as nvml_mod
+
+            self._nvml = nvml_mod.for_sysfs_root(self.sysfs_root, self._nvml_conf)
+        return self._nvml
+
+    @nvml.setter
+    def nvml(self, value: Nvml | None) -> None:
+        self._nvml = value
+
+    def note_write(self) -> None:
+        """A privileged write that is not the device writer's (NVML's): a change."""
+        self._writes += 1
 
     @property
     def mutations(self) -> int:
@@ -186,8 +213,7 @@ class DeviceManager:
         self._rescanner.interrupt()
 
     def _configured_types(self, parent: Parent) -> set[str]:
-        device_type = self.policy.type_for(parent)
-        return {device_type} if device_type else set()
+        return set(self.policy.types_on(parent))
 
     def set_policy(self, policy: DevicePolicy) -> None:
         with self.thread_lock:
@@ -331,8 +357,8 @@ class _CountingWriter:
     # Every write of the backends' writer protocols (backends.mdev.MdevWriter,
     # nvidia_vfio.VgpuWriter, sriov_vf.PciWriter: tests/unit/test_backends_loading.py).
     WRITES = frozenset({
-        "create", "remove", "set_vgpu_type", "clear_vgpu_type", "set_num_vfs", "bind_vfio",
-        "unbind_vfio",
+        "create", "remove", "set_vgpu_type", "set_vgpu_placement", "clear_vgpu_type",
+        "set_num_vfs", "bind_vfio", "unbind_vfio",
     })
 
     def __init__(self, manager: DeviceManager, writer: DeviceWriter) -> None:

@@ -131,6 +131,10 @@ def _provider_slots(
         # A standing layout's devices are all this type gets on its GPUs:
         # allocations take them and never add beyond them.
         return slots
+    if members and m.policy.gpu_layout_for(snapshot.parents[members[0]]) is not None:
+        # So are a mixed-size layout's: a vGPU made here would sit where the
+        # driver put it, outside the plan (devices/gpu_layout_converge.py).
+        return slots
     return slots + creatable_slots(m, snapshot, provider, planned, members, recorded)
 
 

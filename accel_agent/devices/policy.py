@@ -22,6 +22,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from accel_agent import exception
+from accel_agent.devices.gpu_layout_config import (
+    LayoutOptions,
+    read_layout_options,
+    resolve_layouts,
+)
+from accel_agent.devices.gpu_layouts import SECTION_PREFIX, GpuLayout
 from accel_agent.devices.requests import is_type_name
 from accel_agent.sysfs import address
 from accel_agent.sysfs.model import HostSnapshot, Parent
@@ -58,6 +64,8 @@ class DevicePolicy:
     parent_types: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     default_type: str | None = None
     warnings: tuple[str, ...] = ()
+    # [gpu_layout_<name>] sections: mixed-size layouts (devices/gpu_layouts.py).
+    gpu_layouts: tuple[GpuLayout, ...] = ()
 
     def type_for(self, parent: Parent | str) -> str | None:
         """The configured type of a parent, explicit or default.
@@ -77,7 +85,20 @@ class DevicePolicy:
             and parent.physfn in self.parent_types
         ):
             return self.parent_types[parent.physfn]
+        if self.gpu_layout_for(parent) is not None:
+            # A layout's GPU carries several types (types_on): no single
+            # one, and never the default type of the unlisted parents.
+            return None
         return self.default_type
+
+    def types_on(self, parent: Parent | str) -> tuple[str, ...]:
+        """Every type the configuration gives the parent: its mixed-size
+        layout's types, or its one type (:meth:`type_for`), or none."""
+        layout = self.gpu_layout_for(parent)
+        if layout is not None:
+            return layout.types
+        found = self.type_for(parent)
+        return (found,) if found is not None else ()
 
     def type_for_name(self, name: str, parents: Mapping[str, Parent]) -> str | None:
         """:meth:`type_for` of the parent called ``name`` as the scan found
@@ -95,9 +116,43 @@ class DevicePolicy:
             return None
         return config.mdev_type, config.standing
 
+    def gpu_layout_for(self, parent: Parent | str) -> GpuLayout | None:
+        """The mixed-size layout of the parent's GPU: a PF a layout names in
+        ``gpus``, or a VF of one."""
+        if not self.gpu_layouts:
+            return None
+        keys = {address.normalise_parent(parent if isinstance(parent, str)
+                                         else (parent.pci_address or parent.name))}
+        if not isinstance(parent, str) and parent.physfn is not None:
+            keys.add(parent.physfn)
+        return next((g for g in self.gpu_layouts if keys & set(g.gpus)), None)
+
+    def wanted_on(self, parent: Parent | str) -> tuple[tuple[str, int], ...]:
+        """What the parent's GPU carries at all times, ``(type, count)``
+        each: its mixed-size layout's vGPUs, or its standing layout, or
+        nothing."""
+        layout = self.gpu_layout_for(parent)
+        if layout is not None:
+            return layout.vgpus
+        found = self.standing_for(parent)
+        return (found,) if found is not None else ()
+
     def reported_by_nova(self, mdev_type: str | None) -> bool:
         config = self.config_of(mdev_type) if mdev_type else None
         return config is not None and config.nova_reports
+
+    def nova_reports_on(self, parent: Parent | str, mdev_type: str | None) -> bool:
+        """Whether Nova reports and assigns the parent's devices of
+        ``mdev_type``: its GPU's layout's ``reported_by``, or the type's."""
+        layout = self.gpu_layout_for(parent)
+        if layout is not None:
+            return layout.nova_reports
+        return self.reported_by_nova(mdev_type)
+
+    @property
+    def any_nova_reports(self) -> bool:
+        return any(t.nova_reports for t in self.types) or any(
+            g.nova_reports for g in self.gpu_layouts)
 
     @property
     def enabled(self) -> bool:
@@ -139,6 +194,9 @@ class PolicyInputs:
     type_options: tuple[TypeOptions, ...] = ()
     # Every section of the config files, for the unused-section warnings.
     sections: tuple[str, ...] = ()
+    # [devices] enabled_gpu_layouts, and each enabled [gpu_layout_<name>].
+    enabled_layouts: tuple[str, ...] = ()
+    layout_options: tuple[LayoutOptions, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +207,8 @@ class PolicyInputs:
                 for t in self.type_options
             ],
             "sections": list(self.sections),
+            "enabled_layouts": list(self.enabled_layouts),
+            "layout_options": [o.to_list() for o in self.layout_options],
         }
 
     @classmethod
@@ -168,6 +228,9 @@ class PolicyInputs:
                 in data["type_options"]
             ),
             sections=tuple(str(s) for s in data["sections"]),
+            enabled_layouts=tuple(str(n) for n in data.get("enabled_layouts", ())),
+            layout_options=tuple(
+                LayoutOptions.from_list(o) for o in data.get("layout_options", ())),
         )
 
 
@@ -230,7 +293,8 @@ def read_policy_inputs(
         sections = tuple(conf.list_all_sections())
     except Exception:  # pragma: no cover - not parsed from files
         sections = ()
-    return PolicyInputs(enabled, options, sections), errors
+    layouts_enabled, layout_options = read_layout_options(conf, errors)
+    return PolicyInputs(enabled, options, sections, layouts_enabled, layout_options), errors
 
 
 def build_policy(conf: cfg.ConfigOpts | None = None) -> DevicePolicy:
@@ -263,6 +327,12 @@ def resolve_policy(
     seen_types: set[str] = set()
     options = {t.mdev_type: t for t in inputs.type_options}
     errors += _unusable_type_names(inputs.enabled)
+    # Types a mixed-size layout places: kept even when a later address-less
+    # type would be dropped (the layout is where they are used).
+    layout_types = {
+        t for o in inputs.layout_options for item in o.vgpus
+        if (t := item.rpartition(":")[0].strip())
+    }
 
     for mdev_type in inputs.enabled:
         if mdev_type in seen_types:
@@ -286,6 +356,8 @@ def resolve_policy(
         if not option.device_addresses:
             if default_type is None:
                 default_type = mdev_type
+                types.append(TypeConfig(mdev_type, (), mdev_class, max_instances, **layout))
+            elif mdev_type in layout_types:
                 types.append(TypeConfig(mdev_type, (), mdev_class, max_instances, **layout))
             else:
                 warnings.append(
@@ -311,7 +383,13 @@ def resolve_policy(
             TypeConfig(mdev_type, tuple(parents), mdev_class, max_instances, **layout)
         )
 
-    warnings.extend(_unused_sections(inputs.sections, set(inputs.enabled)))
+    gpu_layouts, layout_errors = resolve_layouts(
+        inputs.enabled_layouts, inputs.layout_options, inputs.enabled, owner_of,
+        {t.mdev_type: t.standing for t in inputs.type_options},
+    )
+    errors += layout_errors
+    warnings.extend(_unused_sections(inputs.sections, set(inputs.enabled),
+                                     set(inputs.enabled_layouts)))
     if errors:
         raise exception.ConfigErrors(errors)
     for warning in warnings:
@@ -321,6 +399,7 @@ def resolve_policy(
         parent_types=MappingProxyType(owner_of),
         default_type=default_type,
         warnings=tuple(warnings),
+        gpu_layouts=gpu_layouts,
     )
 
 
@@ -372,13 +451,22 @@ def _normalise_configured(
     return None
 
 
-def _unused_sections(sections: tuple[str, ...], enabled: set[str]) -> list[str]:
+def _unused_sections(
+    sections: tuple[str, ...], enabled: set[str], layouts: set[str] = frozenset()
+) -> list[str]:
     """``[mdev_X]`` sections for types that are not enabled are silently
-    ignored by Nova; say so instead."""
+    ignored by Nova; say so instead.  So for a ``[gpu_layout_X]`` that
+    ``[devices] enabled_gpu_layouts`` does not name."""
     found = []
     for section in sections:
         if "$(" in section:
             continue  # the sample's stand-in [mdev_$(mdev_type)]; config_lint names its options
+        if section.startswith(SECTION_PREFIX):
+            if section[len(SECTION_PREFIX):] not in layouts:
+                found.append(f"section [{section}] is ignored: layout "
+                             f"{section[len(SECTION_PREFIX):]} is not in [devices] "
+                             "enabled_gpu_layouts")
+            continue
         for prefix in ("mdev_", "vgpu_"):
             if section.startswith(prefix) and section[len(prefix) :] not in enabled:
                 found.append(
@@ -410,10 +498,18 @@ def host_warnings(policy: DevicePolicy, snapshot: HostSnapshot) -> list[str]:
             type_config.mdev_type in p.types and policy.type_for(p) == type_config.mdev_type
             for p in snapshot.parents.values()
         )
-        if not offered and not type_config.device_addresses:
+        used_by_layouts = any(type_config.mdev_type in g.types for g in policy.gpu_layouts)
+        if not offered and type_config.mdev_type == policy.default_type and not used_by_layouts:
             warnings.append(
                 f"default type {type_config.mdev_type} is offered by no unlisted parent"
             )
+    for layout in policy.gpu_layouts:
+        for gpu in layout.gpus:
+            if gpu not in gpus:
+                warnings.append(
+                    f"{gpu} (in [{layout.section}] gpus) has no vGPU VFs on this host: "
+                    f"{_diagnosis(policy, snapshot, gpu)}"
+                )
     return warnings
 
 

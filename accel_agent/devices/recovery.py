@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.devices import claims, protocol
+from accel_agent.devices import claims, gpu_layout_converge, protocol
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 from accel_agent.devices.protocol import Existing
 from accel_agent.devices.results import RecoveryReport
@@ -105,8 +105,8 @@ def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> 
     for uuid in foreign:
         mdev = snapshot.mdevs[uuid]
         parent = snapshot.parents.get(mdev.parent)
-        if parent is not None and mdev.mdev_type and m.policy.type_for(parent) == (
-            mdev.mdev_type
+        if parent is not None and mdev.mdev_type and mdev.mdev_type in m.policy.types_on(
+            parent
         ):
             found.append(uuid)
     return found
@@ -114,11 +114,15 @@ def unrecorded(m: DeviceManager, snapshot: HostSnapshot, foreign: list[str]) -> 
 
 def configured_type(policy: DevicePolicy, record: DeviceRecord, devices: Existing) -> str | None:
     """What ``policy`` gives the record's parent now: its type (a VF finds its
-    GPU's), or for a pool VF its pool."""
+    GPU's; on a GPU of a mixed-size layout, the record's own type while the
+    layout names it), or for a pool VF its pool."""
     if record.backend in devices.outside:
         found = devices.outside[record.backend].get(record.parent)
         return found[0] if found else None
-    return policy.type_for_name(record.parent, devices.snapshot.parents)
+    parent = devices.snapshot.parents.get(record.parent, record.parent)
+    if record.device_type in policy.types_on(parent):
+        return record.device_type  # one of its GPU's mixed-size layout's types, or its type
+    return policy.type_for(parent)
 
 
 def owner_refusals(
@@ -160,7 +164,9 @@ def owner_refusals(
                 parent=record.parent,
                 becomes=f"type {configured}" if configured else "no type",
             ))
-        elif policy.reported_by_nova(configured):
+        elif policy.nova_reports_on(
+            devices.snapshot.parents.get(record.parent, record.parent), configured
+        ):
             errors.append(exception.AssignedDeviceToNova(
                 uuid=record.uuid, kind=kind, owner=record.owner, mdev_type=record.device_type,
                 parent=record.parent,
@@ -186,8 +192,20 @@ def _return_free_vfs(m: DeviceManager, report: RecoveryReport) -> None:
 
 
 def _recreate_missing(m: DeviceManager, devices: Existing, report: RecoveryReport) -> None:
+    missing = [r for r in m.ledger.all()
+               if not devices.exists(r) and r.state is DeviceState.PRESENT
+               and devices.has_parent(r)]
+    # A GPU of a mixed-size layout takes its mode before any type is written
+    # on it (gpu_layout_converge.py): its vGPUs wait while it cannot.
+    not_ready = gpu_layout_converge.prepare_for_recovery(m, devices.snapshot, missing)
     for record in m.ledger.all():
         if devices.exists(record) or record.state is not DeviceState.PRESENT:
+            continue
+        parent = devices.snapshot.parents.get(record.parent)
+        if parent is not None and parent.physfn in not_ready:
+            LOG.warning("%s %s waits for GPU %s to take mixed-size mode (health says why)",
+                        m.device_kind(record.backend), record.uuid, parent.physfn)
+            report.waiting_for_parent.append(record.uuid)
             continue
         if not devices.has_parent(record):
             LOG.warning("%s %s waits for parent %s to come back",

@@ -42,6 +42,9 @@ class PrivsepWriter:
     def set_vgpu_type(self, vf: str, type_id: int) -> None:
         _privileged().set_vgpu_type(vf, type_id, sysfs_root=self.sysfs_root)
 
+    def set_vgpu_placement(self, vf: str, placement_id: int) -> None:
+        _privileged().set_vgpu_placement(vf, placement_id, sysfs_root=self.sysfs_root)
+
     def clear_vgpu_type(self, vf: str, timeout: float) -> None:
         _privileged().clear_vgpu_type(
             vf, timeout, sysfs_root=self.sysfs_root, vfio_dir=self.vfio_dev_dir
@@ -77,6 +80,9 @@ class DirectWriter:
 
     def set_vgpu_type(self, vf: str, type_id: int) -> None:
         self._privileged.write_vgpu_type(self.sysfs_root, vf, type_id)
+
+    def set_vgpu_placement(self, vf: str, placement_id: int) -> None:
+        self._privileged.write_vgpu_placement(self.sysfs_root, vf, placement_id)
 
     def clear_vgpu_type(self, vf: str, timeout: float) -> None:
         self._privileged.write_vgpu_clear(self.sysfs_root, vf, timeout, self.vfio_dev_dir)

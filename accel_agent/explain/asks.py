@@ -1,7 +1,8 @@
 """What the configuration asks of one device: its mdev type (listed in
 ``[mdev_<type>] device_addresses``, or the default type), that type's layout
-(``standing``, ``reported_by``, ``max_instances``) and the VF pool naming it
-as a PF (``[vf_pool_<name>] device_addresses``).
+(``standing``, ``reported_by``, ``max_instances``), the mixed-size layout of
+its GPU (``[gpu_layout_<name>]``: several types, so no one ``mdev_type``) and
+the VF pool naming it as a PF (``[vf_pool_<name>] device_addresses``).
 
 Plain data: the daemon builds it from its running policy and pools, accelctl
 from the config files; neither needs the other's objects."""
@@ -48,7 +49,12 @@ class Asks:
         """The ``config`` object of an explained device."""
         listed = self.listed_type(name) or (self.listed_type(physfn) if physfn else None)
         mdev_type, source = listed, "device_addresses" if listed else None
-        if mdev_type is None and self.policy is not None and self.policy.default_type:
+        layout = None
+        if self.policy is not None and mdev_type is None:
+            layout = self.policy.gpu_layout_for(physfn or name)
+        if layout is not None:
+            source = "gpu_layout"
+        elif mdev_type is None and self.policy is not None and self.policy.default_type:
             mdev_type, source = self.policy.default_type, "default"
         config = self.policy.config_of(mdev_type) if self.policy and mdev_type else None
         pool = self.pools.get(name) or (self.pools.get(physfn) if physfn else None)
@@ -59,4 +65,9 @@ class Asks:
             "reported_by": config.reported_by if config else None,
             "max_instances": config.max_instances if config else None,
             "vf_pool": {"name": pool[0], "num_vfs": pool[1]} if pool else None,
+            "gpu_layout": None if layout is None else {
+                "name": layout.name,
+                "vgpus": [{"mdev_type": t, "count": n} for t, n in layout.vgpus],
+                "reported_by": layout.reported_by,
+            },
         }

@@ -71,6 +71,11 @@ def _config(config: dict[str, Any], facts: dict[str, Any]) -> str:
         layout = f", standing {config['standing']}" if config["standing"] else ""
         nova = ", reported by Nova" if config["reported_by"] == "nova" else ""
         parts.append(f"type {config['mdev_type']} ({how}{layout}{nova})")
+    layout = config.get("gpu_layout")
+    if layout:
+        nova = ", reported by Nova" if layout["reported_by"] == "nova" else ""
+        vgpus = ", ".join(f"{v['mdev_type']}:{v['count']}" for v in layout["vgpus"])
+        parts.append(f"mixed-size layout [gpu_layout_{layout['name']}]: {vgpus}{nova}")
     if config["vf_pool"]:
         pool = config["vf_pool"]
         num = f", num_vfs {pool['num_vfs']}" if pool["num_vfs"] else ""

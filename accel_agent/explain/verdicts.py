@@ -219,6 +219,16 @@ def _vfs_not_enabled(subject: Subject, vendor: str | None, state: str) -> Proble
 
 def _ready(subject: Subject, offered: dict[str, int]) -> Problem:
     configured = subject.config.get("mdev_type")
+    layout = subject.config.get("gpu_layout")
+    if offered and layout:
+        # What a VF offers shrinks as the layout's vGPUs take placements (a
+        # VF holding one offers nothing): NVML's supported types, which
+        # check-config's fit check reads, say what the GPU can hold.
+        wanted = [v["mdev_type"] for v in layout["vgpus"]]
+        return Problem("ready", f"ready: its VFs are laid out by its mixed-size layout "
+                       f"[gpu_layout_{layout['name']}] ({_listed(wanted)})",
+                       "nothing: the agent serves it; accelctl check-config says whether the "
+                       "layout fits")
     if offered:
         if configured in offered:
             return Problem("ready", f"ready: offers {configured} ({offered[configured]} "

@@ -11,6 +11,11 @@ given by PCI address, the destination VF the source must rewrite its own to.
 landed; ``abort`` frees it (or removes its devices); claims nobody commits or
 aborts expire (the periodic task frees them).
 Unlike Nova, whose claims live in memory, a destination restart keeps them.
+
+An instance with NVIDIA vGPUs (devices of the ``nvidia_vfio`` backend's
+types here) is claimed only when the source's NVIDIA vGPU manager version,
+as the source sent it, equals this host's (migration/versions.py says why
+and where each version comes from); instances without them never ask.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from accel_agent.devices.ledger import OwnerKind
 from accel_agent.devices.manager import DeviceManager
 from accel_agent.devices.results import Allocation
 from accel_agent.migration import versions as versions_mod
+from accel_agent.sysfs import nvidia_vfio
+from accel_agent.sysfs.model import HostSnapshot
 from accel_agent.sysfs.scanner import is_canonical_uuid
 
 _TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -54,6 +61,17 @@ def normalise_sources(sources: Any) -> dict[str, str]:
     return normalised
 
 
+def vgpu_types(snapshot: HostSnapshot) -> set[str]:
+    """The types this host makes as NVIDIA vGPUs (typed vGPU 17+ VFs): those
+    whose migration needs equal vGPU manager versions."""
+    return {
+        device_type
+        for parent in snapshot.parents.values()
+        if parent.backend == nvidia_vfio.BACKEND
+        for device_type in parent.types
+    }
+
+
 class MigrationDestination:
     def __init__(
         self,
@@ -62,12 +80,18 @@ class MigrationDestination:
         minimums: versions_mod.Minimums | None = None,
         claim_timeout: float = 600.0,
         clock: Callable[[], float] = time.time,
+        vgpu_manager_version: Callable[[], str | None] | None = None,
     ) -> None:
         self.manager = manager
         self.host_versions = host_versions
         self.minimums = minimums or versions_mod.Minimums()
         self.claim_timeout = claim_timeout
         self.clock = clock
+        # This host's NVIDIA vGPU manager version, asked only for an instance
+        # with vGPUs: by default its NVML (or /proc) for the manager's sysfs root.
+        self.vgpu_manager_version = vgpu_manager_version or (
+            lambda: versions_mod.host_vgpu_manager_version(manager.sysfs_root)
+        )
 
     @classmethod
     def from_conf(cls, conf: Any, manager: DeviceManager) -> MigrationDestination:
@@ -88,6 +112,9 @@ class MigrationDestination:
             host_versions,
             versions_mod.Minimums.from_conf(conf),
             claim_timeout=conf.migration.claim_timeout,
+            vgpu_manager_version=lambda: versions_mod.host_vgpu_manager_version(
+                manager.sysfs_root, conf
+            ),
         )
 
     def claim(
@@ -97,16 +124,24 @@ class MigrationDestination:
         source_versions: Mapping[str, Any] | None = None,
     ) -> dict[str, str]:
         wanted = normalise_sources(sources)
+        source = None
         if source_versions is not None:
-            versions_mod.check(
-                versions_mod.HostVersions.from_dict(source_versions), "source", self.minimums
-            )
+            source = versions_mod.HostVersions.from_dict(source_versions)
+            versions_mod.check(source, "source", self.minimums)
         versions_mod.check(self.host_versions(), "destination", self.minimums)
-        offered = {p.device_type for p in self.manager.inventory().providers}
+        snapshot = self.manager.scan()
+        offered = {p.device_type for p in self.manager.inventory(snapshot).providers}
         missing = sorted(set(wanted.values()) - offered)
         if missing:
             raise exception.MigrationTypesUnsupported(
                 types=", ".join(missing), supported=", ".join(sorted(offered)) or "none"
+            )
+        vgpus = sorted(set(wanted.values()) & vgpu_types(snapshot))
+        if vgpus:
+            versions_mod.check_vgpu_manager(
+                source.nvidia_vgpu_manager if source is not None else None,
+                self.vgpu_manager_version(),
+                ", ".join(vgpus),
             )
         return self.manager.claim(instance, wanted, self.clock() + self.claim_timeout)
 

@@ -4,6 +4,10 @@
 must claim) after checking this host's versions: its mdevs, and those of its
 PCI hostdevs that are the agent's vGPU VFs (other PCI devices, a NIC the
 operator passes through, are not the agent's business and stay as they are).
+``versions`` says this host's versions as the destination's claim takes them
+(``source_versions``): libvirt, QEMU, kernel and, where this host has one, its
+NVIDIA vGPU manager's, which the destination compares with its own for an
+instance with vGPUs.
 ``migrate`` rewrites the migratable XML in one pass, each mdev UUID to the
 destination's and each of the agent's VFs to the destination VF's PCI address
 (the claim's ``pci_addresses``), and hands it to libvirt as
@@ -213,6 +217,7 @@ class MigrationSource:
         host_versions: Callable[[Any], versions_mod.HostVersions] = versions_mod.probe,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        vgpu_manager_version: Callable[[], str | None] | None = None,
     ) -> None:
         self.agent: SourceAgent = (
             ManagerAgent(manager) if isinstance(manager, DeviceManager) else manager
@@ -221,6 +226,20 @@ class MigrationSource:
         self.host_versions = host_versions
         self.clock = clock
         self.sleep = sleep
+        # This host's NVIDIA vGPU manager version: NVML (or /proc) for the
+        # manager's sysfs root, or for the host's own /sys when the agent is
+        # the daemon's API (whose caller runs on the source host beside it).
+        root = manager.sysfs_root if isinstance(manager, DeviceManager) else None
+        self.vgpu_manager_version = vgpu_manager_version or (
+            lambda: versions_mod.host_vgpu_manager_version(root)
+        )
+
+    def versions(self, domain: Any) -> dict[str, str]:
+        """This host's versions as the destination's claim takes them
+        (``source_versions``), the NVIDIA vGPU manager's included where this
+        host has one."""
+        found = self.host_versions(domain.connect())
+        return found.with_vgpu_manager(self.vgpu_manager_version()).to_dict()
 
     def _migratable_xml(self, domain: Any, inactive: bool = False) -> str:
         libvirt = _libvirt()

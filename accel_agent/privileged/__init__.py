@@ -149,8 +149,10 @@ from accel_agent.privileged.pci import (  # noqa: E402
 )
 from accel_agent.privileged.vgpu import (  # noqa: E402
     clear_vgpu_type,
+    set_vgpu_placement,
     set_vgpu_type,
     write_vgpu_clear,
+    write_vgpu_placement,
     write_vgpu_type,
 )
 
@@ -181,6 +183,7 @@ __all__ = [
     "reset_vf_settings",
     "set_call_timeout",
     "set_num_vfs",
+    "set_vgpu_placement",
     "set_vgpu_type",
     "start_net_privsep",
     "start_privsep",
@@ -195,5 +198,6 @@ __all__ = [
     "write_remove",
     "write_unbind_vfio",
     "write_vgpu_clear",
+    "write_vgpu_placement",
     "write_vgpu_type",
 ]

@@ -36,6 +36,9 @@ MAX_NUM_VFS = 0xFFFF
 MAX_GPU_INSTANCE_PROFILE_ID = 255
 MAX_GPU_SLICE = 255
 MAX_GPU_INSTANCE_ID = 4096
+# A vGPU placement id is an offset in the GPU's placement units (NVML's
+# nvmlVgpuPlacementId_t; a few dozen on today's GPUs): bounded as nvml/types.py does.
+MAX_VGPU_PLACEMENT_ID = 1 << 16
 
 
 def reject(reason: str) -> exception.PrivilegedInputRejected:
@@ -149,6 +152,16 @@ def validate_vgpu_type_id(value: Any) -> int:
         0 < value <= MAX_VGPU_TYPE_ID
     ):
         raise reject(f"vGPU type id {value!r} must be an integer in 1..{MAX_VGPU_TYPE_ID}")
+    return value
+
+
+def validate_placement_id(value: Any) -> int:
+    """A vGPU placement id: an integer in 0..MAX_VGPU_PLACEMENT_ID."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        0 <= value <= MAX_VGPU_PLACEMENT_ID
+    ):
+        raise reject(
+            f"vGPU placement id {value!r} must be an integer in 0..{MAX_VGPU_PLACEMENT_ID}")
     return value
 
 

@@ -7,6 +7,13 @@ The id is written without a newline and read back; a VF is typed only when
 it is free and lists the id in ``creatable_vgpu_types`` right now (both
 re-read here, just before the write), and untyped only when its VFIO group
 is not held (inuse.py).
+
+A vGPU of a GPU in mixed-size mode is then placed: ``vgpu-placement-id=<id>``
+written to the VF's ``nvidia/vgpu_params`` (NVIDIA vGPU 17 User Guide §2.12
+gives this line for an mdev's vGPU; docs/design.md §16), and ``nvidia/placement_id``
+read back.  The driver accepts any id and a wrong one is found only when the
+guest fails to boot, so the read-back is what the agent trusts, and which
+placement is right is the planner's (devices/placements.py), never decided here.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from accel_agent.privileged.validate import (
     confine,
     real_root,
     reject,
+    validate_placement_id,
     validate_timeout,
     validate_vf,
     validate_vgpu_type_id,
@@ -50,6 +58,18 @@ def resolve_vgpu_type_path(sysfs_root: str, vf: str) -> str:
     root = real_root(sysfs_root)
     rel = ("bus", "pci", "devices", vf, "nvidia", "current_vgpu_type")
     path = confine(root, rel, "current_vgpu_type", "nvidia")
+    if os.path.basename(os.path.dirname(os.path.dirname(path))) != vf:
+        raise reject(f"{os.path.join(*rel)} resolves to {path}, not the device {vf}")
+    return path
+
+
+def resolve_vgpu_file(sysfs_root: str, vf: str, name: str) -> str:
+    """Another file of the VF's ``nvidia`` directory (``vgpu_params``,
+    ``placement_id``), resolved and confined like ``current_vgpu_type``."""
+    validate_vf(vf)
+    root = real_root(sysfs_root)
+    rel = ("bus", "pci", "devices", vf, "nvidia", name)
+    path = confine(root, rel, name, "nvidia")
     if os.path.basename(os.path.dirname(os.path.dirname(path))) != vf:
         raise reject(f"{os.path.join(*rel)} resolves to {path}, not the device {vf}")
     return path
@@ -130,6 +150,54 @@ def write_vgpu_type(sysfs_root: str, vf: str, type_id: int) -> None:
     LOG.info("Created vGPU %s on VF %s", name, vf)
 
 
+def _placement_read(path: str) -> int | None:
+    """``nvidia/placement_id`` as an int; None when it is not one."""
+    text = _read_small(path).strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
+        return None
+    return int(text)
+
+
+def write_vgpu_placement(sysfs_root: str, vf: str, placement_id: int) -> None:
+    """Place the vGPU of VF ``vf`` at ``placement_id`` (module docstring):
+    ``vgpu-placement-id=<id>`` to ``nvidia/vgpu_params``, then
+    ``nvidia/placement_id`` read back.
+
+    Refused, nothing written: an untyped VF (VgpuPlacementWriteFailed).  The
+    kernel's refusal is VgpuPlacementWriteFailed with its errno; a read-back
+    that differs is VgpuPlacementMismatch (the vGPU is left as it is: the
+    caller removes it, it holds no guest yet)."""
+    placement_id = validate_placement_id(placement_id)
+    current = resolve_vgpu_type_path(sysfs_root, vf)
+    params = resolve_vgpu_file(sysfs_root, vf, "vgpu_params")
+    readback = resolve_vgpu_file(sysfs_root, vf, "placement_id")
+    try:
+        typed = _current_type(current, vf)
+    except OSError as err:
+        raise exception.VgpuPlacementWriteFailed(
+            vf=vf, placement_id=placement_id,
+            answer=f"reading current_vgpu_type: {errno_text(err)[1]}") from None
+    if not typed:
+        raise exception.VgpuPlacementWriteFailed(
+            vf=vf, placement_id=placement_id, answer="the VF holds no vGPU; nothing written")
+    LOG.debug("Writing vgpu-placement-id=%d to %s", placement_id, params)
+    try:
+        write_once(params, f"vgpu-placement-id={placement_id}".encode("ascii"))
+    except OSError as err:
+        raise exception.VgpuPlacementWriteFailed(
+            vf=vf, placement_id=placement_id, answer=errno_text(err)[1]) from None
+    try:
+        found = _placement_read(readback)
+    except OSError as err:
+        raise exception.VgpuPlacementMismatch(
+            vf=vf, placement_id=placement_id,
+            found=f"placement_id unreadable: {errno_text(err)[1]}") from None
+    if found != placement_id:
+        raise exception.VgpuPlacementMismatch(vf=vf, placement_id=placement_id,
+                                              found=f"it reads {found}")
+    LOG.info("Placed the vGPU of VF %s at placement %d", vf, placement_id)
+
+
 def _map_clear_error(err: OSError, path: str, vf: str) -> exception.AccelAgentException:
     if err.errno == errno.ENOENT:
         return exception.MdevNotFound(uuid=f"vGPU on VF {vf}")
@@ -181,6 +249,11 @@ def _priv_set_vgpu_type(vf: str, type_id: int, sysfs_root: str | None = None) ->
 
 
 @sysfs_admin.entrypoint
+def _priv_set_vgpu_placement(vf: str, placement_id: int, sysfs_root: str | None = None) -> None:
+    daemon_side(lambda: write_vgpu_placement(daemon_sysfs_root(sysfs_root), vf, placement_id))
+
+
+@sysfs_admin.entrypoint
 def _priv_clear_vgpu_type(
     vf: str, timeout: float, sysfs_root: str | None = None, vfio_dir: str | None = None
 ) -> None:
@@ -195,6 +268,11 @@ def set_vgpu_type(vf: str, type_id: int, *, sysfs_root: str | None = None) -> No
     """Type VF ``vf`` with vGPU type ``type_id`` in the privsep daemon
     (:func:`write_vgpu_type`)."""
     call(_priv_set_vgpu_type, vf, type_id, sysfs_root=sysfs_root)
+
+
+def set_vgpu_placement(vf: str, placement_id: int, *, sysfs_root: str | None = None) -> None:
+    """Place the vGPU of VF ``vf`` in the privsep daemon (:func:`write_vgpu_placement`)."""
+    call(_priv_set_vgpu_placement, vf, placement_id, sysfs_root=sysfs_root)
 
 
 def clear_vgpu_type(

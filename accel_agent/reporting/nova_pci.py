@@ -19,11 +19,11 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from accel_agent import exception
 from accel_agent.devices.policy import DevicePolicy
-from accel_agent.sysfs.model import HostSnapshot
+from accel_agent.sysfs.model import HostSnapshot, Mdev, Parent
 
 BACKEND = "nvidia_vfio"
 # The PCI vendor id of the vendor-VFIO GPUs (NVIDIA), as Nova's device_spec writes it.
@@ -66,7 +66,11 @@ def plan(
     """The VFs Nova should be given: every VF the agent owns a typed vGPU
     on, and with ``per_gpu`` also the untyped VFs the agent would type next
     (in VF order, within the type's per-GPU limit) until each configured GPU
-    has that many.  A VF typed by someone else is never offered."""
+    has that many.  A VF typed by someone else is never offered.
+
+    On a GPU of a mixed-size layout each VF is given under its own vGPU's
+    type (its resource class), so one GPU carries several classes; a
+    layout's VFs are typed at start, so ``per_gpu`` adds none there."""
     owned_set = set(owned)
     typed: dict[str, list[VfSpec]] = {}
     free: dict[str, list[VfSpec]] = {}
@@ -74,6 +78,11 @@ def plan(
     typed_vfs = {m.parent: m for m in snapshot.mdevs.values() if m.backend == BACKEND}
     for parent in sorted(snapshot.parents.values(), key=lambda p: p.name):
         if parent.backend != BACKEND:
+            continue
+        layout_spec = _layout_vf(parent, policy, typed_vfs.get(parent.name), owned_set)
+        if layout_spec is not False:
+            if layout_spec is not None:
+                typed.setdefault(parent.physical_gpu, []).append(layout_spec)
             continue
         mdev_type = policy.type_for(parent)
         config = policy.config_of(mdev_type) if mdev_type else None
@@ -110,6 +119,30 @@ def plan(
             chosen = chosen + free.get(gpu, [])[: max(0, wanted - len(chosen))]
         specs += chosen
     return specs
+
+
+def _layout_vf(
+    parent: Parent, policy: DevicePolicy, device: Mdev | None, owned: set[str]
+) -> VfSpec | Literal[False] | None:
+    """A VF of a mixed-size layout's GPU as Nova should be given it: under
+    its own vGPU's type when the agent typed it with one of the layout's
+    types; None when it is not to be given (untyped, another's, another
+    type); False when its GPU has no layout."""
+    layout = policy.gpu_layout_for(parent)
+    if layout is None:
+        return False
+    if device is None or device.uuid not in owned or device.mdev_type not in layout.types:
+        return None
+    config = policy.config_of(device.mdev_type)
+    if config is None:  # pragma: no cover - the policy keeps every layout type
+        return None
+    return VfSpec(
+        address=parent.pci_address or parent.name,
+        mdev_type=device.mdev_type,
+        resource_class=resource_class_for(device.mdev_type, config.mdev_class),
+        physical_gpu=parent.physical_gpu,
+        typed=True,
+    )
 
 
 # Nova 34 reads ``live_migratable`` in both options (nova/conf/pci.py):
@@ -339,6 +372,8 @@ class ReportedVf(NamedTuple):
     # The VF's PCI ids as Nova compares them ("10de"), None when unknown.
     vendor_id: str | None = None
     product_id: str | None = None
+    # The [gpu_layout_<name>] section of its GPU, None for a type's GPU.
+    layout_section: str | None = None
 
 
 class HostVf(NamedTuple):
@@ -366,8 +401,18 @@ def agent_reported(snapshot: HostSnapshot, policy: DevicePolicy) -> dict[str, Re
     configured type the agent reports to Placement itself
     (``[mdev_<type>] reported_by = agent``, the default)."""
     found = {}
+    typed = {m.parent: m.mdev_type for m in snapshot.mdevs.values() if m.backend == BACKEND}
     for parent in snapshot.parents.values():
         if parent.backend != BACKEND:
+            continue
+        layout = policy.gpu_layout_for(parent)
+        if layout is not None:
+            # The agent reports the whole GPU: each VF under its vGPU's type
+            # (the layout's first until the start typed it).
+            if not layout.nova_reports:
+                found[parent.pci_address or parent.name] = ReportedVf(
+                    parent.physical_gpu, typed.get(parent.name) or layout.types[0],
+                    _pci_id(parent.vendor_id), _pci_id(parent.device_id), layout.section)
             continue
         mdev_type = policy.type_for(parent)
         config = policy.config_of(mdev_type) if mdev_type else None
@@ -399,8 +444,17 @@ class CountedTwice:
     vfs: tuple[str, ...]
     # The device_spec values that list them, in the order they are written.
     lines: tuple[SpecLine, ...]
+    # The [gpu_layout_<name>] of the GPU, None for a type's GPU.
+    layout_section: str | None = None
 
     def message(self) -> str:
+        if self.layout_section is not None:
+            return (
+                f"GPU {self.gpu} ({self.mdev_type}) would be counted twice: [pci] device_spec "
+                f"gives Nova its VF(s) {', '.join(self.vfs)}, and the agent reports the GPU "
+                f"to Placement too; set [{self.layout_section}] reported_by = nova (Nova then "
+                "reports it alone), or drop those device_spec lines"
+            )
         return (
             f"GPU {self.gpu} ({self.mdev_type}) would be counted twice: [pci] device_spec "
             f"gives Nova its VF(s) {', '.join(self.vfs)}, and the agent reports the GPU to "
@@ -484,15 +538,18 @@ def counted_twice(
     matcher = SpecMatcher(entries)
     vfs: dict[tuple[str, str], list[str]] = {}
     lines: dict[tuple[str, str], set[int]] = {}
+    layouts: dict[tuple[str, str], str | None] = {}
     for vf, found in sorted(reported.items()):
         matching = matcher.matching(vf, HostVf(found.gpu, found.vendor_id, found.product_id))
         if matching:
             key = (found.gpu, found.mdev_type)
             vfs.setdefault(key, []).append(vf)
             lines.setdefault(key, set()).update(matching)
+            layouts[key] = found.layout_section
     return [
         CountedTwice(gpu, mdev_type, tuple(vfs[gpu, mdev_type]),
-                     tuple(matcher.entries[i] for i in sorted(lines[gpu, mdev_type])))
+                     tuple(matcher.entries[i] for i in sorted(lines[gpu, mdev_type])),
+                     layouts[gpu, mdev_type])
         for gpu, mdev_type in sorted(vfs)
     ]
 

@@ -43,6 +43,9 @@ def types_document(snapshot: HostSnapshot, policy: DevicePolicy, host: str) -> d
                 "numa_node": parent.numa_node,
                 "driver": parent.driver,
                 "configured_type": policy.type_for(parent),
+                # Every type the configuration gives it: several on a GPU of
+                # a mixed-size layout, where configured_type is null.
+                "configured_types": list(policy.types_on(parent)),
                 "types": types,
                 "backend": parent.backend,
             }
@@ -83,7 +86,7 @@ def mdevs_document(
                 "mdev_type": mdev.mdev_type,
                 "iommu_group": mdev.iommu_group,
                 "physical_gpu": parent.physical_gpu if parent else None,
-                "configured": parent is not None and policy.type_for(parent) == mdev.mdev_type,
+                "configured": parent is not None and mdev.mdev_type in policy.types_on(parent),
                 "owned": mdev.uuid in owned_set,
                 "instance": owners.get(mdev.uuid),
                 "backend": mdev.backend,
@@ -124,8 +127,9 @@ def _layout_marks(
         if mdev.uuid not in owned:
             continue
         parent = snapshot.parents.get(mdev.parent)
-        found = policy.standing_for(parent) if parent is not None else None
-        if found is not None and found[0] == mdev.mdev_type:
+        # Its GPU's standing type, or a type its mixed-size layout names.
+        wanted = dict(policy.wanted_on(parent)) if parent is not None else {}
+        if mdev.mdev_type in wanted:
             standing.add(mdev.uuid)
     if not members and not standing:
         return standing, frozenset()  # no layout: nothing of it to import

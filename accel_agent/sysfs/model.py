@@ -98,6 +98,10 @@ class Mdev:
     # The device's PCI address when it is a PCI function (a typed VF);
     # an mdev is known by its UUID alone.
     address: str | None = None
+    # A vGPU's placement on its GPU (``nvidia/placement_id`` of a typed VF:
+    # an offset in the GPU's placement units, docs/design.md §16); None where
+    # the device has none or it cannot be read.
+    placement_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ is typed through files under ``/sys/bus/pci/devices/<VF>/nvidia/``
 * ``creatable_vgpu_types``: what can be created on this VF *now*, one
   ``<id> : <name>`` line per type, after an optional header line
   (``ID    : vGPU Name``); a typed VF, or a full card, lists nothing;
-* ``current_vgpu_type``: the decimal type id, ``0`` when untyped.
+* ``current_vgpu_type``: the decimal type id, ``0`` when untyped;
+* ``placement_id``: a typed VF's vGPU placement (read only for a typed VF:
+  it fails with ENXIO, or is absent, while the VF is untyped).
 
 The snapshot models this like the SR-IOV mdev parents of older drivers: each
 VF is a parent (``backend="nvidia_vfio"``) offering the card's types, one
@@ -56,6 +58,9 @@ PCI_DEVICES = os.path.join("bus", "pci", "devices")
 NVIDIA_DIR = "nvidia"
 CREATABLE = "creatable_vgpu_types"
 CURRENT = "current_vgpu_type"
+PLACEMENT = "placement_id"
+# A placement id is an offset in the GPU's placement units (a few dozen).
+MAX_PLACEMENT_ID = 1 << 16
 # NVIDIA's type ids are small integers (4-5 digits today).
 MAX_TYPE_ID = 999_999
 # Not a PCI bus limit: the most VFs any NVIDIA GPU offers is 64 (H100: 32).
@@ -162,6 +167,7 @@ class _Vf:
     current: int
     creatable: dict[int, str]
     iommu_group: int | None
+    placement_id: int | None
     numa_node: int | None
     vendor_id: str | None
     device_id: str | None
@@ -415,6 +421,7 @@ class VfioScanner:
                         iommu_group=vf.iommu_group,
                         backend=BACKEND,
                         address=vf.address,
+                        placement_id=vf.placement_id,
                     )
         if learnt:
             self._save()
@@ -438,12 +445,16 @@ def _read_vgpu(
     try:
         raw_current = _attribute(dir_fd, CURRENT, f"VF {name}", warn)
         raw_creatable = _attribute(dir_fd, CREATABLE, f"VF {name}", warn)
+        current = (attributes.parse_int_or_none(raw_current, MAX_TYPE_ID)
+                   if raw_current is not None else None)
+        # Only a typed VF has a placement: untyped, the file fails (ENXIO)
+        # or is absent, which is no warning.
+        placement = _placement_at(dir_fd) if current else None
     finally:
         os.close(dir_fd)
     if raw_current is None or raw_creatable is None:
         warn(f"VF {name}: nvidia/{CURRENT} or {CREATABLE} is unreadable; skipped")
         return None
-    current = attributes.parse_int_or_none(raw_current, MAX_TYPE_ID)
     if current is None:
         warn(f"VF {name}: {CURRENT} {raw_current!r} is not a type id; skipped")
         return None
@@ -457,10 +468,21 @@ def _read_vgpu(
         current=current,
         creatable=_parse_creatable_memo(raw_creatable),
         iommu_group=group,
+        placement_id=placement,
         numa_node=static.numa_node,
         vendor_id=static.vendor_id,
         device_id=static.device_id,
     )
+
+
+def _placement_at(dir_fd: int) -> int | None:
+    """``placement_id`` of a typed VF; None when unreadable (ENXIO, absent:
+    a driver without placements) or not a number."""
+    try:
+        raw = attributes.read_at(dir_fd, PLACEMENT)
+    except (attributes.NotAnAttribute, OSError):
+        return None
+    return attributes.parse_int_or_none(raw, MAX_PLACEMENT_ID)
 
 
 def _resolve(root: str, path: str) -> str | None:

@@ -22,6 +22,7 @@ from accel_agent.libvirt_xml import instance_devices_xml, list_mdev_uuids, list_
 from accel_agent.migration import versions
 from accel_agent.migration.destination import MigrationDestination
 from accel_agent.migration.source import AgentApi, AgentVf, MigrationSource, domain_vfs
+from accel_agent.simulator.nvml import DRIVER_VERSION
 from accel_agent.sysfs import nvidia_vfio
 from tests.functional.daemon_fixture import AgentDaemon, agent_config, ctl, short_dir
 from tests.functional.killharness import typed_vfs
@@ -50,6 +51,9 @@ UNRELATED = (
 )
 RECENT = versions.HostVersions.from_dict({"libvirt": "9.0.0", "qemu": "8.2.0", "kernel": "6.1"})
 TEST_DRIVER_OK = versions.Minimums(libvirt=(0, 0, 1), qemu=(0, 0, 1), kernel=(0, 0, 1))
+# A source whose NVIDIA vGPU manager is the simulated destination's (vGPUs migrate
+# only between equal versions).
+SAME_MANAGER = RECENT.with_vgpu_manager(DRIVER_VERSION).to_dict()
 
 
 def libvirt_address(vf: str) -> str:
@@ -200,7 +204,20 @@ def test_claim_of_a_vf_and_the_one_pass_rewrite_between_two_agents(hosts):
         assert typed(dst_host) == dst_typed
 
         sources = {src_uuid: VF_TYPE, mdev: "nvidia-35"}
-        claim = dst_api.migration_claim("vm-1", sources)
+        # vGPUs between different NVIDIA vGPU managers, or from a source that did not
+        # say its own: refused by the daemon, naming both versions, nothing typed.
+        with pytest.raises(exception.ApiError) as info:
+            dst_api.migration_claim("vm-1", sources, RECENT.with_vgpu_manager("535.104.05")
+                                    .to_dict())
+        assert info.value.kwargs["code"] == "MigrationVgpuManagerMismatch"
+        assert "535.104.05" in str(info.value) and DRIVER_VERSION in str(info.value)
+        with pytest.raises(exception.ApiError) as info:
+            dst_api.migration_claim("vm-1", sources)
+        assert info.value.kwargs["code"] == "MigrationVgpuManagerUnknown"
+        assert "of the source host is unknown" in str(info.value)
+        assert typed(dst_host) == dst_typed
+
+        claim = dst_api.migration_claim("vm-1", sources, SAME_MANAGER)
         mapping, addresses = claim["mapping"], claim["pci_addresses"]
         assert set(mapping) == set(sources)
         (dst_vf,) = addresses.values()
@@ -216,9 +233,10 @@ def test_claim_of_a_vf_and_the_one_pass_rewrite_between_two_agents(hosts):
         )
         assert listed[mapping[mdev]]["backend"] == "mdev"
         # Idempotent, and accelctl shows the destination address.
-        assert dst_api.migration_claim("vm-1", sources) == claim
+        assert dst_api.migration_claim("vm-1", sources, SAME_MANAGER) == claim
         proc = ctl(destination.config_file, "migration", "claim", "vm-1",
-                   "--mdev", f"{src_uuid}={VF_TYPE}", "--mdev", f"{mdev}=nvidia-35")
+                   "--mdev", f"{src_uuid}={VF_TYPE}", "--mdev", f"{mdev}=nvidia-35",
+                   *(f"--source-version={k}={v}" for k, v in SAME_MANAGER.items()))
         assert proc.returncode == 0, proc.stderr
         assert "DESTINATION ADDRESS" in proc.stdout and dst_vf in proc.stdout
 
@@ -322,7 +340,7 @@ def test_migration_source_prepares_and_sends_the_destination_vf(pair):
     instance = "0f0f0f0f-1111-4222-8333-444444444444"
     held = manager.allocate(instance, 1).mdevs
     ((src_vf, src_uuid),) = [(r.parent, r.uuid) for r in held]
-    dest = MigrationDestination(dst_host.manager(conf), lambda: RECENT)
+    dest = MigrationDestination(dst_host.manager(conf), lambda: RECENT, TEST_DRIVER_OK)
     dest.manager.allocate("other", 1)  # the destination VF is not the source's address
     source = MigrationSource(manager, TEST_DRIVER_OK)
 
@@ -334,7 +352,11 @@ def test_migration_source_prepares_and_sends_the_destination_vf(pair):
         # prepare: the VF's UUID and type (the unrelated PCI device is not listed)
         sources = source.prepare(domain)
         assert sources == {src_uuid: VF_TYPE}
-        mapping = dest.claim(instance, sources)
+        # What the source sends: its versions, its NVIDIA vGPU manager's read from
+        # its own (simulated) NVML, which the destination compares with its own.
+        sent = source.versions(domain)
+        assert sent["nvidia_vgpu_manager"] == DRIVER_VERSION
+        mapping = dest.claim(instance, sources, sent)
         addresses = dest.pci_addresses(instance)
         (dst_vf,) = addresses.values()
         assert dst_vf != src_vf

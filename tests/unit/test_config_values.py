@@ -20,6 +20,7 @@ REGISTER_ALL = """
 [devices]
 enabled_mdev_types = nvidia-35
 enabled_vf_pools = nic
+enabled_gpu_layouts = l4
 [vf_pool_nic]
 device_addresses = 0000:3b:00.0
 [placement]

@@ -28,6 +28,7 @@ import pytest
 from accel_agent.backends.base import DeviceBackend, DeviceWriter
 from accel_agent.devices.ledger import Ledger
 from accel_agent.devices.nodedevs import NodeDevices
+from accel_agent.nvml.base import Nvml
 
 PACKAGE = Path(__file__).resolve().parents[2] / "accel_agent"
 
@@ -400,11 +401,17 @@ PRIVILEGED_WRITES = frozenset(
 )
 BACKEND_WRITES = _done_for_effect(DeviceBackend)
 LIBVIRT_WRITES = _done_for_effect(NodeDevices)
+# NVML's writes (accel_agent/nvml/base.py: the set_/create_/destroy_ methods):
+# mixed-size mode, MIG mode, GPU instances change the host as a device write does.
+NVML_WRITES = frozenset(
+    name for name in _methods(Nvml) if name.startswith(("set_", "create_", "destroy_"))
+)
 
 # Where each kind of write is implemented (the only callers beside the protocol).
 _LEDGER_ROOM = ("devices/ledger",)
 _DEVICE_ROOMS = ("backends", "sriov", "privileged", "simulator", "devices/writers.py")
 _LIBVIRT_ROOMS = ("devices/nodedevs.py",)
+_NVML_ROOMS = ("nvml", "privileged", "simulator")
 
 
 def _receiver(node: ast.expr) -> str:
@@ -443,6 +450,8 @@ def _protocol_calls(path: Path, source: str | None = None) -> list[str]:
             what = "device write"
         elif name in LIBVIRT_WRITES and not _within(path, _LIBVIRT_ROOMS):
             what = "libvirt write"
+        elif name in NVML_WRITES and on == "nvml" and not _within(path, _NVML_ROOMS):
+            what = "NVML write"
         elif name == "on_step":
             what = "crash point"
         if what is not None:
@@ -460,7 +469,9 @@ def test_what_counts_as_a_write_is_derived_from_the_interfaces() -> None:
     } <= LEDGER_WRITES
     assert not LEDGER_WRITES & {"get", "all", "by_owner", "pending_intents", "attach_request"}
     assert {"create", "remove", "set_num_vfs", "bind_vfio", "unbind_vfio"} <= PRIVILEGED_WRITES
-    assert {"make", "create", "destroy", "prepare_host"} == BACKEND_WRITES
+    assert {"make", "create", "destroy", "prepare_host", "place"} == BACKEND_WRITES
+    assert {"set_heterogeneous_mode", "set_mig_mode", "create_gpu_instance",
+            "destroy_gpu_instance"} == NVML_WRITES
     assert {"define", "define_xml", "undefine", "set_autostart"} == LIBVIRT_WRITES
 
 

@@ -107,7 +107,7 @@ def test_existing_state_dir_is_not_chmodded(tmp_path: Path) -> None:
 
 
 def test_new_ledger_has_current_schema(ledger: Ledger) -> None:
-    assert ledger.schema_version == SCHEMA_VERSION == 5
+    assert ledger.schema_version == SCHEMA_VERSION == 6
     tables = {
         r[0] for r in raw(ledger).execute("SELECT name FROM sqlite_master WHERE type='table'")
     }
@@ -163,7 +163,7 @@ def test_v4_ledger_upgraded_keeps_assignments_and_takes_standing_owners(
                      (uid(2), uid(9)))
     conn.close()
     with Ledger(state_dir, upgrade=True, clock=clock) as led:
-        assert led.schema_version == SCHEMA_VERSION == 5
+        assert led.schema_version == SCHEMA_VERSION == 6
         one, two = led.get(uid(1)), led.get(uid(2))
         assert one is not None and (one.owner, one.owner_kind) == ("inst-a", OwnerKind.INSTANCE)
         assert two is not None and (two.owner_kind, two.source_uuid) == (OwnerKind.CLAIM, uid(9))
@@ -176,6 +176,34 @@ def test_v4_ledger_upgraded_keeps_assignments_and_takes_standing_owners(
         assert "assignments_v5" not in names
         with pytest.raises(sqlite3.IntegrityError):
             conn.execute("UPDATE mdevs SET state = 'removing' WHERE uuid = ?", (uid(3),))
+        assert led.check_integrity() == "ok"
+
+
+def test_v5_ledger_upgraded_keeps_its_rows_and_records_placements(
+    state_dir: Path, clock: Clock
+) -> None:
+    """Schema 6 (issue 36): each vGPU's planned placement; a row of schema 5
+    reads back without one, a new one keeps it, a bad one is refused."""
+    with Ledger(state_dir, migrations=MIGRATIONS[:5], clock=clock):
+        pass
+    conn = sqlite3.connect(state_dir / "ledger.sqlite3")
+    with conn:
+        conn.execute(
+            "INSERT INTO mdevs (uuid, parent, mdev_type, state, created_at, updated_at, "
+            "backend) VALUES (?, ?, ?, 'present', 1, 1, 'nvidia_vfio')", (uid(1), PCI, NV))
+    conn.close()
+    with Ledger(state_dir, upgrade=True, clock=clock) as led:
+        assert led.schema_version == SCHEMA_VERSION == 6
+        old = led.get(uid(1))
+        assert old is not None and old.placement_id is None and old.backend == "nvidia_vfio"
+        assert led.set_placement(uid(1), 12).placement_id == 12
+        new = led.record_create_intent(uid(2), PCI, NV, backend="nvidia_vfio", placement_id=6)
+        assert new.placement_id == 6
+        with pytest.raises(exception.LedgerError):
+            led.set_placement(uid(1), -1)
+        with pytest.raises(sqlite3.IntegrityError):
+            raw(led).execute("UPDATE mdevs SET placement_id = 70000 WHERE uuid = ?", (uid(1),))
+        assert led.get(uid(1)).placement_id == 12
         assert led.check_integrity() == "ok"
 
 
@@ -369,7 +397,7 @@ def test_database_constraints_hold_against_raw_sql(ledger: Ledger, clock: Clock)
         conn.execute("DELETE FROM mdevs WHERE uuid = ?", (uid(1),))
     with pytest.raises(sqlite3.IntegrityError):  # UUIDs are lowercase: CHECK
         conn.execute(
-            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0, 'mdev', NULL, 0)",
+            "INSERT INTO mdevs VALUES (?, ?, ?, 'present', NULL, 0, 0, 0, 'mdev', NULL, 0, NULL)",
             (uid(0xABC).upper(), PCI, NV),
         )
     conn.close()

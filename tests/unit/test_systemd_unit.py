@@ -249,6 +249,11 @@ def _drive_every_writer(root: str) -> set[str]:
     type_id = profiles.L40S_VGPU_TYPES[0].type_id
     privileged.write_vgpu_type(root, gpu_vf, type_id)
     driven.add("write_vgpu_type")
+    placement = os.path.join(root, "bus", "pci", "devices", gpu_vf, "nvidia", "placement_id")
+    with open(placement, "w") as handle:
+        handle.write("0\n")  # what the driver shows once the line below is taken
+    privileged.write_vgpu_placement(root, gpu_vf, 0)
+    driven.add("write_vgpu_placement")
     privileged.write_vgpu_clear(root, gpu_vf, 5.0)
     driven.add("write_vgpu_clear")
 
@@ -293,8 +298,8 @@ def test_every_sysfs_write_is_under_a_read_write_path(sysfs):
     paths = sysfs_writes(root, written)
     # Each kind of write the code has was exercised (nothing passes by being skipped).
     assert set(paths.values()) == {
-        "create", "remove", "current_vgpu_type", "sriov_numvfs", "driver_override",
-        "unbind", "bind", "drivers_probe",
+        "create", "remove", "current_vgpu_type", "vgpu_params", "sriov_numvfs",
+        "driver_override", "unbind", "bind", "drivers_probe",
     }
     allowed = read_write_paths(UNIT.read_text())
     outside = [

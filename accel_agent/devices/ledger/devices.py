@@ -28,6 +28,7 @@ from accel_agent.devices.ledger.records import (
 from accel_agent.devices.ledger.validation import (
     validate_instance_id,
     validate_name,
+    validate_placement_id,
     validate_uuid,
 )
 
@@ -91,12 +92,14 @@ class DeviceStore(IntentStore):
         intent_id: int | None = None,
         backend: str = "mdev",
         settings: Mapping[str, Any] | None = None,
+        placement_id: int | None = None,
     ) -> DeviceRecord:
         """Before the sysfs create write: a ``creating`` row (with the
-        device's per-instance ``settings``, when it has any)."""
+        device's per-instance ``settings``, when it has any, and a vGPU's
+        planned ``placement_id``)."""
         return self._insert(uuid, parent, device_type, DeviceState.CREATING, False, intent_id,
                             action="record a create intent for", backend=backend,
-                            settings=settings)
+                            settings=settings, placement_id=placement_id)
 
     def adopt(
         self, uuid: str, parent: str, device_type: str, backend: str = "mdev"
@@ -117,8 +120,10 @@ class DeviceStore(IntentStore):
         action: str,
         backend: str = "mdev",
         settings: Mapping[str, Any] | None = None,
+        placement_id: int | None = None,
     ) -> DeviceRecord:
         validate_uuid(uuid)
+        validate_placement_id(placement_id)
         encoded = None if settings is None else json.dumps(dict(settings), sort_keys=True)
         validate_name("parent", parent)
         validate_name("device type", device_type)
@@ -133,9 +138,10 @@ class DeviceStore(IntentStore):
             now = self._clock()
             self._execute(
                 "INSERT INTO mdevs (uuid, parent, mdev_type, state, intent_id, adopted, "
-                "created_at, updated_at, backend, settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "created_at, updated_at, backend, settings, placement_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (uuid, parent, device_type, state.value, intent_id, int(adopted), now, now,
-                 backend, encoded),
+                 backend, encoded, placement_id),
             )
             return self._require(uuid)
 
@@ -234,6 +240,18 @@ class DeviceStore(IntentStore):
             self._execute(
                 "UPDATE mdevs SET layout = ?, updated_at = ? WHERE uuid = ?",
                 (int(member), self._clock(), uuid),
+            )
+            return self._require(uuid)
+
+    def set_placement(self, uuid: str, placement_id: int | None) -> DeviceRecord:
+        """Record a vGPU's placement (one the agent wrote and read back, or
+        one a device in use already has: it is never moved)."""
+        validate_placement_id(placement_id)
+        with self.transaction():
+            self._require(uuid)
+            self._execute(
+                "UPDATE mdevs SET placement_id = ?, updated_at = ? WHERE uuid = ?",
+                (placement_id, self._clock(), uuid),
             )
             return self._require(uuid)
 

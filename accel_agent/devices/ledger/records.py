@@ -59,6 +59,9 @@ class DeviceRecord:
     settings: dict[str, Any] | None = None
     # A standing layout's device (devices/layout.py), whoever holds it now.
     layout: bool = False
+    # A vGPU's planned placement on its GPU (a mixed-size layout's,
+    # devices/placements.py); None for a device without one.
+    placement_id: int | None = None
 
     @property
     def assigned(self) -> bool:
@@ -89,7 +92,7 @@ class Intent:
 RECORD_SELECT = """
     SELECT m.uuid, m.parent, m.mdev_type, m.state, a.owner, a.owner_kind,
            a.claim_expires_at, m.intent_id, m.adopted, m.created_at, m.updated_at,
-           a.source_uuid, m.backend, m.settings, m.layout
+           a.source_uuid, m.backend, m.settings, m.layout, m.placement_id
     FROM mdevs m LEFT JOIN assignments a ON a.uuid = m.uuid
 """
 RECORD_ORDER = " ORDER BY m.created_at, m.uuid"
@@ -113,4 +116,5 @@ def decode_record(row: Sequence[Any]) -> DeviceRecord:
         backend=row[12],
         settings=json.loads(row[13]) if row[13] is not None else None,
         layout=bool(row[14]),
+        placement_id=row[15],
     )

@@ -149,6 +149,17 @@ def _migrate_v4_to_v5(conn: sqlite3.Connection) -> None:
     conn.execute(_ASSIGNED_STAYS_PRESENT)
 
 
+def _migrate_v5_to_v6(conn: sqlite3.Connection) -> None:
+    # Mixed-size vGPU layouts (issue 36): each vGPU's placement on its GPU, as
+    # the agent planned it (devices/placements.py): what recovery writes again
+    # after a reboot and what every converge compares the read-back with.
+    # NULL for a device without one (an mdev, a VF of a one-size GPU).
+    conn.execute(
+        "ALTER TABLE mdevs ADD COLUMN placement_id INTEGER "
+        "CHECK (placement_id IS NULL OR placement_id BETWEEN 0 AND 65536)"
+    )
+
+
 # MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
 MIGRATIONS: tuple[Migration, ...] = (
     _migrate_v0_to_v1,
@@ -156,5 +167,6 @@ MIGRATIONS: tuple[Migration, ...] = (
     _migrate_v2_to_v3,
     _migrate_v3_to_v4,
     _migrate_v4_to_v5,
+    _migrate_v5_to_v6,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

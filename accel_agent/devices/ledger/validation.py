@@ -47,3 +47,17 @@ def validate_name(what: str, value: Any) -> str:
     ):
         raise exception.LedgerError(reason=f"invalid {what} {value!r}")
     return value
+
+
+# A vGPU placement id: an offset in its GPU's placement units (the column's CHECK).
+MAX_PLACEMENT_ID = 65536
+
+
+def validate_placement_id(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        0 <= value <= MAX_PLACEMENT_ID
+    ):
+        raise exception.LedgerError(reason=f"invalid placement id {value!r}")
+    return value

@@ -79,8 +79,11 @@ from accel_agent.devices.protocol.runs import (
 from accel_agent.devices.protocol.settle import (
     Existing,
     forget_gone,
+    place_again,
     prepare_hosts,
+    record_placement,
     remake,
+    set_mixed_size_mode,
     settle_interrupted,
 )
 from accel_agent.devices.protocol.standing import (
@@ -118,12 +121,15 @@ __all__ = [
     "join_layout",
     "make_and_assign",
     "operation",
+    "place_again",
     "prepare_hosts",
+    "record_placement",
     "release_and_remove",
     "release_quietly",
     "remake",
     "remove_from_layout",
     "remove_owned",
+    "set_mixed_size_mode",
     "settle_interrupted",
     "take_back",
 ]

@@ -58,6 +58,9 @@ class PlanItem:
     slot: Slot
     device_type: str
     source: str | None = None
+    # A vGPU of a mixed-size layout: its planned placement (devices/placements.py),
+    # recorded with the create intent, written and read back after the type.
+    placement_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,7 @@ class ToMake:
     device_type: str
     backend: DeviceBackend
     settings: Mapping[str, Any] | None
+    placement_id: int | None = None
 
 
 class Operation:
@@ -205,9 +209,10 @@ class Operation:
                     new = backend.new_device_uuid(parent)
                 m.ledger.record_create_intent(
                     new, slot.parent, item.device_type, intent_id=intent, backend=backend.name,
-                    settings=slot.settings,
+                    settings=slot.settings, placement_id=item.placement_id,
                 )
-                to_make.append(ToMake(new, slot.parent, item.device_type, backend, slot.settings))
+                to_make.append(ToMake(new, slot.parent, item.device_type, backend, slot.settings,
+                                      item.placement_id))
                 chosen.append(Chosen(new, item.source))
         self.intent, self.chosen, self.to_make = intent, chosen, to_make
 
@@ -216,6 +221,11 @@ class Operation:
             each.backend.make(self.m.writer, each.parent, each.device_type, each.uuid,
                               each.settings)
             self.made.append(each.uuid)
+            if each.placement_id is not None:
+                # Right after its type: the next vGPU's type write must find
+                # this one where the plan put it (the driver placed it anywhere).
+                step(self.m, "allocate.typed")
+                each.backend.place(self.m.writer, each.parent, each.placement_id)
             step(self.m, "allocate.created")
 
     def _settle(self) -> None:

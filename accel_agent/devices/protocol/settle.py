@@ -123,9 +123,28 @@ def remake(m: DeviceManager, record: DeviceRecord) -> None:
     parent, same type (a VF: same settings), by the backend that made it.  No
     new intent: the row is one (recorded present, missing), and a crash here
     leaves it for the next recovery."""
-    m.backend(record.backend).make(
-        m.writer, record.parent, record.device_type, record.uuid, record.settings
-    )
+    backend = m.backend(record.backend)
+    backend.make(m.writer, record.parent, record.device_type, record.uuid, record.settings)
+    if record.placement_id is not None:
+        # A mixed-size layout's vGPU: back on its recorded placement before
+        # any other vGPU of its GPU is typed (the driver placed it anywhere).
+        step(m, "recover.typed")
+        backend.place(m.writer, record.parent, record.placement_id)
+
+
+def place_again(m: DeviceManager, record: DeviceRecord, placement_id: int) -> None:
+    """Put an existing vGPU (no guest holds it) at ``placement_id`` and
+    record it: recorded first, so a crash between leaves a record the next
+    converge compares with the read-back and writes again."""
+    if record.placement_id != placement_id:
+        m.ledger.set_placement(record.uuid, placement_id)
+    m.backend(record.backend).place(m.writer, record.parent, placement_id)
+
+
+def record_placement(m: DeviceManager, uuid: str, placement_id: int | None) -> None:
+    """A placement the host shows and the agent keeps (a device in use is
+    never moved: what it runs on is the truth)."""
+    m.ledger.set_placement(uuid, placement_id)
 
 
 def forget_gone(m: DeviceManager, record: DeviceRecord) -> None:
@@ -135,3 +154,14 @@ def forget_gone(m: DeviceManager, record: DeviceRecord) -> None:
         if record.owner_kind is OwnerKind.STANDING:
             m.ledger.release(record.uuid)
         m.ledger.forget(record.uuid)
+
+
+def set_mixed_size_mode(m: DeviceManager, gpu: str) -> bool:
+    """NVML's mixed-size ("heterogeneous") mode on for ``gpu``, through the
+    manager's NVML (its write in the ``nvml_admin`` helper on a real host);
+    what NVML reads back afterwards, asked again rather than trusted from
+    the write's answer.  A privileged write: counted as a change."""
+    m.note_write()
+    m.nvml.set_heterogeneous_mode(gpu, True)
+    step(m, "layout.mode_set")
+    return bool(m.nvml.heterogeneous_mode(gpu))

@@ -1,0 +1,167 @@
+"""What a mixed-size GPU layout (``[gpu_layout_<name>]``, issue 36) wants of
+the host now, and what drains: pure functions of the ledger, the scan and
+the configuration, so the converge, the listings, health and a release
+name the same devices (devices/layout.py's one definition of draining
+calls :func:`draining`).
+
+A GPU of a mixed layout carries ``count`` vGPUs of each ``(type, count)``
+it names.  Draining, as for a standing layout (docs/design.md §13):
+
+* a device of the layout (its member, held by the layout or taken by an
+  instance) of a type the GPU's layout no longer names drains;
+* a GPU with more devices of a type than its layout's count: the extras
+  drain, those instances (or claims) hold first, then the layout's own,
+  each in UUID order (so a device named draining stays named until it is
+  free, and the one an instance gives back is never named in its place).
+
+A free device is never draining (the converge takes it into the layout or
+removes it).  A device in use is never retyped, moved or removed: it keeps
+its placement (the planner's ``fixed``) until it is free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accel_agent.devices.gpu_layouts import GpuLayout
+    from accel_agent.devices.policy import DevicePolicy
+    from accel_agent.sysfs.model import HostSnapshot, Parent
+
+# Why a GPU is short of its mixed layout (the reason's first words; the
+# converge adds what it found, docs/operations.md lists each).
+NOT_CAPABLE = "not capable of mixed sizes"
+MODE_IN_USE = "in use, so mixed-size mode cannot be set"
+MODE_NOT_SET = "mixed-size mode reads back off"
+DOES_NOT_FIT = "does not fit"
+READ_BACK = "placement read back differs"
+NVML_UNAVAILABLE = "NVML unavailable"
+NO_FREE_VF = "no free VF"
+MAKE_FAILED = "a vGPU could not be made"
+
+
+@dataclass(frozen=True, slots=True)
+class MixedShort:
+    """A GPU short of its mixed layout: the layout, what it wants and has."""
+
+    layout: str  # the section, gpu_layout_<name>
+    wanted: int  # vGPUs the layout names
+    present: int  # of them on the GPU now
+    reason: str
+
+
+def layout_gpus(snapshot: HostSnapshot, policy: DevicePolicy) -> dict[str, GpuLayout]:
+    """The GPUs on the host (a VF of theirs is) with a mixed layout: GPU -> layout."""
+    found: dict[str, GpuLayout] = {}
+    if not policy.gpu_layouts:
+        return found
+    for parent in snapshot.parents.values():
+        if parent.physfn is None or parent.physical_gpu in found:
+            continue
+        layout = policy.gpu_layout_for(parent)
+        if layout is not None:
+            found[parent.physical_gpu] = layout
+    return found
+
+
+def on_mixed_gpu(policy: DevicePolicy, parent: Parent | str | None) -> bool:
+    """The parent is a VF of a GPU a mixed layout names (the standing
+    layouts' rules leave it to this module)."""
+    return parent is not None and bool(policy.gpu_layouts) and (
+        policy.gpu_layout_for(parent) is not None)
+
+
+Groups = dict[tuple[str, str], tuple[list[str], list[str]]]
+
+
+def groups(
+    snapshot: HostSnapshot,
+    policy: DevicePolicy,
+    holders: Mapping[str, str | None],
+    members: Set[str],
+    made: Mapping[str, tuple[str, str]] | None = None,
+) -> tuple[Groups, set[str]]:
+    """Per (GPU, type of its layout): (devices instances or claims hold,
+    the layout's own), each sorted; and the members of a type their GPU's
+    layout no longer names.  ``made``: uuid -> (parent, type) of devices
+    made since ``snapshot`` was read."""
+    found: Groups = {}
+    unwanted: set[str] = set()
+    if not policy.gpu_layouts:
+        return found, unwanted
+    for uuid, holder in holders.items():
+        mdev = snapshot.mdevs.get(uuid)
+        where = (mdev.parent, mdev.mdev_type) if mdev is not None else (made or {}).get(uuid)
+        if where is None:
+            continue
+        parent = snapshot.parents.get(where[0])
+        layout = policy.gpu_layout_for(parent) if parent is not None else None
+        if parent is None or layout is None:
+            continue
+        own = holder is None and uuid in members
+        if holder is None and not own:
+            continue  # free: joined or removed by the converge
+        if where[1] not in layout.types:
+            if uuid in members:
+                unwanted.add(uuid)
+            continue
+        held, layout_own = found.setdefault((parent.physical_gpu, str(where[1])), ([], []))
+        (layout_own if own else held).append(uuid)
+    for held, layout_own in found.values():
+        held.sort()
+        layout_own.sort()
+    return found, unwanted
+
+
+def draining(
+    snapshot: HostSnapshot,
+    policy: DevicePolicy,
+    holders: Mapping[str, str | None],
+    members: Set[str],
+    made: Mapping[str, tuple[str, str]] | None = None,
+) -> frozenset[str]:
+    """The devices of the mixed layouts that drain (module docstring)."""
+    found, unwanted = groups(snapshot, policy, holders, members, made)
+    drained = set(unwanted)
+    for (gpu, device_type), (held, layout_own) in found.items():
+        layout = policy.gpu_layout_for(gpu)
+        extra = len(held) + len(layout_own) - (layout.count_of(device_type) if layout else 0)
+        if extra > 0:
+            drained.update((held + layout_own)[:extra])
+    return frozenset(drained)
+
+
+def short(
+    snapshot: HostSnapshot,
+    policy: DevicePolicy,
+    holders: Mapping[str, str | None],
+    members: Set[str],
+    reasons: Mapping[str, str],
+    made: Mapping[str, tuple[str, str]] | None = None,
+    gone: Set[str] = frozenset(),
+) -> dict[str, MixedShort]:
+    """The GPUs on the host short of their mixed layout: fewer vGPUs of a
+    type than it names, or a reason the last converge left (the mode not
+    set, a placement that did not read back, ...)."""
+    found, _ = groups(snapshot, policy,
+                      {u: h for u, h in holders.items() if u not in gone}, members, made)
+    out: dict[str, MixedShort] = {}
+    for gpu, layout in sorted(layout_gpus(snapshot, policy).items()):
+        present = sum(
+            min(layout.count_of(t), sum(len(x) for x in found.get((gpu, t), ([], []))))
+            for t in layout.types
+        )
+        wanted = sum(n for _, n in layout.vgpus)
+        reason = reasons.get(gpu)
+        if present < wanted or reason:
+            out[gpu] = MixedShort(layout.section, wanted, present, reason or DOES_NOT_FIT)
+    return out
+
+
+def missing_gpus(snapshot: HostSnapshot, policy: DevicePolicy) -> tuple[str, ...]:
+    """The GPUs a mixed layout names that have no VF on the host."""
+    present = {p.physfn for p in snapshot.parents.values() if p.physfn}
+    return tuple(gpu for layout in policy.gpu_layouts for gpu in layout.gpus
+                 if gpu not in present)
