@@ -93,7 +93,7 @@ def test_the_vf_pool_options_are_the_sriov_backends_registered_through_the_hook(
     assert [room.__name__ for room in registry.backend_rooms()] == ["accel_agent.sriov.opts"]
     listed = dict(registry.list_opts())
     assert [opt.dest for opt in listed["devices"]] == [
-        "enabled_mdev_types", "standing_vf_wait", "enabled_vf_pools"
+        "enabled_mdev_types", "standing_vf_wait", "enabled_gpu_layouts", "enabled_vf_pools"
     ]
     assert [opt.dest for opt in listed["vf_pool_$(pool)"]] == [
         "device_addresses", "resource_class", "traits", "num_vfs"
