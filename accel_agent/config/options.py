@@ -349,6 +349,18 @@ def _gpu_layout_opts(name: str) -> list[cfg.Opt]:
             "in [devices] enabled_mdev_types. check-config says when the sizes cannot fit "
             "a GPU's placements, and what would.",
         ),
+        cfg.ListOpt(
+            "mig",
+            default=[],
+            help="The GPU instances each GPU of a MIG-backed layout is cut into, "
+            "<profile>:<count>, profiles as nvidia-smi mig -lgip names them (e.g. "
+            "1g.18gb:3, 3g.71gb:1). Required for a layout of MIG-backed vGPU types (each "
+            "vGPU on a GPU instance of its type's profile, one per instance; the counts "
+            "must match vgpus), empty for a time-sliced mixed-size layout. The agent turns "
+            "MIG mode on (only while nothing is in use on the GPU), creates the instances "
+            "at planned placements, then types the VFs; check-config says when they cannot "
+            "fit the GPU's placements.",
+        ),
         cfg.StrOpt(
             "reported_by",
             default="agent",

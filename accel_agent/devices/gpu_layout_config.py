@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 # nvidia/current_vgpu_type).
 LAYOUT_TYPE = re.compile(r"^nvidia-[0-9]{1,9}$")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+# A GPU instance profile's name as NVIDIA writes it, without "MIG " (1g.18gb, 1g.18gb+me).
+PROFILE_NAME = re.compile(r"^[0-9]{1,2}g\.[0-9]{1,4}gb(\+[a-z]{1,8})?$")
+# A MIG GPU has at most 7 GPU instances (8 memory slices, NVIDIA's MIG guide).
+MAX_GPU_INSTANCES = 7
 # Each GPU carries at most this many vGPUs of one type (a GPU has at most a
 # few dozen VFs: the fit check says how many fit; this only bounds the text).
 MAX_COUNT = 65535
@@ -64,15 +68,19 @@ class LayoutOptions:
     gpus: tuple[str, ...] = ()
     vgpus: tuple[str, ...] = ()
     reported_by: str = "agent"
+    mig: tuple[str, ...] = ()
 
     def to_list(self) -> list[Any]:
-        return [self.name, list(self.gpus), list(self.vgpus), self.reported_by]
+        return [self.name, list(self.gpus), list(self.vgpus), self.reported_by,
+                list(self.mig)]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> LayoutOptions:
-        name, gpus, vgpus, reported_by = data
+        # Four items: a cache written before ``mig`` existed (issue 37).
+        name, gpus, vgpus, reported_by, *rest = data
+        mig = rest[0] if rest else []
         return cls(str(name), tuple(str(g) for g in gpus), tuple(str(v) for v in vgpus),
-                   str(reported_by))
+                   str(reported_by), tuple(str(m) for m in mig))
 
 
 def read_layout_options(
@@ -94,7 +102,7 @@ def read_layout_options(
         group = conf[SECTION_PREFIX + name]
         try:
             found.append(LayoutOptions(name, tuple(group.gpus or []), tuple(group.vgpus or []),
-                                       group.reported_by))
+                                       group.reported_by, tuple(group.mig or [])))
         except (ValueError, cfg.Error):
             errors.append(exception.InvalidMdevConfig(
                 reason=f"[{SECTION_PREFIX}{name}] reported_by must be agent or nova"))
@@ -149,8 +157,9 @@ def resolve_layouts(
                     why=": a GPU has one layout; remove it from one of them"))
             else:
                 owner[gpu] = section
+        mig = _mig(options, section, errors)
         layouts.append(GpuLayout(options.name, tuple(sorted(set(gpus))), vgpus,
-                                 options.reported_by))
+                                 options.reported_by, mig))
     return tuple(layouts), errors
 
 
@@ -181,6 +190,38 @@ def _gpus(
             continue
         found.append(gpu)
     return found
+
+
+def _mig(
+    options: LayoutOptions, section: str, errors: list[exception.AccelAgentException]
+) -> tuple[tuple[str, int], ...] | None:
+    """``mig = <profile>:<count>, ...`` as (profile, count) pairs, None where
+    the section has none (a time-sliced layout).  Whether the profiles exist
+    and agree with the types is the GPU's to say (devices/gpu_layout_fit.py,
+    from NVML); here only the text."""
+    if not options.mig:
+        return None
+    found: dict[str, int] = {}
+    for raw in options.mig:
+        item = raw.strip()
+        profile, colon, count_text = item.rpartition(":")
+        profile, count_text = profile.strip(), count_text.strip()
+        if not colon or not PROFILE_NAME.fullmatch(profile):
+            errors.append(_invalid(f"{section} mig item {item!r} is not <profile>:<count> "
+                                   "with a GPU instance profile as nvidia-smi mig -lgip "
+                                   "names it (e.g. 1g.18gb:3)"))
+            continue
+        count = int(count_text) if re.fullmatch(r"[0-9]{1,3}", count_text) else None
+        if count is None or not 1 <= count <= MAX_GPU_INSTANCES:
+            errors.append(_invalid(f"{section} mig item {item!r}: the count must be an "
+                                   f"integer from 1 to {MAX_GPU_INSTANCES}"))
+            continue
+        if profile in found:
+            errors.append(_invalid(f"{section} mig names {profile} twice: give it once, "
+                                   "with the whole count"))
+            continue
+        found[profile] = count
+    return tuple(found.items())
 
 
 def _vgpus(

@@ -11,6 +11,10 @@ sizes asked, the placements they need and what would fit).
 :func:`layout_fit_problems` is ``check-config``'s (and the start's check's)
 walk over every GPU of every layout present on the host.
 
+A MIG-backed layout (``mig``, issue 37) is checked from the GPU's own
+profile table (:func:`mig_fit`: mig_plan.instances_needed, then
+mig_plan.plan), the same functions the converge plans with.
+
 Where NVML cannot be asked (no driver, no binding, a static tree) the fit is
 not known: a warning says so and why, never a refusal; the start reports a
 GPU it cannot lay out as short (health).
@@ -23,7 +27,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.devices import placements
+from accel_agent.devices import mig_plan, placements
 
 if TYPE_CHECKING:
     from accel_agent.devices.gpu_layouts import GpuLayout
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
     from accel_agent.nvml.types import VgpuType
 
 TYPE_PREFIX = "nvidia-"
+# Why a MIG-backed layout's GPU cannot hold it at all (health's and check-config's words).
+MIG_NOT_SUPPORTED = "MIG not supported"
 
 
 def type_id(device_type: str) -> int:
@@ -70,11 +76,53 @@ def layout_types(
     return {t: type_placements(nvml, gpu, t) for t in layout.types}
 
 
-def gpu_fit(nvml: Nvml, gpu: str, layout: GpuLayout) -> placements.Plan:
+def gpu_fit(nvml: Nvml, gpu: str, layout: GpuLayout) -> placements.Plan | mig_plan.MigPlan:
     """The plan of ``layout`` on an empty ``gpu``.  Raises LayoutCannotFit
     (capability, types) or PlacementsDoNotFit (the placements), or an
-    NvmlError."""
+    NvmlError; for a MIG-backed layout :func:`mig_fit`'s."""
+    if layout.is_mig:
+        return mig_fit(nvml, gpu, layout)
     return placements.plan(gpu, layout.vgpus, layout_types(nvml, gpu, layout))
+
+
+def mig_needed(nvml: Nvml, gpu: str, layout: GpuLayout) -> tuple[mig_plan.Needed, ...]:
+    """The GPU instances a MIG-backed ``layout`` needs on ``gpu``, from the
+    GPU's own vGPU types and profile table (NVML): the one check that its
+    types and ``mig`` agree (mig_plan.instances_needed), for check-config
+    and the converge alike.  Raises LayoutCannotFit where the GPU has no
+    MIG, MigLayoutInvalid where types and instances disagree (a time-sliced
+    type among them too), or an NvmlError."""
+    try:
+        profiles = nvml.gpu_instance_profiles(gpu)
+    except exception.NvmlNotSupported:
+        raise exception.LayoutCannotFit(
+            where=f"[{layout.section}] GPU {gpu}",
+            reason=f"{MIG_NOT_SUPPORTED}: NVML says the GPU has no MIG") from None
+    types = {f"{TYPE_PREFIX}{t.type_id}": t for t in nvml.vgpu_types(gpu)}
+    return mig_plan.instances_needed(gpu, layout.vgpus, types, profiles, layout.mig)
+
+
+def mig_fit(nvml: Nvml, gpu: str, layout: GpuLayout) -> mig_plan.MigPlan:
+    """The GPU instances of a MIG-backed ``layout`` planned on an empty
+    ``gpu``.  Raises what :func:`mig_needed` raises, or
+    MigPlacementsDoNotFit naming each profile, the placements it needs and
+    what is free."""
+    return mig_plan.plan(gpu, mig_needed(nvml, gpu, layout))
+
+
+def _mig_backed_in_time_sliced(nvml: Nvml, gpu: str, layout: GpuLayout) -> None:
+    """A layout without ``mig`` is time-sliced: a MIG-backed type in it is
+    refused naming the option it needs (it would never be creatable in
+    mixed-size mode)."""
+    supported = {f"{TYPE_PREFIX}{t.type_id}": t for t in nvml.vgpu_types(gpu)}
+    backed = [f"{t} ({supported[t].name})" for t in layout.types
+              if t in supported and supported[t].gpu_instance_profile_id is not None]
+    if backed:
+        raise exception.LayoutCannotFit(
+            where=f"[{layout.section}] GPU {gpu}",
+            reason=f"{', '.join(backed)} MIG-backed, and the layout names no mig: a layout "
+            "is either time-sliced (no mig) or MIG-backed (mig = <profile>:<count>, ... "
+            "and only MIG-backed types)")
 
 
 def layout_fit_problems(
@@ -101,8 +149,11 @@ def layout_fit_problems(
         return errors, warnings
     for layout, gpu in present:
         try:
+            if not layout.is_mig:
+                _mig_backed_in_time_sliced(nvml, gpu, layout)
             gpu_fit(nvml, gpu, layout)
-        except exception.PlacementsDoNotFit as exc:
+        except (exception.PlacementsDoNotFit, exception.MigLayoutInvalid,
+                exception.MigPlacementsDoNotFit) as exc:
             errors.append(f"[{layout.section}] {exc.message}")
         except exception.LayoutCannotFit as exc:
             errors.append(exc.message)

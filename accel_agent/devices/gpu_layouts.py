@@ -11,6 +11,15 @@ vGPU it asks for at all times, each on a placement the agent plans
 This module holds what the configuration says (:class:`GpuLayout`, built by
 ``devices/policy.py`` from the sections); what the host must do for it is
 ``devices/layout.py``'s and the start-up's.
+
+A layout with ``mig = <profile>:<count>, ...`` (issue 37) is MIG-backed: its
+``vgpus`` are MIG-backed types, one per GPU instance it names; the agent
+turns MIG mode on, creates the GPU instances at planned placements
+(devices/mig_plan.py) and types the VFs on them
+(devices/gpu_layout_mig.py).  ``mig`` is required for such a layout, never
+derived from the types: which GPU instances a GPU is cut into is the
+operator's decision, stated once and checked against the types, not a
+guess the agent could make differently after an upgrade.
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ class GpuLayout:
     gpus: tuple[str, ...]  # PF addresses, normalised (0000:bb:dd.f), sorted
     vgpus: tuple[tuple[str, int], ...]  # (type, count), in the section's order
     reported_by: str = "agent"  # "agent" or "nova"
+    # (profile name, count) of ``mig = <profile>:<count>, ...``: the GPU
+    # instances a MIG-backed layout (issue 37) asks; None for a time-sliced
+    # mixed-size layout (no ``mig``).
+    mig: tuple[tuple[str, int], ...] | None = None
 
     @property
     def section(self) -> str:
@@ -40,6 +53,11 @@ class GpuLayout:
 
     def count_of(self, device_type: str) -> int:
         return sum(n for t, n in self.vgpus if t == device_type)
+
+    @property
+    def is_mig(self) -> bool:
+        """A MIG-backed layout: its vGPUs live on GPU instances it names."""
+        return self.mig is not None
 
     @property
     def nova_reports(self) -> bool:
