@@ -36,8 +36,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
+from accel_agent.devices import gpu_layout_mig, placements, protocol
 from accel_agent.devices import gpu_layout_state as state
-from accel_agent.devices import placements, protocol
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 
 if TYPE_CHECKING:
@@ -95,7 +95,8 @@ def prepare_for_recovery(
 ) -> set[str]:
     """Before recovery types the recorded vGPUs it re-creates: the mode of
     each GPU of a mixed layout they are on (a type written first would lock
-    the GPU to one size).  Returns the GPUs whose mode is not on: their
+    the GPU to one size); for a MIG-backed layout, MIG mode and the GPU
+    instances (gpu_layout_mig.prepare).  Returns the GPUs whose mode is not on: their
     vGPUs wait (the converge says why in health)."""
     gpus = {
         parent.physfn for r in records
@@ -104,7 +105,17 @@ def prepare_for_recovery(
     }
     not_ready: set[str] = set()
     for gpu in sorted(g for g in gpus if g):
-        reason = ensure_mode(m, snapshot, gpu)
+        layout = m.policy.gpu_layout_for(gpu)
+        if layout is not None and layout.is_mig:
+            # A MIG-backed vGPU's type is creatable only on a free instance
+            # of its profile: mode and instances first (gpu_layout_mig.py).
+            reason = None
+            try:
+                gpu_layout_mig.prepare(m, snapshot, gpu, layout)
+            except gpu_layout_mig.MigShort as short:
+                reason = short.reason
+        else:
+            reason = ensure_mode(m, snapshot, gpu)
         if reason is not None:
             m.mixed_reasons[gpu] = reason
             not_ready.add(gpu)
@@ -139,7 +150,7 @@ def converge(m: DeviceManager, snapshot: HostSnapshot, report: LayoutReport) -> 
     return len(report.created) + len(report.removed) != before
 
 
-def _records_on(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> list[DeviceRecord]:
+def records_on(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> list[DeviceRecord]:
     return [
         r for r in m.ledger.all()
         if r.state is DeviceState.PRESENT and r.intent_id is None
@@ -150,12 +161,18 @@ def _records_on(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> list[Devi
 def _converge_gpu(
     m: DeviceManager, snapshot: HostSnapshot, gpu: str, layout: GpuLayout, report: LayoutReport
 ) -> None:
+    if layout.is_mig:
+        try:
+            gpu_layout_mig.converge_gpu(m, snapshot, gpu, layout, report)
+        except gpu_layout_mig.MigShort as short:
+            raise _Short(short.reason) from None
+        return
     reason = ensure_mode(m, snapshot, gpu)
     if reason is not None:
         raise _Short(reason)
-    if _settle_devices(m, snapshot, gpu, layout, report):
+    if settle_devices(m, snapshot, gpu, layout, report):
         snapshot = m.scan()  # what went or moved: the rest comes from a new scan
-    records = _records_on(m, snapshot, gpu)
+    records = records_on(m, snapshot, gpu)
     kept = _kept(m, snapshot, gpu, layout, records, report)
     have = [placed.device_type for _, placed in kept]
     if all(have.count(t) >= n for t, n in layout.vgpus):
@@ -177,7 +194,7 @@ def _converge_gpu(
                              f"{record.parent} moves, and it is in use")
             report.removed.append(record.uuid)
         snapshot = m.scan()
-        records = _records_on(m, snapshot, gpu)
+        records = records_on(m, snapshot, gpu)
     if plan.new:
         _make(m, snapshot, gpu, plan.new, records, report)
 
@@ -220,7 +237,7 @@ def _movable(record: DeviceRecord, layout: GpuLayout) -> bool:
             and record.placement_id is not None)
 
 
-def _settle_devices(
+def settle_devices(
     m: DeviceManager, snapshot: HostSnapshot, gpu: str, layout: GpuLayout, report: LayoutReport
 ) -> bool:
     """Free devices of the layout's types join it (up to each count), other
@@ -228,7 +245,7 @@ def _settle_devices(
     when something was removed (the snapshot is stale)."""
     from accel_agent.devices import layout as layout_mod
 
-    records = [r for r in _records_on(m, snapshot, gpu) if r.uuid in snapshot.mdevs]
+    records = [r for r in records_on(m, snapshot, gpu) if r.uuid in snapshot.mdevs]
     changed = False
     joining: list[str] = []
     for device_type in layout.types:
@@ -250,7 +267,7 @@ def _settle_devices(
         protocol.join_layout(m, joining)
         report.adopted += joining
     drain = layout_mod.draining_of(snapshot, m.policy, *layout_mod.holders_of(m.ledger.all()))
-    for record in _records_on(m, snapshot, gpu):
+    for record in records_on(m, snapshot, gpu):
         if (record.owner_kind is OwnerKind.STANDING and record.uuid in drain
                 and protocol.remove_from_layout(m, record.uuid)):
             report.removed.append(record.uuid)

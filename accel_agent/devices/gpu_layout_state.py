@@ -40,6 +40,10 @@ READ_BACK = "placement read back differs"
 NVML_UNAVAILABLE = "NVML unavailable"
 NO_FREE_VF = "no free VF"
 MAKE_FAILED = "a vGPU could not be made"
+# A MIG-backed layout's GPU (issue 37, devices/gpu_layout_mig.py).
+NEEDS_RESET = "needs a GPU reset"
+MIG_IN_USE = "in use, so MIG mode cannot be set"
+GI_READ_BACK = "GPU instance read back differs"
 
 
 @dataclass(frozen=True, slots=True)

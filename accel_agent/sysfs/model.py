@@ -102,6 +102,9 @@ class Mdev:
     # an offset in the GPU's placement units, docs/design.md §16); None where
     # the device has none or it cannot be read.
     placement_id: int | None = None
+    # A MIG-backed vGPU's GPU instance (``nvidia/gpu_instance_id`` of a typed
+    # VF, issue 37); None where it is 0 (a time-sliced vGPU), absent or unreadable.
+    gpu_instance_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ is typed through files under ``/sys/bus/pci/devices/<VF>/nvidia/``
   (``ID    : vGPU Name``); a typed VF, or a full card, lists nothing;
 * ``current_vgpu_type``: the decimal type id, ``0`` when untyped;
 * ``placement_id``: a typed VF's vGPU placement (read only for a typed VF:
-  it fails with ENXIO, or is absent, while the VF is untyped).
+  it fails with ENXIO, or is absent, while the VF is untyped);
+* ``gpu_instance_id``: a typed VF's GPU instance, for a MIG-backed vGPU
+  (``0`` for a time-sliced one; read only for a typed VF, like ``placement_id``).
 
 The snapshot models this like the SR-IOV mdev parents of older drivers: each
 VF is a parent (``backend="nvidia_vfio"``) offering the card's types, one
@@ -59,6 +61,9 @@ NVIDIA_DIR = "nvidia"
 CREATABLE = "creatable_vgpu_types"
 CURRENT = "current_vgpu_type"
 PLACEMENT = "placement_id"
+GPU_INSTANCE = "gpu_instance_id"
+# NVML's GPU instance ids are small (a GPU holds at most 7 instances).
+MAX_GPU_INSTANCE_ID = 4096
 # A placement id is an offset in the GPU's placement units (a few dozen).
 MAX_PLACEMENT_ID = 1 << 16
 # NVIDIA's type ids are small integers (4-5 digits today).
@@ -171,6 +176,7 @@ class _Vf:
     numa_node: int | None
     vendor_id: str | None
     device_id: str | None
+    gpu_instance_id: int | None = None
 
     @property
     def static(self) -> _VfStatic:
@@ -422,6 +428,7 @@ class VfioScanner:
                         backend=BACKEND,
                         address=vf.address,
                         placement_id=vf.placement_id,
+                        gpu_instance_id=vf.gpu_instance_id,
                     )
         if learnt:
             self._save()
@@ -450,6 +457,7 @@ def _read_vgpu(
         # Only a typed VF has a placement: untyped, the file fails (ENXIO)
         # or is absent, which is no warning.
         placement = _placement_at(dir_fd) if current else None
+        instance = _gpu_instance_at(dir_fd) if current else None
     finally:
         os.close(dir_fd)
     if raw_current is None or raw_creatable is None:
@@ -472,6 +480,7 @@ def _read_vgpu(
         numa_node=static.numa_node,
         vendor_id=static.vendor_id,
         device_id=static.device_id,
+        gpu_instance_id=instance,
     )
 
 
@@ -483,6 +492,16 @@ def _placement_at(dir_fd: int) -> int | None:
     except (attributes.NotAnAttribute, OSError):
         return None
     return attributes.parse_int_or_none(raw, MAX_PLACEMENT_ID)
+
+
+def _gpu_instance_at(dir_fd: int) -> int | None:
+    """``gpu_instance_id`` of a typed VF; None for ``0`` (a time-sliced
+    vGPU), when unreadable or absent (a driver without MIG), or not a number."""
+    try:
+        raw = attributes.read_at(dir_fd, GPU_INSTANCE)
+    except (attributes.NotAnAttribute, OSError):
+        return None
+    return attributes.parse_int_or_none(raw, MAX_GPU_INSTANCE_ID) or None
 
 
 def _resolve(root: str, path: str) -> str | None:

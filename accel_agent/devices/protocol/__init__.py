@@ -78,11 +78,14 @@ from accel_agent.devices.protocol.runs import (
 )
 from accel_agent.devices.protocol.settle import (
     Existing,
+    create_gpu_instance,
+    destroy_gpu_instance,
     forget_gone,
     place_again,
     prepare_hosts,
     record_placement,
     remake,
+    set_mig_mode,
     set_mixed_size_mode,
     settle_interrupted,
 )
@@ -114,7 +117,9 @@ __all__ = [
     "ToMake",
     "adopt",
     "commit_claim",
+    "create_gpu_instance",
     "define_made",
+    "destroy_gpu_instance",
     "device_ref",
     "forget_gone",
     "free_claim",
@@ -129,6 +134,7 @@ __all__ = [
     "remake",
     "remove_from_layout",
     "remove_owned",
+    "set_mig_mode",
     "set_mixed_size_mode",
     "settle_interrupted",
     "take_back",

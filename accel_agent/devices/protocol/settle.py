@@ -18,6 +18,7 @@ from accel_agent.devices.protocol.runs import LOG, step
 if TYPE_CHECKING:
     from accel_agent.devices.manager import DeviceManager
     from accel_agent.devices.results import RecoveryReport
+    from accel_agent.nvml.types import GpuInstance, MigMode, Placement
     from accel_agent.sysfs.model import HostSnapshot
 
 
@@ -165,3 +166,35 @@ def set_mixed_size_mode(m: DeviceManager, gpu: str) -> bool:
     m.nvml.set_heterogeneous_mode(gpu, True)
     step(m, "layout.mode_set")
     return bool(m.nvml.heterogeneous_mode(gpu))
+
+
+def set_mig_mode(m: DeviceManager, gpu: str) -> MigMode:
+    """NVML's MIG mode on for ``gpu`` (its write in the ``nvml_admin`` helper
+    on a real host); the mode asked again afterwards rather than trusted
+    from the write's answer (a busy GPU leaves it pending).  Only for a GPU
+    nothing is in use on (the caller's check, devices/gpu_layout_mig.py).
+    A privileged write: counted as a change."""
+    m.note_write()
+    m.nvml.set_mig_mode(gpu, True)
+    step(m, "mig.mode_set")
+    return m.nvml.mig_mode(gpu)
+
+
+def create_gpu_instance(m: DeviceManager, gpu: str, profile_id: int,
+                        placement: Placement) -> GpuInstance | None:
+    """A GPU instance of ``profile_id`` at ``placement`` on ``gpu``, then the
+    GPU's instances read back: the one found there with that profile, or
+    None (the caller says the GPU is short).  A privileged write."""
+    m.note_write()
+    m.nvml.create_gpu_instance(gpu, profile_id, placement)
+    step(m, "mig.instance_created")
+    return next((g for g in m.nvml.gpu_instances(gpu)
+                 if g.profile_id == profile_id and g.placement == placement), None)
+
+
+def destroy_gpu_instance(m: DeviceManager, gpu: str, gpu_instance_id: int) -> None:
+    """A GPU instance no vGPU uses (the caller's check; NVML refuses one in
+    use with IN_USE, raised as NvmlInUse).  A privileged write."""
+    m.note_write()
+    m.nvml.destroy_gpu_instance(gpu, gpu_instance_id)
+    step(m, "mig.instance_destroyed")

@@ -1,0 +1,152 @@
+"""MIG-backed vGPU layouts (``[gpu_layout_<name>]`` with ``mig``, issue 37)
+brought up in the driver's order by the daemon's core, in process, over the
+FUSE simulator's NVIDIA H200 and its NVML (the simulator's control socket).
+
+Every outcome is read from the simulator's own state (MIG mode, the GPU
+instances, each VF's type and ``gpu_instance_id``, every
+``current_vgpu_type`` write) and the ledger file (plain SQL).  The layout:
+``mig = 1g.18gb:3, 3g.71gb:1`` with an H200X-1-18C on each 1g.18gb instance
+and an H200X-3-71C on the 3g.71gb one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from accel_agent import nvml as nvml_mod
+from accel_agent.daemon.core import AgentCore
+from accel_agent.devices.gpu_layouts import GpuLayout
+from tests import ledger_sql
+from tests.configutil import make_conf
+from tests.functional.privsep_fixture import skip_unless_root
+from tests.functional.simhost import simulated_host
+
+pytestmark = [pytest.mark.fuse]
+
+GPU = "0000:61:00.0"
+G1, G3, SLICED = "nvidia-1414", "nvidia-1418", "nvidia-1421"
+VGPUS = ((G1, 3), (G3, 1))
+MIG = (("1g.18gb", 3), ("3g.71gb", 1))
+PROFILE = {G1: "1g.18gb", G3: "3g.71gb"}
+INI = "[devices]\nstanding_vf_wait = 5\n"
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    skip_unless_root()
+    with simulated_host(tmp_path_factory.mktemp("mig"), ["nvidia-h200"], gpus=1,
+                        vfs=8) as host:
+        yield host
+
+
+@contextlib.contextmanager
+def agent(host) -> Iterator[AgentCore]:
+    """The daemon's core over a manager on a clean simulated host, with the
+    MIG layout in its policy (its sections are read by check-config's and
+    the policy's code, tests/unit/test_gpu_layout_mig_config.py)."""
+    host.reset()
+    manager = host.manager(INI)
+    manager.set_policy(dataclasses.replace(
+        manager.policy, gpu_layouts=(GpuLayout("mig", (GPU,), VGPUS, "agent", MIG),)))
+    conf = make_conf(INI + f"\n[DEFAULT]\nstate_dir = {host.state_dir}\n", sysfs_root=host.root)
+    try:
+        yield AgentCore(conf, manager=manager)
+    finally:
+        manager.ledger.close()
+
+
+def gpu_state(host) -> dict:
+    (gpu,) = [g for g in host.sim.status()["nvidia_gpus"] if g["address"] == GPU]
+    return gpu
+
+
+def on_host(host) -> dict[str, tuple[str, int | None]]:
+    """VF -> (type, GPU instance id) as the simulated driver holds them."""
+    return {v["vf"]: (f"nvidia-{v['type_id']}", v["gpu_instance_id"])
+            for v in gpu_state(host)["vgpus"]}
+
+
+def assert_complete(host) -> None:
+    """MIG mode on, the layout's instances at their planned placements, one
+    vGPU of the right type on each, each vGPU recorded in the ledger."""
+    state = gpu_state(host)
+    assert state["mig"] == {"current": True, "pending": True}
+    instances = {g["gpu_instance_id"]: (g["name"], *g["placement"])
+                 for g in state["gpu_instances"]}
+    assert sorted(instances.values()) == [("1g.18gb", 4, 1), ("1g.18gb", 5, 1),
+                                          ("1g.18gb", 6, 1), ("3g.71gb", 0, 4)]
+    placed = on_host(host)
+    assert sorted(t for t, _ in placed.values()) == [G1, G1, G1, G3]
+    assert sorted(gi for _, gi in placed.values()) == sorted(instances)  # one each
+    for device_type, gi in placed.values():
+        assert instances[gi][0] == PROFILE[device_type]
+    assert {parent: t for parent, t in ledger_sql.query(
+        host.state_dir, "SELECT parent, mdev_type FROM mdevs")} == {
+        vf: t for vf, (t, _) in placed.items()}
+
+
+def test_a_mig_layout_comes_up_complete_and_again_after_reboot_reload_and_vf_enable(sim):
+    with agent(sim) as core:
+        assert gpu_state(sim)["mig"]["current"] is False
+        core.startup()
+        assert_complete(sim)
+        assert core.health()["layout"]["short"] == {}
+        first = {vf: t for vf, (t, _) in on_host(sim).items()}
+
+        # A reboot: MIG mode, instances and types gone (an H200 keeps no
+        # mode); recovery sets the mode and makes the instances before it
+        # re-types the same VFs.
+        sim.sim.reboot()
+        assert gpu_state(sim)["mig"]["current"] is False
+        core.rescan()
+        assert_complete(sim)
+        assert {vf: t for vf, (t, _) in on_host(sim).items()} == first
+
+        # A driver reload: no VF until they are enabled again, which wipes
+        # the instances: none is made before the VFs.
+        sim.sim.driver_reload()
+        core.rescan()
+        assert gpu_state(sim)["gpu_instances"] == []  # not before the VFs
+        sim.sim.enable_vfs("ALL")
+        core.rescan()
+        assert_complete(sim)
+        assert {vf: t for vf, (t, _) in on_host(sim).items()} == first
+
+        # A reboot with the VFs disabled, then sriov-manage -e.
+        sim.sim.reboot(vfs_disabled=True)
+        core.rescan()
+        assert gpu_state(sim)["gpu_instances"] == []
+        sim.sim.enable_vfs("ALL")
+        core.rescan()
+        assert_complete(sim)
+        assert core.health()["layout"]["short"] == {}
+
+
+def _write_type(host, vf: str, type_id: str) -> None:
+    with open(os.path.join(host.root, "bus/pci/devices", vf, "nvidia/current_vgpu_type"),
+              "w") as handle:
+        handle.write(type_id)
+
+
+def test_a_gpu_whose_mig_mode_is_pending_is_short_and_nothing_on_it_is_touched(sim):
+    with agent(sim) as core:
+        # MIG asked while a (foreign) vGPU was on the GPU: pending; the vGPU
+        # then went, and only a GPU reset would apply the mode.
+        vf = "0000:61:00.4"
+        _write_type(sim, vf, SLICED.removeprefix("nvidia-"))
+        change = nvml_mod.for_sysfs_root(sim.root).set_mig_mode(GPU, True)
+        assert (change.activation, change.mode.current) == ("IN_USE", False)
+        _write_type(sim, vf, "0")
+        writes = len(sim.sim.status()["vgpu_writes"])
+        core.startup()
+        assert gpu_state(sim)["mig"] == {"current": False, "pending": True}
+        assert gpu_state(sim)["gpu_instances"] == []
+        assert sim.sim.status()["vgpu_writes"][writes:] == []  # no type written
+        short = core.health()["layout"]["short"][GPU]
+        assert short["reason"].startswith("needs a GPU reset: MIG mode is pending"), short
+        assert core.health()["status"] == "degraded"
