@@ -71,7 +71,7 @@ def on_host(host) -> dict[str, tuple[str, int | None]]:
             for v in gpu_state(host)["vgpus"]}
 
 
-def assert_complete(host) -> None:
+def assert_complete(host, core) -> None:
     """MIG mode on, the layout's instances at their planned placements, one
     vGPU of the right type on each, each vGPU recorded in the ledger."""
     state = gpu_state(host)
@@ -85,6 +85,9 @@ def assert_complete(host) -> None:
     assert sorted(gi for _, gi in placed.values()) == sorted(instances)  # one each
     for device_type, gi in placed.values():
         assert instances[gi][0] == PROFILE[device_type]
+    # The agent's scan reads each VF's nvidia/gpu_instance_id as the driver has it.
+    assert {m.parent: m.gpu_instance_id for m in core.devices.scan().mdevs.values()} == {
+        vf: gi for vf, (_, gi) in placed.items()}
     assert {parent: t for parent, t in ledger_sql.query(
         host.state_dir, "SELECT parent, mdev_type FROM mdevs")} == {
         vf: t for vf, (t, _) in placed.items()}
@@ -94,7 +97,7 @@ def test_a_mig_layout_comes_up_complete_and_again_after_reboot_reload_and_vf_ena
     with agent(sim) as core:
         assert gpu_state(sim)["mig"]["current"] is False
         core.startup()
-        assert_complete(sim)
+        assert_complete(sim, core)
         assert core.health()["layout"]["short"] == {}
         first = {vf: t for vf, (t, _) in on_host(sim).items()}
 
@@ -104,7 +107,7 @@ def test_a_mig_layout_comes_up_complete_and_again_after_reboot_reload_and_vf_ena
         sim.sim.reboot()
         assert gpu_state(sim)["mig"]["current"] is False
         core.rescan()
-        assert_complete(sim)
+        assert_complete(sim, core)
         assert {vf: t for vf, (t, _) in on_host(sim).items()} == first
 
         # A driver reload: no VF until they are enabled again, which wipes
@@ -114,7 +117,7 @@ def test_a_mig_layout_comes_up_complete_and_again_after_reboot_reload_and_vf_ena
         assert gpu_state(sim)["gpu_instances"] == []  # not before the VFs
         sim.sim.enable_vfs("ALL")
         core.rescan()
-        assert_complete(sim)
+        assert_complete(sim, core)
         assert {vf: t for vf, (t, _) in on_host(sim).items()} == first
 
         # A reboot with the VFs disabled, then sriov-manage -e.
@@ -123,7 +126,7 @@ def test_a_mig_layout_comes_up_complete_and_again_after_reboot_reload_and_vf_ena
         assert gpu_state(sim)["gpu_instances"] == []
         sim.sim.enable_vfs("ALL")
         core.rescan()
-        assert_complete(sim)
+        assert_complete(sim, core)
         assert core.health()["layout"]["short"] == {}
 
 
@@ -150,3 +153,41 @@ def test_a_gpu_whose_mig_mode_is_pending_is_short_and_nothing_on_it_is_touched(s
         short = core.health()["layout"]["short"][GPU]
         assert short["reason"].startswith("needs a GPU reset: MIG mode is pending"), short
         assert core.health()["status"] == "degraded"
+
+
+@contextlib.contextmanager
+def held_open(host, vf: str):
+    """A guest holds the VF (its VFIO group node open, as QEMU does)."""
+    group = os.path.basename(os.readlink(os.path.join(host.root, "bus/pci/devices", vf,
+                                                      "iommu_group")))
+    fd = os.open(os.path.join(host.root, "vfio", group), os.O_RDONLY)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_a_layout_change_drains_and_never_destroys_an_instance_in_use(sim):
+    with agent(sim) as core:
+        core.startup()
+        assert_complete(sim, core)
+        vf, (_, gi) = next((v, p) for v, p in on_host(sim).items() if p[0] == G3)
+        held = next(u for u, p in ledger_sql.query(sim.state_dir,
+                                                   "SELECT uuid, parent FROM mdevs") if p == vf)
+        smaller = GpuLayout("mig", (GPU,), ((G1, 3),), "agent", (("1g.18gb", 3),))
+        with held_open(sim, vf):
+            core.devices.set_policy(dataclasses.replace(core.devices.policy,
+                                                        gpu_layouts=(smaller,)))
+            core.rescan()
+            core.rescan()
+            # The guest's 3-71C and its instance stay: it drains, nothing fails.
+            assert on_host(sim)[vf] == (G3, gi)
+            assert gi in {g["gpu_instance_id"] for g in gpu_state(sim)["gpu_instances"]}
+            assert core.health()["layout"]["draining"] == [held]
+            assert core.health()["layout"]["short"] == {}
+        # The guest let go: the vGPU goes, then its instance (no use for it).
+        core.rescan()
+        assert sorted(t for t, _ in on_host(sim).values()) == [G1, G1, G1]
+        assert sorted(g["name"] for g in gpu_state(sim)["gpu_instances"]) == ["1g.18gb"] * 3
+        assert core.health()["layout"]["draining"] == []
+        assert core.health()["layout"]["short"] == {}
