@@ -65,6 +65,22 @@ def _vgpus_on(snapshot: HostSnapshot, gpu: str) -> list[str]:
 
 
 def ensure_mode(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> str | None:
+    """What the vGPUs of ``gpu``'s layout need before a type is written:
+    mixed-size mode (:func:`ensure_mixed_mode`), or for a MIG-backed layout
+    MIG mode and the GPU instances (a MIG-backed type is creatable only on
+    a free instance of its profile; gpu_layout_mig.prepare).  None when
+    ready, else why not."""
+    layout = m.policy.gpu_layout_for(gpu)
+    if layout is not None and layout.is_mig:
+        try:
+            gpu_layout_mig.prepare(m, snapshot, gpu, layout)
+        except gpu_layout_mig.MigShort as short:
+            return short.reason
+        return None
+    return ensure_mixed_mode(m, snapshot, gpu)
+
+
+def ensure_mixed_mode(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> str | None:
     """Mixed-size mode on for ``gpu`` (set and read back where it is off and
     the GPU holds no vGPU); None when it is on, else why not."""
     nvml = m.nvml
@@ -105,17 +121,7 @@ def prepare_for_recovery(
     }
     not_ready: set[str] = set()
     for gpu in sorted(g for g in gpus if g):
-        layout = m.policy.gpu_layout_for(gpu)
-        if layout is not None and layout.is_mig:
-            # A MIG-backed vGPU's type is creatable only on a free instance
-            # of its profile: mode and instances first (gpu_layout_mig.py).
-            reason = None
-            try:
-                gpu_layout_mig.prepare(m, snapshot, gpu, layout)
-            except gpu_layout_mig.MigShort as short:
-                reason = short.reason
-        else:
-            reason = ensure_mode(m, snapshot, gpu)
+        reason = ensure_mode(m, snapshot, gpu)
         if reason is not None:
             m.mixed_reasons[gpu] = reason
             not_ready.add(gpu)

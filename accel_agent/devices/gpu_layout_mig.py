@@ -18,7 +18,10 @@ MIG-Backed vGPUs"):
    mig_plan.plan around those that exist and hold a vGPU (``fixed``:
    never moved, never destroyed), each created then found in NVML's list
    at its profile and placement; a free instance the layout has no use for
-   is destroyed (NVML refuses one in use anyway);
+   is destroyed (NVML refuses one in use anyway).  Each instance is
+   recorded in the ledger (schema 7: GPU, placement, profile, the layout);
+   one recorded and gone (nothing MIG survives a reboot, a driver reload,
+   a GPU reset or a VF enable) is rebuilt at its recorded placement first;
 4. **MIG-backed types written to VFs, each VF's ``gpu_instance_id`` read
    back**: one vGPU at a time on a free VF (the driver puts it on a free
    instance of its type's profile); then every vGPU of the layout must
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING
 from accel_agent import exception
 from accel_agent.devices import gpu_layout_fit, mig_plan, protocol
 from accel_agent.devices import gpu_layout_state as state
+from accel_agent.nvml.types import Placement
 
 if TYPE_CHECKING:
     from accel_agent.devices.gpu_layouts import GpuLayout
@@ -128,27 +132,56 @@ def ensure_instances(
             kept.append(gi)
             continue
         try:
-            protocol.destroy_gpu_instance(m, gpu, gi.gpu_instance_id)
+            protocol.destroy_gpu_instance(m, gpu, gi)
         except exception.NvmlError as exc:
             raise MigShort(f"{state.DOES_NOT_FIT}: GPU instance {gi.gpu_instance_id} the "
                            f"layout has no use for cannot be destroyed: {exc.message}") from None
         LOG.info("GPU %s: destroyed free GPU instance %d (profile %d at %s): the layout "
                  "has no use for it", gpu, gi.gpu_instance_id, gi.profile_id, gi.placement)
+    known = {(r.start, r.size, r.profile_id, r.owner) for r in m.ledger.gpu_instances(gpu)}
+    for gi in kept:
+        if (gi.placement.start, gi.placement.size, gi.profile_id, layout.section) not in known:
+            # The layout's now (one made before a crash, too).
+            protocol.record_gpu_instance(m, gpu, gi, layout.section)
+    # The instances recorded and gone (a reboot, a reload, a reset, a VF
+    # enable): rebuilt where they were while the layout still needs them.
+    here = {g.placement.start for g in kept}
+    for recorded in m.ledger.gpu_instances(gpu):
+        if recorded.start in here:
+            continue
+        place = Placement(recorded.start, recorded.size)
+        if room.get(recorded.profile_id, 0) <= 0 or any(
+                place.overlaps(g.placement) for g in kept):
+            protocol.forget_gpu_instance(m, gpu, recorded.start)
+            continue
+        made = _create(m, gpu, layout, recorded.profile_id, place)
+        room[recorded.profile_id] -= 1
+        kept.append(made)
+        here.add(recorded.start)
     try:
         plan = mig_plan.plan(gpu, needed, kept)
     except exception.MigPlacementsDoNotFit as exc:
         raise MigShort(f"{state.DOES_NOT_FIT}: {exc.message}") from None
     for planned in plan.new:
-        try:
-            made = protocol.create_gpu_instance(m, gpu, planned.profile_id, planned.placement)
-        except exception.NvmlError as exc:
-            raise MigShort(f"{state.GI_READ_BACK}: {planned} could not be created: "
-                           f"{exc.message}") from None
-        if made is None:
-            raise MigShort(f"{state.GI_READ_BACK}: {planned} was created and NVML does not "
-                           "list it there")
-        LOG.info("GPU %s: GPU instance %d created at %s", gpu, made.gpu_instance_id, planned)
+        _create(m, gpu, layout, planned.profile_id, planned.placement)
     return nvml.gpu_instances(gpu)
+
+
+def _create(
+    m: DeviceManager, gpu: str, layout: GpuLayout, profile_id: int, placement: Placement
+) -> GpuInstance:
+    """One GPU instance created, read back and recorded as the layout's."""
+    where = f"profile {profile_id}@{placement}"
+    try:
+        made = protocol.create_gpu_instance(m, gpu, profile_id, placement, layout.section)
+    except exception.NvmlError as exc:
+        raise MigShort(f"{state.GI_READ_BACK}: {where} could not be created: "
+                       f"{exc.message}") from None
+    if made is None:
+        raise MigShort(f"{state.GI_READ_BACK}: {where} was created and NVML does not list it "
+                       "there")
+    LOG.info("GPU %s: GPU instance %d created at %s", gpu, made.gpu_instance_id, where)
+    return made
 
 
 def prepare(m: DeviceManager, snapshot: HostSnapshot, gpu: str, layout: GpuLayout) -> None:

@@ -85,6 +85,10 @@ def assert_complete(host, core) -> None:
     assert sorted(gi for _, gi in placed.values()) == sorted(instances)  # one each
     for device_type, gi in placed.values():
         assert instances[gi][0] == PROFILE[device_type]
+    # The ledger records each instance as the layout's (schema 7).
+    assert sorted(ledger_sql.query(host.state_dir, "SELECT gpu, start, size, owner FROM "
+                                   "gpu_instances")) == sorted(
+        (GPU, start, size, "gpu_layout_mig") for _, start, size in instances.values())
     # The agent's scan reads each VF's nvidia/gpu_instance_id as the driver has it.
     assert {m.parent: m.gpu_instance_id for m in core.devices.scan().mdevs.values()} == {
         vf: gi for vf, (_, gi) in placed.items()}

@@ -107,7 +107,7 @@ def test_existing_state_dir_is_not_chmodded(tmp_path: Path) -> None:
 
 
 def test_new_ledger_has_current_schema(ledger: Ledger) -> None:
-    assert ledger.schema_version == SCHEMA_VERSION == 6
+    assert ledger.schema_version == SCHEMA_VERSION == 7
     tables = {
         r[0] for r in raw(ledger).execute("SELECT name FROM sqlite_master WHERE type='table'")
     }
@@ -163,7 +163,7 @@ def test_v4_ledger_upgraded_keeps_assignments_and_takes_standing_owners(
                      (uid(2), uid(9)))
     conn.close()
     with Ledger(state_dir, upgrade=True, clock=clock) as led:
-        assert led.schema_version == SCHEMA_VERSION == 6
+        assert led.schema_version == SCHEMA_VERSION == 7
         one, two = led.get(uid(1)), led.get(uid(2))
         assert one is not None and (one.owner, one.owner_kind) == ("inst-a", OwnerKind.INSTANCE)
         assert two is not None and (two.owner_kind, two.source_uuid) == (OwnerKind.CLAIM, uid(9))
@@ -193,7 +193,7 @@ def test_v5_ledger_upgraded_keeps_its_rows_and_records_placements(
             "backend) VALUES (?, ?, ?, 'present', 1, 1, 'nvidia_vfio')", (uid(1), PCI, NV))
     conn.close()
     with Ledger(state_dir, upgrade=True, clock=clock) as led:
-        assert led.schema_version == SCHEMA_VERSION == 6
+        assert led.schema_version == SCHEMA_VERSION == 7
         old = led.get(uid(1))
         assert old is not None and old.placement_id is None and old.backend == "nvidia_vfio"
         assert led.set_placement(uid(1), 12).placement_id == 12
@@ -240,7 +240,7 @@ def test_newer_schema_is_refused_and_untouched(state_dir: Path) -> None:
 def test_newer_schema_refused_even_in_rollback_journal_mode(state_dir: Path) -> None:
     state_dir.mkdir(mode=0o700)
     conn = sqlite3.connect(state_dir / "ledger.sqlite3")
-    conn.execute("PRAGMA user_version = 7")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.commit()
     conn.close()
     with pytest.raises(exception.LedgerSchemaTooNew):
@@ -745,3 +745,32 @@ def test_a_new_ledger_is_one_info_line(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="accel_agent"):
         Ledger(str(tmp_path)).close()  # an existing one: nothing to say
     assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+def test_v6_ledger_upgraded_records_the_gpu_instances_of_mig_layouts(
+    state_dir: Path, clock: Clock
+) -> None:
+    """Schema 7 (issue 37): the GPU instances a MIG-backed layout owns, by
+    GPU and placement; a schema 6 ledger keeps its rows and starts with none."""
+    from accel_agent.devices.ledger import GpuInstanceRecord
+
+    with Ledger(state_dir, migrations=MIGRATIONS[:6], clock=clock) as led:
+        present(led, 1)
+    with Ledger(state_dir, upgrade=True, clock=clock) as led:
+        assert led.schema_version == SCHEMA_VERSION == 7
+        assert led.get(uid(1)) is not None and led.gpu_instances() == []
+        small = GpuInstanceRecord("0000:61:00.0", 4, 1, 19, "gpu_layout_mig")
+        large = GpuInstanceRecord("0000:61:00.0", 0, 4, 9, "gpu_layout_mig")
+        led.record_gpu_instance(small)
+        led.record_gpu_instance(large)
+        assert led.gpu_instances("0000:61:00.0") == [large, small]
+        assert led.gpu_instances("0000:62:00.0") == []
+        led.forget_gpu_instance("0000:61:00.0", 0)
+        led.forget_gpu_instance("0000:61:00.0", 0)  # idempotent
+        assert led.gpu_instances() == [small]
+        with pytest.raises(exception.LedgerError):
+            led.record_gpu_instance(GpuInstanceRecord("61:00.0", 0, 4, 9, "gpu_layout_mig"))
+        with pytest.raises(exception.LedgerError):
+            led.record_gpu_instance(GpuInstanceRecord("0000:61:00.0", 0, 0, 9, "x"))
+        assert led.gpu_instances() == [small]
+        assert led.check_integrity() == "ok"

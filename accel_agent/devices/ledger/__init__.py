@@ -40,7 +40,8 @@ of the agent imports): ``records.py`` (the records and their row),
 ``validation.py`` (ids and names before they reach SQL), ``connection.py``
 (the one connection: opening, WAL, identity, transactions, errors, backup
 and upgrade), ``intents.py``, ``devices.py`` (rows and owners),
-``claims.py``, ``attach.py`` (attach requests) and ``schema.py`` (the
+``claims.py``, ``attach.py`` (attach requests), ``gpu_instances.py`` (the
+MIG-backed layouts' GPU instances) and ``schema.py`` (the
 schema's versions and migrations).  :class:`Ledger` is the stores composed
 as mixins over one :class:`~.connection.LedgerConnection`: one object, one
 connection, whatever it reads or writes.
@@ -52,6 +53,7 @@ from accel_agent.devices.ledger.attach import AttachRequestStore
 from accel_agent.devices.ledger.claims import ClaimStore
 from accel_agent.devices.ledger.connection import LEDGER_FILENAME
 from accel_agent.devices.ledger.devices import DeviceStore
+from accel_agent.devices.ledger.gpu_instances import GpuInstanceRecord, GpuInstanceStore
 from accel_agent.devices.ledger.intents import IntentStore
 from accel_agent.devices.ledger.records import (
     DeviceRecord,
@@ -73,6 +75,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "DeviceRecord",
     "DeviceState",
+    "GpuInstanceRecord",
     "Intent",
     "IntentKind",
     "Ledger",
@@ -83,7 +86,7 @@ __all__ = [
 ]
 
 
-class Ledger(ClaimStore, DeviceStore, IntentStore, AttachRequestStore):
+class Ledger(ClaimStore, DeviceStore, IntentStore, AttachRequestStore, GpuInstanceStore):
     """One SQLite connection, safe to share between the threads of one process.
 
     Opened by :class:`~.connection.LedgerConnection` (its ``__init__`` says

@@ -160,6 +160,24 @@ def _migrate_v5_to_v6(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migrate_v6_to_v7(conn: sqlite3.Connection) -> None:
+    # MIG-backed layouts (issue 37): the GPU instances the agent made, by GPU
+    # and placement start (two never share a start), with their profile and
+    # owning layout: what recovery rebuilds, at the same placements, before
+    # it re-types the vGPUs on them (devices/gpu_layout_mig.py).
+    conn.execute(
+        """CREATE TABLE gpu_instances (
+            gpu TEXT NOT NULL CHECK (length(gpu) = 12),
+            start INTEGER NOT NULL CHECK (start BETWEEN 0 AND 255),
+            size INTEGER NOT NULL CHECK (size BETWEEN 1 AND 255),
+            profile_id INTEGER NOT NULL CHECK (profile_id BETWEEN 0 AND 255),
+            owner TEXT NOT NULL CHECK (length(owner) BETWEEN 1 AND 64),
+            created_at REAL NOT NULL,
+            PRIMARY KEY (gpu, start)
+        )"""
+    )
+
+
 # MIGRATIONS[n] takes the schema from version n to n + 1.  Append only.
 MIGRATIONS: tuple[Migration, ...] = (
     _migrate_v0_to_v1,
@@ -168,5 +186,6 @@ MIGRATIONS: tuple[Migration, ...] = (
     _migrate_v3_to_v4,
     _migrate_v4_to_v5,
     _migrate_v5_to_v6,
+    _migrate_v6_to_v7,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.devices.ledger import DeviceRecord, DeviceState, IntentKind, OwnerKind
+from accel_agent.devices.ledger import (
+    DeviceRecord,
+    DeviceState,
+    GpuInstanceRecord,
+    IntentKind,
+    OwnerKind,
+)
 from accel_agent.devices.protocol.libvirt_defs import undefine_or_keep
 from accel_agent.devices.protocol.remove import remove_owned
 from accel_agent.devices.protocol.runs import LOG, step
@@ -157,17 +163,6 @@ def forget_gone(m: DeviceManager, record: DeviceRecord) -> None:
         m.ledger.forget(record.uuid)
 
 
-def set_mixed_size_mode(m: DeviceManager, gpu: str) -> bool:
-    """NVML's mixed-size ("heterogeneous") mode on for ``gpu``, through the
-    manager's NVML (its write in the ``nvml_admin`` helper on a real host);
-    what NVML reads back afterwards, asked again rather than trusted from
-    the write's answer.  A privileged write: counted as a change."""
-    m.note_write()
-    m.nvml.set_heterogeneous_mode(gpu, True)
-    step(m, "layout.mode_set")
-    return bool(m.nvml.heterogeneous_mode(gpu))
-
-
 def set_mig_mode(m: DeviceManager, gpu: str) -> MigMode:
     """NVML's MIG mode on for ``gpu`` (its write in the ``nvml_admin`` helper
     on a real host); the mode asked again afterwards rather than trusted
@@ -181,20 +176,49 @@ def set_mig_mode(m: DeviceManager, gpu: str) -> MigMode:
 
 
 def create_gpu_instance(m: DeviceManager, gpu: str, profile_id: int,
-                        placement: Placement) -> GpuInstance | None:
+                        placement: Placement, owner: str) -> GpuInstance | None:
     """A GPU instance of ``profile_id`` at ``placement`` on ``gpu``, then the
-    GPU's instances read back: the one found there with that profile, or
-    None (the caller says the GPU is short).  A privileged write."""
+    GPU's instances read back: the one found there with that profile,
+    recorded in the ledger as ``owner``'s (a layout's section), or None (the
+    caller says the GPU is short).  A crash between the two leaves an
+    instance the next converge finds and records.  A privileged write."""
     m.note_write()
     m.nvml.create_gpu_instance(gpu, profile_id, placement)
     step(m, "mig.instance_created")
-    return next((g for g in m.nvml.gpu_instances(gpu)
+    made = next((g for g in m.nvml.gpu_instances(gpu)
                  if g.profile_id == profile_id and g.placement == placement), None)
+    if made is not None:
+        record_gpu_instance(m, gpu, made, owner)
+    return made
 
 
-def destroy_gpu_instance(m: DeviceManager, gpu: str, gpu_instance_id: int) -> None:
+def record_gpu_instance(m: DeviceManager, gpu: str, instance: GpuInstance, owner: str) -> None:
+    """An existing GPU instance recorded as ``owner``'s (a layout's section)."""
+    m.ledger.record_gpu_instance(GpuInstanceRecord(
+        gpu, instance.placement.start, instance.placement.size, instance.profile_id, owner))
+
+
+def forget_gpu_instance(m: DeviceManager, gpu: str, start: int) -> None:
+    """A recorded GPU instance the layouts no longer rebuild."""
+    m.ledger.forget_gpu_instance(gpu, start)
+
+
+def destroy_gpu_instance(m: DeviceManager, gpu: str, instance: GpuInstance) -> None:
     """A GPU instance no vGPU uses (the caller's check; NVML refuses one in
-    use with IN_USE, raised as NvmlInUse).  A privileged write."""
+    use with IN_USE, raised as NvmlInUse), then its record.  A privileged
+    write."""
     m.note_write()
-    m.nvml.destroy_gpu_instance(gpu, gpu_instance_id)
+    m.nvml.destroy_gpu_instance(gpu, instance.gpu_instance_id)
     step(m, "mig.instance_destroyed")
+    m.ledger.forget_gpu_instance(gpu, instance.placement.start)
+
+
+def set_mixed_size_mode(m: DeviceManager, gpu: str) -> bool:
+    """NVML's mixed-size ("heterogeneous") mode on for ``gpu``, through the
+    manager's NVML (its write in the ``nvml_admin`` helper on a real host);
+    what NVML reads back afterwards, asked again rather than trusted from
+    the write's answer.  A privileged write: counted as a change."""
+    m.note_write()
+    m.nvml.set_heterogeneous_mode(gpu, True)
+    step(m, "layout.mode_set")
+    return bool(m.nvml.heterogeneous_mode(gpu))
