@@ -195,3 +195,25 @@ def test_a_layout_change_drains_and_never_destroys_an_instance_in_use(sim):
         assert sorted(g["name"] for g in gpu_state(sim)["gpu_instances"]) == ["1g.18gb"] * 3
         assert core.health()["layout"]["draining"] == []
         assert core.health()["layout"]["short"] == {}
+
+
+def test_recorded_instances_are_rebuilt_where_the_ledger_has_them(sim):
+    """An instance recorded at 6:1 (where an earlier plan put it) is made
+    there again, not where a fresh plan would (0:1), at the start and after
+    a reboot: the ledger says what recovery rebuilds."""
+    from accel_agent.devices.ledger import GpuInstanceRecord
+
+    one = GpuLayout("mig", (GPU,), ((G1, 1),), "agent", (("1g.18gb", 1),))
+    with agent(sim) as core:
+        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=(one,)))
+        core.devices.ledger.record_gpu_instance(
+            GpuInstanceRecord(GPU, 6, 1, 19, "gpu_layout_mig"))
+        core.startup()
+        for _ in range(2):
+            ((gi,),) = [gpu_state(sim)["gpu_instances"]]
+            assert (gi["name"], gi["placement"]) == ("1g.18gb", [6, 1])
+            ((_, on),) = on_host(sim).values()
+            assert on == gi["gpu_instance_id"]
+            assert core.health()["layout"]["short"] == {}
+            sim.sim.reboot()
+            core.rescan()
