@@ -33,7 +33,11 @@ G1, G3, SLICED = "nvidia-1414", "nvidia-1418", "nvidia-1421"
 VGPUS = ((G1, 3), (G3, 1))
 MIG = (("1g.18gb", 3), ("3g.71gb", 1))
 PROFILE = {G1: "1g.18gb", G3: "3g.71gb"}
-INI = "[devices]\nstanding_vf_wait = 5\n"
+INI = (f"[devices]\nstanding_vf_wait = 5\nenabled_mdev_types = {G1}, {G3}\n"
+       f"enabled_gpu_layouts = mig\n[gpu_layout_mig]\ngpus = {GPU}\n"
+       f"vgpus = {G1}:3, {G3}:1\nmig = 1g.18gb:3, 3g.71gb:1\n"
+       # Each MIG-backed type its own resource class (docs/operations.md).
+       f"[mdev_{G1}]\nmdev_class = CUSTOM_VGPU_1G\n[mdev_{G3}]\nmdev_class = CUSTOM_VGPU_3G\n")
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +50,11 @@ def sim(tmp_path_factory):
 
 @contextlib.contextmanager
 def agent(host) -> Iterator[AgentCore]:
-    """The daemon's core over a manager on a clean simulated host, with the
-    MIG layout in its policy (its sections are read by check-config's and
-    the policy's code, tests/unit/test_gpu_layout_mig_config.py)."""
+    """The daemon's core over a manager on a clean simulated host, its
+    policy read from the MIG layout's sections."""
     host.reset()
     manager = host.manager(INI)
-    manager.set_policy(dataclasses.replace(
-        manager.policy, gpu_layouts=(GpuLayout("mig", (GPU,), VGPUS, "agent", MIG),)))
+    assert manager.policy.gpu_layouts == (GpuLayout("mig", (GPU,), VGPUS, "agent", MIG),)
     conf = make_conf(INI + f"\n[DEFAULT]\nstate_dir = {host.state_dir}\n", sysfs_root=host.root)
     try:
         yield AgentCore(conf, manager=manager)
@@ -103,6 +105,13 @@ def test_a_mig_layout_comes_up_complete_and_again_after_reboot_reload_and_vf_ena
         core.startup()
         assert_complete(sim, core)
         assert core.health()["layout"]["short"] == {}
+        # Each MIG-backed type is its own provider on the GPU, exact: its
+        # total the layout's count, all of it free, its type's trait.
+        layout_providers = {p.device_type: (p.resource_class, p.total, p.used, p.traits)
+                            for p in core.devices.inventory().providers if p.physical_gpu == GPU}
+        assert layout_providers == {
+            G1: ("CUSTOM_VGPU_1G", 3, 0, ("CUSTOM_MDEV_NVIDIA_1414", "CUSTOM_OWNER_ACCEL_AGENT")),
+            G3: ("CUSTOM_VGPU_3G", 1, 0, ("CUSTOM_MDEV_NVIDIA_1418", "CUSTOM_OWNER_ACCEL_AGENT"))}
         first = {vf: t for vf, (t, _) in on_host(sim).items()}
 
         # A reboot: MIG mode, instances and types gone (an H200 keeps no
