@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -53,6 +54,13 @@ def agent(host) -> Iterator[AgentCore]:
     """The daemon's core over a manager on a clean simulated host, its
     policy read from the MIG layout's sections."""
     host.reset()
+    with agent_on(host) as core:
+        yield core
+
+
+@contextlib.contextmanager
+def agent_on(host) -> Iterator[AgentCore]:
+    """:func:`agent` on the host as it is (its ledger, its devices)."""
     manager = host.manager(INI)
     assert manager.policy.gpu_layouts == (GpuLayout("mig", (GPU,), VGPUS, "agent", MIG),)
     conf = make_conf(INI + f"\n[DEFAULT]\nstate_dir = {host.state_dir}\n", sysfs_root=host.root)
@@ -226,3 +234,75 @@ def test_recorded_instances_are_rebuilt_where_the_ledger_has_them(sim):
             assert core.health()["layout"]["short"] == {}
             sim.sim.reboot()
             core.rescan()
+
+
+# --- a kill at every crash point of the order ------------------------------------------
+
+
+def _child(host, kill: tuple[str, int] | None, record: str | None = None) -> int:
+    """Bring the layout up (recovery, then the converge) in a forked process
+    SIGKILLed at the ``kill`` crash point (its n-th time); ``record``: a file
+    to write every crash point reached instead.  Its exit status."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            seen: dict[str, int] = {}
+            lines: list[str] = []
+
+            def on_step(step: str) -> None:
+                seen[step] = seen.get(step, 0) + 1
+                lines.append(f"{step} {seen[step]}")
+                if kill == (step, seen[step]):
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            manager = host.manager(INI, on_step=on_step)
+            manager.recover()
+            if record:
+                with open(record, "w") as handle:
+                    handle.write("\n".join(lines))
+            os._exit(0)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.filterwarnings("ignore:Using fork")  # the child never runs eventlet
+@pytest.mark.parametrize("reboot_first", [False, True], ids=["first-start", "after-reboot"])
+def test_a_kill_at_any_step_of_the_mig_order_is_recovered_to_the_whole_layout(
+    sim, tmp_path, reboot_first
+):
+    """The MIG order killed between its steps (the mode set, each instance
+    created, the first intent, type and assignment; after a reboot each
+    rebuilt instance): the next start brings the GPU to its whole layout,
+    nothing leaked, and a second recovery changes nothing."""
+    sim.reset()
+    if reboot_first:
+        assert _child(sim, None) == 0
+        sim.sim.reboot()
+    path = str(tmp_path / "steps")
+    assert _child(sim, None, record=path) == 0
+    with open(path) as handle:
+        points = [(s, int(n)) for s, n in (line.split() for line in handle.read().splitlines())]
+    names = {s for s, _ in points}
+    assert {"mig.mode_set", "mig.instance_created"} <= names, names
+    assert reboot_first or "allocate.created" in names, names
+    # Every MIG step, and each other step the first time only: the protocol's
+    # own steps are proven at each of their points by the mixed-size test
+    # (tests/functional/test_mixed_layout.py), and CI time is dear.
+    for kill in [(s, n) for s, n in points if s.startswith("mig.") or n == 1]:
+        sim.reset()
+        if reboot_first:
+            assert _child(sim, None) == 0
+            sim.sim.reboot()
+        assert _child(sim, kill) == signal.SIGKILL, kill
+        with agent_on(sim) as core:
+            core.startup()
+            assert_complete(sim, core)
+            rows = ledger_sql.rows(sim.state_dir)
+            assert {r.parent for r in rows} == set(on_host(sim)), kill  # nothing leaked
+            assert {(r.state, r.intent_id) for r in rows} == {("present", None)}, kill
+            before = on_host(sim)
+            report = core.devices.recover()
+            assert (report.recreated, report.layout_made, report.layout_removed) == ([], [], [])
+            assert on_host(sim) == before
