@@ -306,3 +306,15 @@ def test_a_kill_at_any_step_of_the_mig_order_is_recovered_to_the_whole_layout(
             report = core.devices.recover()
             assert (report.recreated, report.layout_made, report.layout_removed) == ([], [], [])
             assert on_host(sim) == before
+
+
+def test_a_mig_layout_that_does_not_fit_is_short_and_makes_nothing(sim):
+    too_big = GpuLayout("mig", (GPU,), ((G1, 1), (G3, 2)), "agent",
+                        (("1g.18gb", 1), ("3g.71gb", 2)))
+    with agent(sim) as core:
+        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=(too_big,)))
+        core.startup()
+        assert gpu_state(sim)["gpu_instances"] == [] and on_host(sim) == {}
+        short = core.health()["layout"]["short"][GPU]
+        assert short["reason"].startswith(
+            f"does not fit: GPU {GPU} cannot hold the GPU instances 1g.18gb:1, 3g.71gb:2"), short

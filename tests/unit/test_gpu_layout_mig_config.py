@@ -171,3 +171,35 @@ def test_check_config_refuses_mig_backed_types_in_a_layout_without_mig(served, t
                      "H200X-1-18C) MIG-backed, and the layout names no mig: a layout is "
                      "either time-sliced (no mig) or MIG-backed (mig = <profile>:<count>, "
                      "... and only MIG-backed types)")
+
+
+# --- the converge's read-back of each vGPU's GPU instance ------------------------------------
+
+
+def test_each_vgpu_must_read_back_on_its_own_instance_of_its_profile(host):
+    from types import SimpleNamespace
+
+    from accel_agent.devices import gpu_layout_mig
+    from accel_agent.nvml.types import GpuInstance, Placement
+    from accel_agent.sysfs.model import Mdev
+
+    m = SimpleNamespace(nvml=SimulatedNvml(host))
+    mig = layout(((G1, 1), (G3, 1)), (("1g.18gb", 1), ("3g.71gb", 1)))
+    instances = (GpuInstance(1, 9, Placement(0, 4)), GpuInstance(2, 19, Placement(4, 1)))
+
+    def vgpu(vf: str, device_type: str, gi: int | None) -> Mdev:
+        return Mdev(vf, vf, device_type, None, "nvidia_vfio", vf, None, gi)
+
+    good = [vgpu("0000:61:00.4", G3, 1), vgpu("0000:61:00.5", G1, 2)]
+    gpu_layout_mig.check_instances(H200, mig, good, instances, m)
+    for bad, said in [
+        ([vgpu("0000:61:00.4", G3, 2)], "the vGPU on 0000:61:00.4 (nvidia-1418) reads back "
+         "nvidia/gpu_instance_id 2, no GPU instance of its profile 9 on the GPU"),
+        ([vgpu("0000:61:00.5", G1, None)], "reads back nvidia/gpu_instance_id None"),
+        ([vgpu("0000:61:00.5", G1, 2), vgpu("0000:61:00.6", G1, 2)],
+         "the vGPUs on 0000:61:00.5 and 0000:61:00.6 read back the same GPU instance 2"),
+    ]:
+        with pytest.raises(gpu_layout_mig.MigShort) as info:
+            gpu_layout_mig.check_instances(H200, mig, bad, instances, m)
+        assert info.value.reason.startswith("GPU instance read back differs: ")
+        assert said in info.value.reason, info.value.reason
