@@ -50,6 +50,7 @@ NAME_OPTIONS = frozenset(
         ("devices", "enabled_gpu_layouts"),
         ("gpu_layout_", "gpus"),
         ("gpu_layout_", "vgpus"),
+        ("gpu_layout_", "mig"),  # <profile>:<count> items
         ("api", "socket_group"),
         ("libvirt", "uri"),
         ("migration", "min_libvirt_version"),

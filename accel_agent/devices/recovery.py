@@ -203,7 +203,7 @@ def _recreate_missing(m: DeviceManager, devices: Existing, report: RecoveryRepor
             continue
         parent = devices.snapshot.parents.get(record.parent)
         if parent is not None and parent.physfn in not_ready:
-            LOG.warning("%s %s waits for GPU %s to take mixed-size mode (health says why)",
+            LOG.warning("%s %s waits for GPU %s to take its layout's mode (health says why)",
                         m.device_kind(record.backend), record.uuid, parent.physfn)
             report.waiting_for_parent.append(record.uuid)
             continue
