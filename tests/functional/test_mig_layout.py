@@ -318,3 +318,19 @@ def test_a_mig_layout_that_does_not_fit_is_short_and_makes_nothing(sim):
         short = core.health()["layout"]["short"][GPU]
         assert short["reason"].startswith(
             f"does not fit: GPU {GPU} cannot hold the GPU instances 1g.18gb:1, 3g.71gb:2"), short
+
+
+def test_mig_is_never_enabled_on_a_gpu_with_a_vgpu_on_it(sim):
+    """A foreign time-sliced vGPU on the GPU, MIG off: the agent asks for no
+    mode change (NVML would leave it pending until a reset) and says why."""
+    with agent(sim) as core:
+        vf = "0000:61:00.4"
+        _write_type(sim, vf, SLICED.removeprefix("nvidia-"))
+        core.startup()
+        assert gpu_state(sim)["mig"] == {"current": False, "pending": False}
+        assert gpu_state(sim)["gpu_instances"] == []
+        assert on_host(sim) == {vf: (SLICED, None)}
+        short = core.health()["layout"]["short"][GPU]
+        assert short["reason"].startswith("in use, so MIG mode cannot be set: 1 vGPU(s) exist "
+                                          f"on it ({vf})"), short
+        _write_type(sim, vf, "0")
