@@ -154,7 +154,15 @@ def ensure_instances(
                 place.overlaps(g.placement) for g in kept):
             protocol.forget_gpu_instance(m, gpu, recorded.start)
             continue
-        made = _create(m, gpu, layout, recorded.profile_id, place)
+        try:
+            made = _create(m, gpu, layout, recorded.profile_id, place)
+        except MigShort as short:
+            # A record the GPU no longer takes (another profile table, a
+            # hand-edited ledger): forgotten, and the instance planned afresh.
+            LOG.warning("GPU %s: recorded GPU instance profile %d@%s not rebuilt (%s); "
+                        "planned afresh", gpu, recorded.profile_id, place, short.reason)
+            protocol.forget_gpu_instance(m, gpu, recorded.start)
+            continue
         room[recorded.profile_id] -= 1
         kept.append(made)
         here.add(recorded.start)

@@ -334,3 +334,20 @@ def test_mig_is_never_enabled_on_a_gpu_with_a_vgpu_on_it(sim):
         assert short["reason"].startswith("in use, so MIG mode cannot be set: 1 vGPU(s) exist "
                                           f"on it ({vf})"), short
         _write_type(sim, vf, "0")
+
+
+def test_a_recorded_instance_the_gpu_does_not_take_is_forgotten_and_planned_afresh(sim):
+    """A record at a placement its profile does not have (1g.18gb at 7:1):
+    NVML refuses it, the record goes, the layout is planned as if new."""
+    from accel_agent.devices.ledger import GpuInstanceRecord
+
+    one = GpuLayout("mig", (GPU,), ((G1, 1),), "agent", (("1g.18gb", 1),))
+    with agent(sim) as core:
+        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=(one,)))
+        core.devices.ledger.record_gpu_instance(
+            GpuInstanceRecord(GPU, 7, 1, 19, "gpu_layout_mig"))
+        core.startup()
+        ((gi,),) = [gpu_state(sim)["gpu_instances"]]
+        assert (gi["name"], gi["placement"]) == ("1g.18gb", [0, 1])
+        assert ledger_sql.query(sim.state_dir, "SELECT start FROM gpu_instances") == [(0,)]
+        assert core.health()["layout"]["short"] == {}
