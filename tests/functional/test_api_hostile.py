@@ -239,7 +239,8 @@ def test_explain_through_the_daemon_and_its_refusals(agent):
     gpu = devices["0000:84:00.0"]
     assert gpu["verdict"]["code"] == "ready" and gpu["problems"] == []
     assert gpu["config"] == {"mdev_type": "nvidia-35", "source": "default", "standing": 0,
-                             "reported_by": "agent", "max_instances": None, "vf_pool": None}
+                             "reported_by": "agent", "max_instances": None, "vf_pool": None,
+                             "gpu_layout": None}
     assert gpu["nvidia"]["vgpu_manager"] == "loaded"
     assert devices["mtty"]["kind"] == "virtual"
     (one,) = client.call("GET", "/v1/explain?address=84:00.0")["devices"]
