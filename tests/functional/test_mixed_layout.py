@@ -381,3 +381,36 @@ def test_a_kill_at_any_step_of_the_order_is_recovered_to_the_whole_layout(
             report = core.devices.recover()
             assert (report.recreated, report.layout_made, report.layout_removed) == ([], [], [])
             assert on_host(sim) == before
+
+
+def test_a_destination_claim_takes_a_layout_vgpu_on_its_planned_placement(sim):
+    """Issue 36 item 7: a live migration's destination claim on a mixed
+    layout's GPU gets a vGPU of the same type on a placement that fits: the
+    layout's own, planned and read back; it never makes one beyond the
+    layout (which could only land on a taken placement), and a claim the
+    layout has no more of is refused with nothing changed."""
+    sim.reset()
+    ini = (f"[devices]\nstanding_vf_wait = 5\nenabled_mdev_types = {Q24}, {Q12}, {Q4}\n"
+           f"enabled_gpu_layouts = mix\n[gpu_layout_mix]\ngpus = {GPU}\n"
+           f"vgpus = {Q24}:1, {Q12}:1, {Q4}:2\n")
+    manager = sim.manager(ini)
+    assert manager.policy.gpu_layouts == (layout(),)  # read from its sections
+    conf = make_conf(ini + f"\n[DEFAULT]\nstate_dir = {sim.state_dir}\n", sysfs_root=sim.root)
+    with contextlib.closing(manager.ledger):
+        core = AgentCore(conf, manager=manager)
+        core.startup()
+        before = on_host(sim)
+        source = "6c8f2a4e-1b3d-4e5f-8a9b-0c1d2e3f4a5b"  # the source host's vGPU
+        mapping = core.devices.claim("vm-moving", {source: Q12}, expires_at=time.time() + 3600)
+        (uuid,) = mapping.values()
+        (row,) = [r for r in ledger_sql.rows(sim.state_dir) if r.uuid == uuid]
+        assert row.mdev_type == Q12 and row.owner == "vm-moving"
+        # Its VF already carried the 12Q at the layout's placement: nothing moved.
+        assert on_host(sim) == before
+        assert on_host(sim)[row.parent] == (Q12, 24)
+        assert_complete(sim)
+        # The layout has one 12Q: a second claim of it is refused, nothing made.
+        with pytest.raises(exception.AccelAgentException):
+            core.devices.claim("vm-second", {source: Q12}, expires_at=time.time() + 3600)
+        assert on_host(sim) == before
+        assert_complete(sim)
