@@ -412,5 +412,11 @@ def test_a_destination_claim_takes_a_layout_vgpu_on_its_planned_placement(sim):
         # The layout has one 12Q: a second claim of it is refused, nothing made.
         with pytest.raises(exception.AccelAgentException):
             core.devices.claim("vm-second", {source: Q12}, expires_at=time.time() + 3600)
+        # Two 4Q: a claim of three is refused, though the driver would still
+        # take a 4Q in the 4 units the layout leaves free (at 44): a vGPU
+        # there is outside the plan, where the driver put it.
+        sources = {f"6c8f2a4e-1b3d-4e5f-8a9b-0c1d2e3f4a5{i}": Q4 for i in range(3)}
+        with pytest.raises(exception.AccelAgentException):
+            core.devices.claim("vm-third", sources, expires_at=time.time() + 3600)
         assert on_host(sim) == before
         assert_complete(sim)
