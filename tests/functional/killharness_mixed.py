@@ -146,8 +146,9 @@ class MixedHarness(KillHarness):
                  model: DeviceModel = MIXED) -> None:
         self.mix = 0
         super().__init__(host, seed, log, model)
-        # timing -> crash point -> the most times one run passed it
+        # "<timing>/<scene>" -> crash point -> the most times one run passed it
         self.known: dict[str, dict[str, int]] = collections.defaultdict(dict)
+        self.scene = ""  # what was done before the operation (a reboot, ...)
         self.before: dict[str, Placed] = {}
         self.wiped = False
 
@@ -158,13 +159,12 @@ class MixedHarness(KillHarness):
 
     def _kill_plan(self, timing: str) -> tuple[float | None, str | None]:
         delay = self._delay(timing)
-        known = self.known.get(timing)
+        known = self.known.get(f"{timing}/{self.scene}")
         if delay is None or not known:
             return delay, None
         first = sorted(s for s in known if s in ORDER and not self.stats.step_kills[s])
-        if first:  # a step of the order this operation passes, never killed yet
-            step = self.rng.choice(first)
-            return None, f"{step}:{self.rng.randint(1, known[step])}"
+        if first:  # a step of the order this operation passes here, never killed yet
+            return None, f"{self.rng.choice(first)}:1"
         if self.rng.random() >= AT_STEP:
             return delay, None
         fewest = min(self.stats.step_kills[s] for s in known)
@@ -173,7 +173,7 @@ class MixedHarness(KillHarness):
 
     def _saw(self, timing: str, outcome: Outcome) -> None:
         for step, times in (outcome.steps or {}).items():
-            seen = self.known[timing]
+            seen = self.known[f"{timing}/{self.scene}"]
             seen[step] = max(seen.get(step, 0), times)
 
     # -- setting the scene ----------------------------------------------------------------
@@ -181,6 +181,7 @@ class MixedHarness(KillHarness):
     def iteration(self, operation: str) -> Outcome:
         self.before = read_placements(self.host.state_dir)
         self.wiped = False
+        self.scene = ""
         return super().iteration(operation)
 
     def _types(self) -> list[str]:
@@ -219,6 +220,9 @@ class MixedHarness(KillHarness):
         if not self.model.holdings:
             self._setup_allocate()
         draw = self.rng.random()
+        self.scene = ("reboot" if draw < 0.3 else "vfs enabled" if draw < 0.45
+                      else "driver reload" if draw < 0.6 else "first start" if draw < 0.8
+                      else "vanished")
         if draw < 0.3:
             self.host.sim.reboot()
         elif draw < 0.45:

@@ -36,7 +36,7 @@ KILLS_ATTACH = int(os.environ.get("ACCEL_KILLS_ATTACH", "20"))
 KILLS_STANDING = int(os.environ.get("ACCEL_KILLS_STANDING", "12"))
 # The mixed-size layout model (issue 36): a run also goes on until a child
 # was killed at each crash point of the order (killharness_mixed.ORDER).
-KILLS_MIXED = int(os.environ.get("ACCEL_KILLS_MIXED", "12"))
+KILLS_MIXED = int(os.environ.get("ACCEL_KILLS_MIXED", "8"))
 # A fixed seed makes the sequence of operations and delays repeatable; the
 # instants still vary with the machine's load, which is the point.
 SEED = int(os.environ.get("ACCEL_KILL_SEED", "20261124"))
