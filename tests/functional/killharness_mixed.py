@@ -43,8 +43,12 @@ the ledger's rows with plain SQL:
   recorded vGPU back where it was (same UUIDs, same placements).
 
 Deliberate faults it catches: ``mixed-harness-recovery-types-before-mode``
-(recovery re-types before the mode: the GPU locks to one size and stays
-short).
+(after a reboot recovery re-types before the mode is set: the first type
+locks the GPU to one size, the others cannot be made, the GPU stays short).
+Not caught in a run of ``make test``'s size: recovery re-typing a vGPU
+without writing its placement back (the converge that follows puts a
+layout's own vGPU back; only an instance's vGPU re-created out of order
+shows it, as a move).
 """
 
 from __future__ import annotations
