@@ -151,8 +151,14 @@ def build_manager(
     ``upgrade_ledger``: migrate a ledger of an older schema (after a backup
     copy), as the daemon does at its start; accelctl's offline commands pass
     False and get LedgerSchemaOld naming ``accelctl ledger upgrade``."""
+    from accel_agent.config import registry
     from accel_agent.devices import domains, ledger, manager, writers
+    from accel_agent.nvml import opts as nvml_opts
 
+    # The manager reads [nvml] call_timeout (a mixed-size layout's GPUs):
+    # accelctl registers no room it does not need, so this one is registered
+    # here, as each backend's is in build_backends.
+    registry.register_room(conf, nvml_opts)
     policy = policy_mod.build_policy(conf)
     writer = writer or writers.PrivsepWriter(conf.sysfs_root, conf.vfio_dev_dir)
     book = ledger.Ledger(conf.state_dir, upgrade=upgrade_ledger)

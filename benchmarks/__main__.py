@@ -40,7 +40,7 @@ TARGETS = {
     "n": "(a)'s targets on every host shape of benchmarks/hosttrees.py, not on the best one",
     "r": "start to READY with a standing layout of 4 GPUs x 16 VFs, and after a reboot "
     "(measured, no target)",
-    "x": "start to ready with a mixed-size layout of 4 GPUs x 3 sizes, and after a reboot "
+    "x": "start to READY with a mixed-size layout of 4 GPUs x 3 sizes, and after a reboot "
     "(measured, no target)",
     "h": "a fleet against one Placement (make bench-fleet, not in the default run): 0 writes "
     "per agent per hour with nothing changing; the first minute after an outage under N/10 "
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "m: a large host, 2,000 parents x 4 types; "
         "n: (a) on each host shape of benchmarks/hosttrees.py; "
         "p: where a listing's time goes; r: start to READY with a 4 x 16 standing layout; "
-        "x: start to ready with a mixed-size layout of 4 GPUs x 3 sizes; "
+        "x: start to READY with a mixed-size layout of 4 GPUs x 3 sizes; "
         "h: a fleet of agents against one Placement, ~80 min, 10 with --quick: make bench-fleet)",
     )
     parser.add_argument(
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if "x" in args.only:
         from benchmarks import mixed_layout
 
-        print("running (x) start to ready with a mixed-size layout ...", file=sys.stderr,
+        print("running (x) start to READY with a mixed-size layout ...", file=sys.stderr,
               flush=True)
         out.extend(mixed_layout.report(args.quick))
     if "h" in args.only:

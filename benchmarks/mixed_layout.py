@@ -1,12 +1,10 @@
-"""(x) Start to ready with a mixed-size layout (issue 36): 4 NVIDIA L40S GPUs
+"""(x) Start to READY with a mixed-size layout (issue 36): 4 NVIDIA L40S GPUs
 x 8 VFs, each carrying one 24Q, one 12Q and two 4Q (three sizes, four vGPUs,
-44 of its 48 placement units), on the FUSE simulator and its NVML.
+44 of its 48 placement units), the real daemon and privsep helper on the
+FUSE simulator and its NVML, the layout in the daemon's config file
+(``[devices] enabled_gpu_layouts`` and ``[gpu_layout_mix]``).
 
-Measured in process: the daemon's core (``AgentCore.startup``: recovery,
-the wait for VFs, the layouts, the first scan) over a manager whose policy
-holds the layout, the privileged writes in this process (``DirectWriter``,
-the same validation and read-backs).  Two starts, each from the call to the
-end of the start (what ``READY=1`` follows in the daemon):
+Two starts, each from the process's spawn to its ``READY=1`` (sd_notify):
 
 * a first start: an empty ledger; per GPU the mode set and read back, four
   vGPUs typed and placed, each read back (16 vGPUs);
@@ -20,36 +18,33 @@ process, so the figures are the agent's cost plus the simulator's.
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import tempfile
 import time
 from pathlib import Path
 
-from accel_agent.daemon.core import AgentCore
-from accel_agent.devices import ledger as ledger_mod
-from accel_agent.devices import manager as manager_mod
-from accel_agent.devices import policy as policy_mod
-from accel_agent.devices import writers
-from accel_agent.devices.gpu_layouts import GpuLayout
 from accel_agent.simulator import build_spec
 from accel_agent.simulator import testing as sim_testing
 from benchmarks import timing
-from tests.configutil import make_conf
+from tests.functional.daemon_fixture import AgentDaemon, agent_config, short_dir
 
 GPUS, VFS = 4, 8
 PFS = tuple(f"0000:c{n + 1}:00.0" for n in range(GPUS))
 VGPUS = (("nvidia-1155", 1), ("nvidia-1153", 1), ("nvidia-1150", 2))
-INI = "[devices]\nstanding_vf_wait = 300\n"
+BODY = (
+    f"[devices]\nenabled_mdev_types = {', '.join(t for t, _ in VGPUS)}\n"
+    "enabled_gpu_layouts = mix\nstanding_vf_wait = 300\n"
+    f"[gpu_layout_mix]\ngpus = {', '.join(PFS)}\n"
+    f"vgpus = {', '.join(f'{t}:{n}' for t, n in VGPUS)}\n"
+)
+QUIET = "[DEFAULT]\ndebug = false\n"
 
 
-def _core(root: str, state: Path) -> AgentCore:
-    conf = make_conf(INI + f"\n[DEFAULT]\nstate_dir = {state}\n", sysfs_root=root)
-    policy = dataclasses.replace(policy_mod.build_policy(conf),
-                                 gpu_layouts=(GpuLayout("mix", PFS, VGPUS),))
-    manager = manager_mod.DeviceManager(
-        sysfs_root=root, policy=policy, host="bench", ledger=ledger_mod.Ledger(str(state)),
-        writer=writers.DirectWriter(root))
-    return AgentCore(conf, manager=manager)
+def _start(daemon: AgentDaemon) -> float:
+    """Spawn to READY=1."""
+    started = time.perf_counter()
+    daemon.start(timeout=900)
+    return time.perf_counter() - started
 
 
 def measure(rounds: int) -> dict[str, object]:
@@ -57,30 +52,27 @@ def measure(rounds: int) -> dict[str, object]:
     rebooted: list[float] = []
     with tempfile.TemporaryDirectory(prefix="accel-bench-mixed-") as tmp:
         work = Path(tmp)
+        os.environ.setdefault("ACCEL_SIM_RUNDIR", str(work / "run"))
         spec = build_spec(["nvidia-vfio"], gpus=GPUS, vfs=VFS)
-        with sim_testing.mounted(spec, work / "sys", timeout=120) as sim:
-            root = str(work / "sys")
+        with sim_testing.mounted(spec, work / "sys", timeout=120) as sim, short_dir() as sock:
 
             def complete() -> None:
                 gpus = sim.status()["nvidia_gpus"]
                 assert all(g["heterogeneous"] and len(g["vgpus"]) == 4 for g in gpus), gpus
 
             for index in range(rounds):
+                config = agent_config(work / f"agent-{index}.conf", str(work / "sys"),
+                                      str(work / f"state-{index}"), str(sock / "api.sock"),
+                                      BODY, extra=QUIET)
                 sim.reboot()
-                state = work / f"state-{index}"
-                core = _core(root, state)
-                try:
-                    began = time.perf_counter()
-                    core.startup()
-                    first.append(time.perf_counter() - began)
+                with AgentDaemon(config, str(sock / "api.sock"), work) as daemon:
+                    first.append(_start(daemon))
                     complete()
+                    daemon.stop()
                     sim.reboot()
-                    began = time.perf_counter()
-                    core.startup()
-                    rebooted.append(time.perf_counter() - began)
+                    rebooted.append(_start(daemon))
                     complete()
-                finally:
-                    core.close()
+                    daemon.stop()
     return {
         f"first start ({GPUS} modes set, {GPUS * 4} vGPUs typed and placed)":
             timing.summary(first),
@@ -92,8 +84,7 @@ def measure(rounds: int) -> dict[str, object]:
 def report(quick: bool) -> list[str]:
     results = measure(1 if quick else 3)
     lines = [
-        f"### (x) start to ready, mixed-size layout {GPUS} GPUs x 3 sizes (FUSE simulator, "
-        "in process)",
+        f"### (x) start to READY, mixed-size layout {GPUS} GPUs x 3 sizes (FUSE simulator)",
         "",
         "| what | result |",
         "| --- | --- |",
@@ -104,7 +95,10 @@ def report(quick: bool) -> list[str]:
             f"| {name} | median {timing.ms(value['median'])}, min {timing.ms(value['min'])} "
             f"({value['runs']} runs) |"
         )
-    lines += ["", "Command: `python -m benchmarks --only x` (`AgentCore.startup` in "
-              "process with the layout in its policy; the times include the FUSE "
-              "simulator's and its NVML's).", ""]
+    lines += ["", f"{GPUS} L40S GPUs x {VFS} VFs, each with one 24Q, one 12Q and two 4Q "
+              "(`[gpu_layout_mix]` in the daemon's config file); each GPU's mode set and read "
+              "back through the simulator's NVML, each vGPU typed, placed and read back.",
+              "", "Command: `python -m benchmarks --only x` (each start a whole daemon "
+              "process, from its spawn to `READY=1` on its notify socket; the times include "
+              "the FUSE simulator's and its NVML's).", ""]
     return lines

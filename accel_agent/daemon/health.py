@@ -30,6 +30,7 @@ import accel_agent
 from accel_agent.daemon import layout_in_use
 from accel_agent.daemon.counts import RescanView, iso
 from accel_agent.daemon.rescans import LayoutView, helper_guards
+from accel_agent.devices.gpu_layouts import SECTION_PREFIX
 from accel_agent.reporting import health_kinds as kind
 
 if TYPE_CHECKING:
@@ -101,10 +102,9 @@ def layout_problems(layout: LayoutView, now: float) -> list[Problem]:
             problems.append(
                 (kind.LAYOUT_CONVERGING, f"layout converging, {len(layout.draining)} draining")
             )
-    short = [s.text(gpu) for gpu, s in layout.short if gpu not in layout.missing_gpus]
+    short = short_text(layout)
     if short:
-        problems.append((kind.LAYOUT_GPUS_SHORT, "GPU(s) short of their standing layout: "
-                         + "; ".join(short)))
+        problems.append((kind.LAYOUT_GPUS_SHORT, short))
     if layout.error:
         problems.append((kind.LAYOUT_CONVERGE_FAILED, f"layout converge failed: {layout.error}"))
     if layout.missing_gpus:
@@ -114,6 +114,22 @@ def layout_problems(layout: LayoutView, now: float) -> list[Problem]:
             f"nvidia-sriov.service): {', '.join(layout.missing_gpus)}",
         ))
     return problems
+
+
+def short_text(layout: LayoutView) -> str | None:
+    """The GPUs short of their layout, each under its layout's kind: a
+    standing layout (``[mdev_<type>] standing``, its type named) or a
+    mixed-size one (``[gpu_layout_<name>]``, its section named); None when
+    none is.  One problem, so one kind (``layout_gpus_short``)."""
+    standing: list[str] = []
+    mixed: list[str] = []
+    for gpu, found in layout.short:
+        if gpu not in layout.missing_gpus:
+            mine = mixed if found.device_type.startswith(SECTION_PREFIX) else standing
+            mine.append(found.text(gpu))
+    said = [f"GPU(s) short of their {what} layout: " + "; ".join(texts)
+            for what, texts in (("standing", standing), ("mixed-size", mixed)) if texts]
+    return "; ".join(said) or None
 
 
 def status_of(problems: list[Problem]) -> str:

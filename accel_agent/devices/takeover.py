@@ -192,17 +192,34 @@ def _plan_takeover(
         entry = {"uuid": uuid, "parent": mdev.parent, "mdev_type": mdev.mdev_type,
                  "action": "foreign"}
         if adopt_unused:
-            configured = m.policy.type_for_name(mdev.parent, snapshot.parents)
-            if mdev.mdev_type is not None and configured == mdev.mdev_type:
+            configured, layout = _configured(m, snapshot, mdev.parent)
+            if mdev.mdev_type is not None and mdev.mdev_type in configured:
                 entry["action"] = "adopt"
+            elif layout is not None:
+                entry["reason"] = (
+                    f"its type {mdev.mdev_type} is none of the types [{layout}] gives "
+                    f"{mdev.parent}'s GPU ({', '.join(configured)})"
+                )
             else:
                 entry["reason"] = (
                     f"its type {mdev.mdev_type} is not the one configured for "
-                    f"{mdev.parent} ({configured or 'none'})"
+                    f"{mdev.parent} ({', '.join(configured) or 'none'})"
                 )
         entry["libvirt"] = _libvirt_action(defined, uuid, entry["action"] == "adopt")
         plan.unused.append(entry)
     return plan
+
+def _configured(
+    m: DeviceManager, snapshot: HostSnapshot, parent: str
+) -> tuple[tuple[str, ...], str | None]:
+    """The types the config gives ``parent`` and the section of its GPU's
+    mixed-size layout (None without one).  A layout's GPU has no single type
+    (``policy.type_for`` is None there): any of its layout's types is its
+    own, so a vGPU of one of them is adoptable and any other is not."""
+    found = snapshot.parents.get(parent, parent)
+    layout = m.policy.gpu_layout_for(found)
+    return m.policy.types_on(found), (layout.section if layout is not None else None)
+
 
 def _libvirt_action(defined: Mapping[str, Any], uuid: str, takes: bool) -> str | None:
     """"undefine" when the agent takes ``uuid`` and libvirt defines it."""
@@ -235,14 +252,22 @@ def _takeover_entry(
         )
         return None
     entry = {"uuid": uuid, "parent": mdev.parent, "mdev_type": mdev.mdev_type}
-    configured = m.policy.type_for_name(mdev.parent, snapshot.parents)
+    configured, layout = _configured(m, snapshot, mdev.parent)
     if mdev.mdev_type is None:
         problems.append(f"{who} uses mdev {uuid}, whose type cannot be read")
-    elif configured != mdev.mdev_type:
+    elif layout is not None and mdev.mdev_type not in configured:
+        problems.append(
+            f"{who} uses mdev {uuid} of type {mdev.mdev_type} on parent {mdev.parent}, "
+            f"but {mdev.parent}'s GPU has the mixed-size layout [{layout}], whose types "
+            f"are {', '.join(configured)} (add {mdev.mdev_type} to its vgpus, or move the "
+            "GPU out of it)"
+        )
+    elif mdev.mdev_type not in configured:
+        configured_type = configured[0] if configured else None
         problems.append(
             f"{who} uses mdev {uuid} of type {mdev.mdev_type} on parent {mdev.parent}, "
             f"but the config gives {mdev.parent} "
-            + (f"type {configured}" if configured else "no type")
+            + (f"type {configured_type}" if configured_type else "no type")
             + f" (add it to [mdev_{mdev.mdev_type}] device_addresses, with "
             f"{mdev.mdev_type} in [devices] enabled_mdev_types)"
         )

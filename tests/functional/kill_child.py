@@ -20,8 +20,15 @@ harness on stdout, one line each:
 ``error <class> <message>``
     the operation refused (an AccelAgentException): it must have changed
     nothing that a client was told about.
+``steps <json>``
+    before ``ack`` or ``error``: each crash point (``DeviceManager.on_step``)
+    the operation passed, with how many times.
 
-Operations and their arguments: ``allocate {instance, count}``, ``attach
+Instead of DELAY, ``step:<crash point>:<n>``: the child SIGKILLs itself the
+n-th time the operation reaches that crash point (the mixed-size model kills
+between every step of the order; a point not reached lets the call finish).
+
+Operations and their arguments: ``allocate {instance, count[, device_type]}``, ``attach
 {instance, requests}``, ``release
 {instance, remove}``, ``claim {owner, sources: {src uuid: type}}``, ``commit
 {owner}``, ``abort {owner}``, ``adopt {uuid}``, ``recover {}``, ``layout {}``.
@@ -88,7 +95,8 @@ def disarm(timer: ctypes.c_void_p) -> None:
 
 def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
     if operation == "allocate":
-        return manager.allocate(args["instance"], int(args["count"])).uuids
+        return manager.allocate(args["instance"], int(args["count"]),
+                                device_type=args.get("device_type")).uuids
     if operation == "attach":
         requests = wiring.attach_requests(manager, args["requests"])
         return [h["uuid"] for h in manager.attach(args["instance"], requests).handles]
@@ -111,7 +119,15 @@ def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
 
 def main() -> None:
     config, operation, arguments = sys.argv[1:4]
-    delay = float(sys.argv[4]) if len(sys.argv) > 4 else None
+    when = sys.argv[4] if len(sys.argv) > 4 else None
+    at_step = when.removeprefix("step:") if when and when.startswith("step:") else None
+    delay = float(when) if when and at_step is None else None
+    passed: dict[str, int] = {}
+
+    def on_step(step: str) -> None:
+        passed[step] = passed.get(step, 0) + 1
+        if at_step == f"{step}:{passed[step]}":
+            os.kill(os.getpid(), signal.SIGKILL)
     conf = load_config([config], [], prog="kill-child")
     net = None
     if os.environ.get("ACCEL_TEST_VFNET"):
@@ -119,7 +135,7 @@ def main() -> None:
         from tests.functional.vfnet import StateFileNet
 
         net = StateFileNet(os.environ["ACCEL_TEST_VFNET"])
-    manager = wiring.build_manager(conf, net=net)
+    manager = wiring.build_manager(conf, net=net, on_step=on_step)
     privileged.start_privsep([config], [])
     # Warm, as the daemon is: imports done, static sysfs attributes cached,
     # the ledger open.  The kill clock then covers the operation's own work
@@ -127,6 +143,7 @@ def main() -> None:
     with manager.locked():
         manager.scan()
         manager.ledger.all()
+    passed.clear()  # only the operation's own crash points
     print("ready", flush=True)
     print("begin", flush=True)
     parsed = json.loads(arguments)
@@ -142,6 +159,7 @@ def main() -> None:
     # The call has returned: from here on a kill would only hide the answer.
     if timer is not None:
         disarm(timer)
+    print(f"steps {json.dumps(passed, sort_keys=True)}", flush=True)
     if refusal is not None:
         print(f"error {type(refusal).__name__} {refusal.message}", flush=True)
         return

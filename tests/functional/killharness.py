@@ -218,6 +218,17 @@ class DeviceModel:
     # The standing model (issue 23): [mdev_<type>] standing, changed at random
     # before each "layout" operation (1..3 per GPU).
     standing: int = 0
+    # Another tool's devices made now and then (the mixed-size model has none:
+    # a foreign vGPU would take placements its layout needs).
+    foreign: bool = True
+    # Crash points (DeviceManager.on_step names) a run must have killed the
+    # child at, each at least once (killharness_mixed: the order's steps).
+    steps: tuple[str, ...] = ()
+
+    @property
+    def lays_out(self) -> bool:
+        """The agent makes the devices itself (a layout): no free pool to drain."""
+        return self.standing > 0
 
     @property
     def conf(self) -> str:
@@ -339,6 +350,8 @@ class Outcome:
     answer: Any = None
     duration: float | None = None
     helper_killed: bool = False
+    at_step: str | None = None  # "<crash point>:<n>": killed there, not after a delay
+    steps: dict[str, int] | None = None  # the crash points the child passed (not killed)
 
 
 def _helper_pids(config: str) -> list[int]:
@@ -395,12 +408,15 @@ def run_child(
     delay: float | None,
     kill_helper: bool,
     env: dict[str, str] | None = None,
+    at_step: str | None = None,
 ) -> Outcome:
     name = "release" if operation.startswith("release") else operation
-    outcome = Outcome(operation, args, delay)
+    outcome = Outcome(operation, args, delay, at_step=at_step)
     argv = [sys.executable, "-m", "tests.functional.kill_child", config, name, json.dumps(args)]
     if delay is not None:
         argv.append(f"{delay:.9f}")  # the child's kernel timer kills it: exact under load
+    elif at_step is not None:
+        argv.append(f"step:{at_step}")  # the child kills itself at that crash point
     # The helper's pids, for a kill "of the whole unit": the helper exists
     # once the child said ready (it starts it first).
     helpers: list[int] = []
@@ -433,6 +449,8 @@ def run_child(
             outcome.duration = float(took)
         elif line.startswith("error "):
             outcome.result, outcome.answer = "refused", line[6:]
+        elif line.startswith("steps "):
+            outcome.steps = json.loads(line[6:])
     if outcome.result != "killed" and proc.returncode != 0:
         raise RuntimeError(f"child for {operation} failed ({proc.returncode}): {err}")
     if outcome.result == "killed" and proc.returncode != -signal.SIGKILL:
@@ -459,6 +477,8 @@ class Stats:
     recover_kills: int = 0
     helper_kills: int = 0
     violations: list[str] = field(default_factory=list)
+    # Kills at a named crash point (the mixed-size model), per crash point.
+    step_kills: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def total_kills(self) -> int:
@@ -473,6 +493,7 @@ class Stats:
             "helper_killed_too": self.helper_kills,
             "completed_per_operation": dict(sorted(self.completed.items())),
             "refused_per_operation": dict(sorted(self.refused.items())),
+            "kills_per_step": dict(sorted(self.step_kills.items())),
             "violations": len(self.violations),
         }
 
@@ -530,11 +551,15 @@ class KillHarness:
             pools = VfPools(self.host.root, build_pools(conf), writer, StateFileNet(self._vfnet))
             kwargs = {"writer": writer,
                       "backends": {**builtin(), "sriov_vf": sriov_vf.SriovVfBackend(pools)}}
-        manager = self.host.manager(self.device_model.conf_with(self.standing), **kwargs)
+        manager = self.host.manager(self._conf(), **kwargs)
         try:
             yield manager
         finally:
             manager.ledger.close()
+
+    def _conf(self) -> str:
+        """The configuration as the children have it now."""
+        return self.device_model.conf_with(self.standing)
 
     def _delay(self, operation: str) -> float | None:
         measured = self.durations.get(operation)
@@ -718,22 +743,24 @@ class KillHarness:
 
     def iteration(self, operation: str) -> Outcome:
         self.stats.iterations += 1
-        if operation != "adopt" and len(self.model.foreign) < MAX_FOREIGN and (
-            self.rng.random() < 0.15
-        ):
+        if self.device_model.foreign and operation != "adopt" and (
+            len(self.model.foreign) < MAX_FOREIGN
+        ) and self.rng.random() < 0.15:
             with contextlib.suppress(RuntimeError):
                 self._create_foreign()  # another tool's mdev, never to be touched
         args = self.prepare(operation)
         timing = operation
         if operation in ("allocate", "claim", "attach") and self.rng.random() < DRAIN and (
-            not self.device_model.standing
+            not self.device_model.lays_out
         ):
             self._drain_free()
             timing += " (creates)"  # timed apart: creates take longer than reuse
         before = dict(self.model.holdings)
-        delay = self._delay(timing)
-        kill_helper = delay is not None and self.rng.random() < 0.5
-        outcome = run_child(self.config, operation, args, delay, kill_helper, self._env)
+        delay, at_step = self._kill_plan(timing)
+        kill_helper = (delay is not None or at_step is not None) and self.rng.random() < 0.5
+        outcome = run_child(self.config, operation, args, delay, kill_helper, self._env,
+                            at_step)
+        self._saw(timing, outcome)
         if outcome.result == "acked":
             assert outcome.duration is not None
             self.durations[timing].append(outcome.duration)
@@ -743,15 +770,14 @@ class KillHarness:
         else:
             self.stats.kills[operation] += 1
             self.stats.helper_kills += outcome.helper_killed
+            if at_step is not None:
+                self.stats.step_kills[at_step.rsplit(":", 1)[0]] += 1
         if outcome.result != "killed":
             self._check_settled(outcome)
         held_type = typed_vfs(self.host.root).get(self.vm_held) if self.vm_held else None
         self._recover(outcome)
         self._check(outcome, before)
-        if self.device_model.standing:
-            self._check_layout(outcome, held_type)
-            if operation == "layout":
-                self._check_idle_layout(outcome)
+        self._check_model(outcome, held_type)
         self._check_idempotent(outcome)
         self._let_go()
         self.log(
@@ -761,6 +787,21 @@ class KillHarness:
             f"foreign={len(self.model.foreign)}"
         )
         return outcome
+
+    def _kill_plan(self, timing: str) -> tuple[float | None, str | None]:
+        """When the child dies: after a random delay, or (a model that names
+        crash points) at one; (None, None): not killed."""
+        return self._delay(timing), None
+
+    def _saw(self, timing: str, outcome: Outcome) -> None:
+        """What a model learns from a child's run (the crash points it passed)."""
+
+    def _check_model(self, outcome: Outcome, held_type: int | None) -> None:
+        """The model's own promises, after recover."""
+        if self.device_model.standing:
+            self._check_layout(outcome, held_type)
+            if outcome.operation == "layout":
+                self._check_idle_layout(outcome)
 
     def _recover(self, outcome: Outcome) -> None:
         if self.durations.get("recover") and self.rng.random() < 0.25:
@@ -880,8 +921,7 @@ class KillHarness:
         from accel_agent.daemon.core import AgentCore
         from tests.configutil import make_conf
 
-        conf = make_conf(self.device_model.conf_with(self.standing)
-                         + f"\n[DEFAULT]\nstate_dir = {self.host.state_dir}\n",
+        conf = make_conf(self._conf() + f"\n[DEFAULT]\nstate_dir = {self.host.state_dir}\n",
                          sysfs_root=self.host.root)
         with self._manager() as manager:
             core = AgentCore(conf, manager=manager)
@@ -995,8 +1035,10 @@ class KillHarness:
         index = 0
         schedule, operations = self.device_model.schedule, self.device_model.operations
         limit = max_iterations or kills * 4 + 4 * len(schedule)
+        steps = set(self.device_model.steps)
         while (
             self.stats.total_kills < kills or set(self.stats.kills) != set(operations)
+            or not steps <= set(self.stats.step_kills)
         ) and self.stats.iterations < limit:
             self.iteration(schedule[index % len(schedule)])
             index += 1
@@ -1017,17 +1059,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="write one line per iteration here")
     parser.add_argument("--json", help="write the summary as JSON here")
     parser.add_argument(
-        "--model", choices=sorted(MODELS), default="mdev",
+        "--model", choices=sorted([*MODELS, "mixed"]), default="mdev",
         help="the device model under test (default mdev; nvidia_vfio: vGPU 17+ VFs; "
-        "attach: mdevs and SR-IOV VFs attached together)",
+        "attach: mdevs and SR-IOV VFs attached together; standing: standing layouts; "
+        "mixed: a mixed-size layout, killed at every step of its order too)",
     )
     args = parser.parse_args(argv)
-    model = MODELS[args.model]
+    from tests.functional import killharness_mixed
     from tests.functional.simhost import simulated_host
+
+    model = {**MODELS, killharness_mixed.MIXED.name: killharness_mixed.MIXED}[args.model]
+    harness = killharness_mixed.MixedHarness if model is killharness_mixed.MIXED else KillHarness
 
     def run(tmp: Path, seed: int, log: Callable[[str], None]) -> Any:
         with simulated_host(tmp, list(model.profiles), **model.host_options) as host:
-            return KillHarness(host, seed, log, model).run(args.kills)
+            return harness(host, seed, log, model).run(args.kills)
 
     return run_soak(args, model.name, run)
 

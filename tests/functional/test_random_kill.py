@@ -18,6 +18,7 @@ from tests.functional.killharness import (
     DeviceModel,
     KillHarness,
 )
+from tests.functional.killharness_mixed import MIXED, MixedHarness
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -33,6 +34,9 @@ KILLS_ATTACH = int(os.environ.get("ACCEL_KILLS_ATTACH", "20"))
 # The standing model (issue 23): kills while layouts are placed, drained and
 # restored after a reboot.
 KILLS_STANDING = int(os.environ.get("ACCEL_KILLS_STANDING", "12"))
+# The mixed-size layout model (issue 36): a run also goes on until a child
+# was killed at each crash point of the order (killharness_mixed.ORDER).
+KILLS_MIXED = int(os.environ.get("ACCEL_KILLS_MIXED", "8"))
 # A fixed seed makes the sequence of operations and delays repeatable; the
 # instants still vary with the machine's load, which is the point.
 SEED = int(os.environ.get("ACCEL_KILL_SEED", "20261124"))
@@ -42,14 +46,16 @@ STOP_ON_VIOLATION = os.environ.get("ACCEL_KILL_STOP_ON_VIOLATION") == "1"
 
 @pytest.mark.parametrize(
     ("model", "kills"),
-    [(MDEV, KILLS), (VFIO, KILLS_VFIO), (ATTACH, KILLS_ATTACH), (STANDING, KILLS_STANDING)],
-    ids=["mdev", "nvidia_vfio", "attach", "standing"],
+    [(MDEV, KILLS), (VFIO, KILLS_VFIO), (ATTACH, KILLS_ATTACH), (STANDING, KILLS_STANDING),
+     (MIXED, KILLS_MIXED)],
+    ids=["mdev", "nvidia_vfio", "attach", "standing", "mixed"],
 )
 def test_random_sigkills_then_recover_keep_every_promise(tmp_path, model: DeviceModel, kills):
     skip_unless_root()
     lines: list[str] = []
     with simulated_host(tmp_path, list(model.profiles), **model.host_options) as host:
-        harness = KillHarness(host, SEED, lines.append, model)
+        harness = (MixedHarness if model is MIXED else KillHarness)(host, SEED, lines.append,
+                                                                     model)
         stats = harness.run(kills, stop_on_violation=STOP_ON_VIOLATION)
     summary = stats.to_dict()
     print(summary)
@@ -57,3 +63,5 @@ def test_random_sigkills_then_recover_keep_every_promise(tmp_path, model: Device
     assert stats.total_kills >= kills, summary
     # Every operation was killed at least once, not only the cheap ones.
     assert set(stats.kills) == set(model.operations), summary
+    # ... and (the mixed-size model) at every crash point of the order.
+    assert set(model.steps) <= set(stats.step_kills), summary

@@ -199,3 +199,50 @@ def test_types_configured_keeps_every_type_of_the_layout_on_its_gpu(tmp_path):
     # The table's "configured" column says so for each of them.
     _head, rows = ctl_listings._types_table(document)
     assert {(r[0], r[1]) for r in rows if r[-1] == "yes"} == kept
+
+
+def _takeover_plan(snapshot, chosen, domains=()):
+    """takeover's plan (``--adopt-unused``, dry run) over the snapshot with
+    an empty ledger: the manager's policy and ledger are all it reads."""
+    from types import SimpleNamespace
+
+    from accel_agent.devices import takeover
+
+    m = SimpleNamespace(policy=chosen, ledger=SimpleNamespace(get=lambda uuid: None))
+    return takeover._plan_takeover(m, snapshot, list(domains), adopt_unused=True,
+                                   dry_run=True, defined={})
+
+
+def test_a_foreign_vgpu_of_a_layout_s_type_on_its_gpu_is_adoptable(snapshot):
+    # Every vGPU on the L4 is of one of its layout's three types (the GPU has
+    # no single configured type: policy.type_for is None there).
+    plan = _takeover_plan(snapshot, policy("agent"))
+    on_l4 = {e["parent"]: e for e in plan.unused if e["parent"].startswith("0000:21:")}
+    assert {vf: e["action"] for vf, e in on_l4.items()} == dict.fromkeys(TYPED, "adopt")
+
+
+def test_a_foreign_vgpu_of_another_type_on_a_layout_s_gpu_is_refused_naming_the_layout(
+    snapshot,
+):
+    from types import SimpleNamespace
+
+    chosen = policy("agent", f"{L4_12Q}:1, {L4_6Q}:1")  # no 3Q in the layout any more
+    plan = _takeover_plan(snapshot, chosen)
+    entry = next(e for e in plan.unused if e["parent"] == "0000:21:00.6")
+    assert entry["action"] == "foreign"
+    assert entry["reason"] == (
+        f"its type {L4_3Q} is none of the types [gpu_layout_mixed] gives 0000:21:00.6's "
+        f"GPU ({L4_12Q}, {L4_6Q})")
+    # A domain (Nova's guest) on it: the takeover is refused, naming the layout.
+    uuid = uuid_on(snapshot, "0000:21:00.6")
+    domain = SimpleNamespace(name="guest", uuid="6f0a2c8e-4c1b-4f7e-9a43-0d2b5c1e8f10",
+                             mdevs=[uuid])
+    plan = _takeover_plan(snapshot, chosen, [domain])
+    assert plan.problems == [
+        f"domain guest ({domain.uuid}) uses mdev {uuid} of type {L4_3Q} on parent "
+        f"0000:21:00.6, but 0000:21:00.6's GPU has the mixed-size layout [gpu_layout_mixed], "
+        f"whose types are {L4_12Q}, {L4_6Q} (add {L4_3Q} to its vgpus, or move the GPU out "
+        "of it)"]
+    # ... and one of the layout's types is taken over.
+    ok = SimpleNamespace(name="ok", uuid=domain.uuid, mdevs=[uuid_on(snapshot, "0000:21:00.5")])
+    assert _takeover_plan(snapshot, chosen, [ok]).problems == []

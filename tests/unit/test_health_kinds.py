@@ -150,3 +150,22 @@ def test_a_sync_past_its_deadline_is_a_problem(core):  # noqa: F811
     assert "Placement sync running since" in health["problems"][0]
     assert core.metrics.value("accel_agent_health_problem",
                               {"problem": kind.PLACEMENT_SYNC_STUCK}) == 1
+
+
+def test_a_short_gpu_is_said_under_its_layout_s_kind():
+    """A GPU of a mixed-size layout is short of its mixed-size layout (its
+    section named), a standing layout's of its standing layout; both at once
+    are one problem of one kind, each under its own words."""
+    from accel_agent.daemon.rescans import LayoutView
+    from accel_agent.devices.layout import BLOCKED, Short
+
+    mixed = ("0000:c1:00.0", Short("gpu_layout_mix", 4, 0, "does not fit: ..."))
+    standing = ("0000:c2:00.0", Short("nvidia-1150", 2, 0, BLOCKED, ("d1",)))
+    said = health_mod.layout_problems(LayoutView(short=(mixed,)), 0.0)
+    assert said == [(kind.LAYOUT_GPUS_SHORT, "GPU(s) short of their mixed-size layout: "
+                     "0000:c1:00.0 has 0 of 4 gpu_layout_mix (does not fit: ...)")]
+    said = health_mod.layout_problems(LayoutView(short=(mixed, standing)), 0.0)
+    assert said == [(kind.LAYOUT_GPUS_SHORT, "GPU(s) short of their standing layout: "
+                     "0000:c2:00.0 has 0 of 2 nvidia-1150 (blocked by 1 device(s) of another "
+                     "type: d1); GPU(s) short of their mixed-size layout: 0000:c1:00.0 has 0 "
+                     "of 4 gpu_layout_mix (does not fit: ...)")]
