@@ -75,8 +75,17 @@ step "Start the agent daemon (API on $DEMO_DIR/api.sock, rescan every second)"
 .venv/bin/accel-agent --config-file "$CONF" >"$DEMO_DIR/agent.log" 2>&1 &
 AGENT_PID=$!
 trap 'kill "$AGENT_PID" 2>/dev/null || true; wait "$AGENT_PID" 2>/dev/null || true; "${CTL[@]}" simulate umount "$SYSFS" >/dev/null 2>&1 || true' EXIT
-for _ in $(seq 120); do [ -S "$DEMO_DIR/api.sock" ] && break; sleep 0.5; done
-[ -S "$DEMO_DIR/api.sock" ] || { echo "the daemon did not start:" >&2; cat "$DEMO_DIR/agent.log" >&2; exit 1; }
+# The API answers while the agent starts ("starting": recovery, layouts);
+# it takes changes once it is ready, so wait for that, not for the socket.
+status=""
+for _ in $(seq 240); do
+    status=$("${CTL[@]}" --config-file "$CONF" health --json 2>/dev/null \
+        | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin).get("status", ""))' 2>/dev/null) || true
+    [ -n "$status" ] && [ "$status" != starting ] && break
+    kill -0 "$AGENT_PID" 2>/dev/null || break
+    sleep 0.5
+done
+[ -n "$status" ] && [ "$status" != starting ] || { echo "the daemon did not start:" >&2; cat "$DEMO_DIR/agent.log" >&2; exit 1; }
 echo "accel-agent running as pid $AGENT_PID"
 
 step "Allocate 3 vGPUs to an instance (through the daemon's API)"
