@@ -83,18 +83,10 @@ def measure(rounds: int) -> dict[str, object]:
 
 def report(quick: bool) -> list[str]:
     results = measure(1 if quick else 3)
-    lines = [
+    lines = timing.median_min_table(
         f"### (x) start to READY, mixed-size layout {GPUS} GPUs x 3 sizes (FUSE simulator)",
-        "",
-        "| what | result |",
-        "| --- | --- |",
-    ]
-    for name, value in results.items():
-        assert isinstance(value, dict)
-        lines.append(
-            f"| {name} | median {timing.ms(value['median'])}, min {timing.ms(value['min'])} "
-            f"({value['runs']} runs) |"
-        )
+        results,
+    )
     lines += ["", f"{GPUS} L40S GPUs x {VFS} VFs, each with one 24Q, one 12Q and two 4Q "
               "(`[gpu_layout_mix]` in the daemon's config file); each GPU's mode set and read "
               "back through the simulator's NVML, each vGPU typed, placed and read back.",

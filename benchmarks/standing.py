@@ -88,18 +88,10 @@ def measure(rounds: int) -> dict[str, object]:
 
 def report(quick: bool) -> list[str]:
     results = measure(1 if quick else 3)
-    lines = [
+    lines = timing.median_min_table(
         f"### (r) start to READY, standing layout {GPUS} GPUs x {VFS} VFs (FUSE simulator)",
-        "",
-        "| what | result |",
-        "| --- | --- |",
-    ]
-    for name, value in results.items():
-        assert isinstance(value, dict)
-        lines.append(
-            f"| {name} | median {timing.ms(value['median'])}, min {timing.ms(value['min'])} "
-            f"({value['runs']} runs) |"
-        )
+        results,
+    )
     lines += ["", "Command: `python -m benchmarks --only r` (each start a whole daemon "
               "process; the times include the FUSE simulator's).", ""]
     return lines

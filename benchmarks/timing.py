@@ -67,6 +67,19 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
+def median_min_table(title: str, results: dict[str, object]) -> list[str]:
+    """A report's heading and its "| what | result |" table of
+    :func:`summary` results, each row its median and minimum."""
+    lines = [title, "", "| what | result |", "| --- | --- |"]
+    for name, value in results.items():
+        assert isinstance(value, dict)
+        lines.append(
+            f"| {name} | median {ms(value['median'])}, min {ms(value['min'])} "
+            f"({value['runs']} runs) |"
+        )
+    return lines
+
+
 # What a command line shows in BENCHMARKS.md: paths of this checkout relative
 # to it, a run's temporary directory as $TMP, so that the file names no
 # directory of the machine it was measured on (the commands still say what
