@@ -12,8 +12,20 @@ Choices, and why:
   them fresh), so only a ``fstat`` of a descriptor held across a change could
   see an old link count; without it, the kernel's permission check asked
   for them again on every path component, a second upcall per component.
-* **No flush**: sysfs has no ``flush``; the kernel stops sending FLUSH after
-  the first ENOSYS, a third fewer upcalls per attribute read.
+* **No flush for attributes** (``FOPEN_NOFLUSH``, libfuse >= 3.11 and Linux
+  >= 5.17): sysfs has no ``flush``; without FLUSH an attribute read costs a
+  third fewer upcalls.
+* **A VFIO group node lets go at close(2)**: the kernel's
+  ``vfio_group_fops_release()`` runs before ``close(2)`` (or the death of the
+  holder) returns, so the next write finds the group free.  FUSE sends RELEASE
+  *after* ``close(2)`` returned, in the background, and a multi-threaded loop
+  may serve the caller's next write first: an unbind right after the agent's
+  in-use probe then failed with EBUSY (about 3 in 100 on an idle machine).  A
+  group node's handle therefore lets go at FLUSH, which ``close(2)`` and a
+  dying process's exit wait for.  FLUSH comes at the close of each
+  descriptor, not the last: a dup()ed or inherited group descriptor would let
+  go early, and nothing here makes one (a choice).  ``raw_fi`` is what lets
+  ``open`` set ``noflush`` per file.
 * **Errno pass-through**: the model raises ``OSError(errno)``; mfusepy turns
   it into ``-errno`` for the kernel, so ``echo``/``os.write`` see EEXIST,
   EINVAL, ENOSPC, EUSERS, ENODEV as on a real host.
@@ -101,41 +113,53 @@ class SysfsOperations(mfusepy.Operations):
 
     # -- files ----------------------------------------------------------------------
 
-    def open(self, path: str, flags: int) -> int:
+    # With ``raw_fi`` the file operations get libfuse's ``fuse_file_info``
+    # (``fi``); the handle number is its ``fh``.
+
+    def open(self, path: str, fi: Any) -> int:
         # The flags matter to a VFIO group node: a VM opens it read-write.
-        handle = self._host.open(path, flags)
+        handle = self._host.open(path, fi.flags)
         with self._hlock:
             fh = next(self._ids)
             self._handles[fh] = handle
-        return fh
+        fi.fh = fh
+        if not handle.lets_go_at_close and hasattr(fi, "noflush"):
+            fi.noflush = 1  # an attribute: no FLUSH (module docstring)
+        return 0
 
-    def _handle(self, fh: int) -> Handle:
-        handle = self._handles.get(fh)
+    def _handle(self, fi: Any) -> Handle:
+        handle = self._handles.get(fi.fh)
         if handle is None:
             raise oserror(errno.EBADF)
         return handle
 
-    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        return self._handle(fh).pread(size, offset)
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        return self._handle(fi).pread(size, offset)
 
-    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+    def write(self, path: str, data: bytes, offset: int, fi: Any) -> int:
         # sysfs ignores the offset: every write(2) is one store() of its bytes.
-        return self._handle(fh).write(data)
+        return self._handle(fi).write(data)
 
-    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+    def truncate(self, path: str, length: int, fi: Any = None) -> int:
         if self._host.lstat(path).is_dir:
             raise oserror(errno.EISDIR)
         return 0
 
-    def release(self, path: str, fh: int) -> int:
+    def flush(self, path: str, fi: Any) -> int:
+        """close(2) of a VFIO group node: the group lets go now, before the
+        caller's close returns (module docstring).  Attributes ask for no FLUSH."""
         with self._hlock:
-            handle = self._handles.pop(fh, None)
+            handle = self._handles.get(fi.fh)
         if handle is not None:
-            handle.close()  # a VFIO group node lets its next opener in
+            handle.close()
         return 0
 
-    # sysfs has no flush: the kernel gets ENOSYS once and sends no more.
-    flush = None
+    def release(self, path: str, fi: Any) -> int:
+        with self._hlock:
+            handle = self._handles.pop(fi.fh, None)
+        if handle is not None:
+            handle.close()  # idempotent: a group node let go at its FLUSH
+        return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
         self._host.lstat(path)
@@ -195,4 +219,4 @@ def mount(host: SimulatedHost, mountpoint: str, *, on_init: Callable[[], None] |
         options["allow_other"] = True
     if debug:
         options["debug"] = True
-    mfusepy.FUSE(SysfsOperations(host, on_init), mountpoint, **options)
+    mfusepy.FUSE(SysfsOperations(host, on_init), mountpoint, raw_fi=True, **options)

@@ -61,8 +61,13 @@ class Handle:
         self._cache = b""
         self._on_close = on_close
 
+    @property
+    def lets_go_at_close(self) -> bool:
+        """A VFIO group node's handle: something is let go when it closes."""
+        return self._on_close is not None
+
     def close(self) -> None:
-        """The last reference went (FUSE ``release``); idempotent."""
+        """The file was closed (FUSE ``flush`` or ``release``); idempotent."""
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             on_close()

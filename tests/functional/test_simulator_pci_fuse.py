@@ -222,6 +222,58 @@ def test_a_vf_handed_to_vfio_pci_through_fuse(sim):
     assert not os.path.exists(node)
 
 
+def _hand_to_vfio_pci(sim) -> tuple[str, str]:
+    """NIC_VF0 bound to vfio-pci; its unbind file and its group node."""
+    vf = f"bus/pci/devices/{NIC_VF0}"
+    drivers = sim.path("bus/pci/drivers")
+    assert write(sim.path(NIC, "sriov_numvfs"), b"2") == 0
+    assert write(sim.path(vf, "driver_override"), b"vfio-pci") == 0
+    assert write(os.path.join(drivers, "igbvf", "unbind"), NIC_VF0.encode()) == 0
+    assert write(os.path.join(drivers, "vfio-pci", "bind"), NIC_VF0.encode()) == 0
+    return os.path.join(drivers, "vfio-pci", "unbind"), sim.path("vfio", group_of(sim, vf))
+
+
+def rebind(sim) -> None:
+    assert write(sim.path("bus/pci/drivers/vfio-pci/bind"), NIC_VF0.encode()) == 0
+
+
+def test_a_closed_group_is_free_for_the_very_next_write_through_fuse(sim):
+    """The agent's in-use probe opens and closes the group, then unbinds at
+    once.  The kernel lets the group go inside close(2); FUSE's RELEASE comes
+    later, so the simulator lets go at FLUSH.  When it let go at RELEASE,
+    about 3 unbinds in 100 failed with EBUSY; 300 in a row passing is what
+    that fault cannot do (0.97**300 < 0.0002)."""
+    unbind, node = _hand_to_vfio_pci(sim)
+    refused = 0
+    for _ in range(300):
+        os.close(os.open(node, os.O_RDONLY | os.O_NONBLOCK))
+        if write(unbind, NIC_VF0.encode()) != 0:
+            refused += 1
+            continue
+        rebind(sim)
+    assert refused == 0
+
+
+def test_a_killed_holder_lets_go_before_it_is_reaped_through_fuse(sim):
+    """A VM holds the group: its unbind is EBUSY.  Killed, and reaped by its
+    parent, it holds nothing: the kernel closes a dying task's files in
+    do_exit(), and the simulator lets go at the FLUSH of that close."""
+    unbind, node = _hand_to_vfio_pci(sim)
+    holder = ("import os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+              "print('held', flush=True); time.sleep(600)")
+    for _ in range(5):
+        vm = subprocess.Popen([sys.executable, "-c", holder, node], stdout=subprocess.PIPE)
+        try:
+            assert vm.stdout.readline() == b"held\n"
+            assert write(unbind, NIC_VF0.encode()) == errno.EBUSY
+        finally:
+            vm.kill()
+            vm.wait()
+            vm.stdout.close()
+        assert write(unbind, NIC_VF0.encode()) == 0
+        rebind(sim)
+
+
 def test_cli_mounts_nvidia_vfio_and_shows_typed_vfs(tmp_path):
     rundir = tempfile.mkdtemp(prefix="accel-sim-cli-", dir="/tmp")
     env = dict(os.environ, ACCEL_SIM_RUNDIR=rundir)
