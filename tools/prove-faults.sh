@@ -50,7 +50,7 @@ for patch in "${patches[@]}"; do
 		# every process (children, accelctl, the privsep helper).
 		# A leak window is a fraction of one operation: give the harness up to
 		# PROVE_KILLS kills (it stops at the first violation; seen: 10-120).
-		(cd "$work" && PYTHONPATH=$work ACCEL_KILL_STOP_ON_VIOLATION=1 ACCEL_KILL_MIXED=1 \
+		(cd "$work" && PYTHONPATH=$work ACCEL_KILL_STOP_ON_VIOLATION=1 \
 			ACCEL_KILLS=${PROVE_KILLS:-400} ACCEL_KILLS_VFIO=${PROVE_KILLS:-400} \
 			ACCEL_KILLS_ATTACH=${PROVE_KILLS:-400} \
 			"$PY" -m pytest -q -x -p no:cacheprovider $tests >"$work.log" 2>&1) || failed=yes

@@ -52,13 +52,6 @@ STOP_ON_VIOLATION = os.environ.get("ACCEL_KILL_STOP_ON_VIOLATION") == "1"
 )
 def test_random_sigkills_then_recover_keep_every_promise(tmp_path, model: DeviceModel, kills):
     skip_unless_root()
-    if model is MIXED and os.environ.get("ACCEL_KILL_MIXED") != "1":
-        # It passed alone every time, and failed once beside the rest of the
-        # functional tier (-n 2), cause not yet read: a test that may fail on
-        # a busy machine would block every landing, so it runs on demand
-        # until that failure is understood (issue 36 stays open for it).
-        pytest.skip("the mixed-size model runs with ACCEL_KILL_MIXED=1 (issue 36: one failure "
-                    "under load not yet explained)")
     lines: list[str] = []
     with simulated_host(tmp_path, list(model.profiles), **model.host_options) as host:
         harness = (MixedHarness if model is MIXED else KillHarness)(host, SEED, lines.append,
