@@ -88,7 +88,8 @@ DRAINING_LIMIT = 24 * 3600.0
 
 
 def layout_problems(layout: LayoutView, now: float) -> list[Problem]:
-    """The standing layouts not in place (devices/layout.py)."""
+    """The layouts not in place: standing (devices/layout.py), mixed-size
+    and MIG-backed (devices/gpu_layout_converge.py)."""
     problems: list[Problem] = []
     if layout.draining:
         since = layout.draining_since
@@ -110,7 +111,7 @@ def layout_problems(layout: LayoutView, now: float) -> list[Problem]:
     if layout.missing_gpus:
         problems.append((
             kind.LAYOUT_GPUS_MISSING,
-            f"GPU(s) of a standing layout not on this host (VFs not enabled? "
+            f"GPU(s) a layout names not on this host (VFs not enabled? "
             f"nvidia-sriov.service): {', '.join(layout.missing_gpus)}",
         ))
     return problems
@@ -128,7 +129,7 @@ def short_text(layout: LayoutView) -> str | None:
             mine = mixed if found.device_type.startswith(SECTION_PREFIX) else standing
             mine.append(found.text(gpu))
     said = [f"GPU(s) short of their {what} layout: " + "; ".join(texts)
-            for what, texts in (("standing", standing), ("mixed-size", mixed)) if texts]
+            for what, texts in (("standing", standing), ("mixed-size or MIG", mixed)) if texts]
     return "; ".join(said) or None
 
 

@@ -162,10 +162,10 @@ def test_a_short_gpu_is_said_under_its_layout_s_kind():
     mixed = ("0000:c1:00.0", Short("gpu_layout_mix", 4, 0, "does not fit: ..."))
     standing = ("0000:c2:00.0", Short("nvidia-1150", 2, 0, BLOCKED, ("d1",)))
     said = health_mod.layout_problems(LayoutView(short=(mixed,)), 0.0)
-    assert said == [(kind.LAYOUT_GPUS_SHORT, "GPU(s) short of their mixed-size layout: "
+    assert said == [(kind.LAYOUT_GPUS_SHORT, "GPU(s) short of their mixed-size or MIG layout: "
                      "0000:c1:00.0 has 0 of 4 gpu_layout_mix (does not fit: ...)")]
     said = health_mod.layout_problems(LayoutView(short=(mixed, standing)), 0.0)
     assert said == [(kind.LAYOUT_GPUS_SHORT, "GPU(s) short of their standing layout: "
                      "0000:c2:00.0 has 0 of 2 nvidia-1150 (blocked by 1 device(s) of another "
-                     "type: d1); GPU(s) short of their mixed-size layout: 0000:c1:00.0 has 0 "
-                     "of 4 gpu_layout_mix (does not fit: ...)")]
+                     "type: d1); GPU(s) short of their mixed-size or MIG layout: 0000:c1:00.0 "
+                     "has 0 of 4 gpu_layout_mix (does not fit: ...)")]
