@@ -46,6 +46,7 @@ from typing import Any
 
 from accel_agent import exception, privileged, wiring
 from accel_agent.config.load import load_config
+from tests.functional.crash_points import StepKiller, parse_point
 
 CLAIM_LIFETIME = 24 * 3600.0  # never expires during a harness run
 
@@ -120,14 +121,11 @@ def run(manager: Any, operation: str, args: dict[str, Any]) -> Any:
 def main() -> None:
     config, operation, arguments = sys.argv[1:4]
     when = sys.argv[4] if len(sys.argv) > 4 else None
-    at_step = when.removeprefix("step:") if when and when.startswith("step:") else None
+    at_step = parse_point(when.removeprefix("step:")) if when and when.startswith("step:") \
+        else None
     delay = float(when) if when and at_step is None else None
-    passed: dict[str, int] = {}
-
-    def on_step(step: str) -> None:
-        passed[step] = passed.get(step, 0) + 1
-        if at_step == f"{step}:{passed[step]}":
-            os.kill(os.getpid(), signal.SIGKILL)
+    on_step = StepKiller(at_step)
+    passed = on_step.passed
     conf = load_config([config], [], prog="kill-child")
     net = None
     if os.environ.get("ACCEL_TEST_VFNET"):

@@ -24,6 +24,7 @@ from accel_agent.daemon.core import AgentCore
 from accel_agent.devices.gpu_layouts import GpuLayout
 from tests import ledger_sql
 from tests.configutil import make_conf
+from tests.functional.crash_points import Point, read_points, recover_in_child
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -239,32 +240,9 @@ def test_recorded_instances_are_rebuilt_where_the_ledger_has_them(sim):
 # --- a kill at every crash point of the order ------------------------------------------
 
 
-def _child(host, kill: tuple[str, int] | None, record: str | None = None) -> int:
-    """Bring the layout up (recovery, then the converge) in a forked process
-    SIGKILLed at the ``kill`` crash point (its n-th time); ``record``: a file
-    to write every crash point reached instead.  Its exit status."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            seen: dict[str, int] = {}
-            lines: list[str] = []
-
-            def on_step(step: str) -> None:
-                seen[step] = seen.get(step, 0) + 1
-                lines.append(f"{step} {seen[step]}")
-                if kill == (step, seen[step]):
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-            manager = host.manager(INI, on_step=on_step)
-            manager.recover()
-            if record:
-                with open(record, "w") as handle:
-                    handle.write("\n".join(lines))
-            os._exit(0)
-        except BaseException:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    return status
+def _child(host, kill: Point | None, record: str | None = None) -> int:
+    """Bring the layout up in a forked process killed at ``kill`` (crash_points.py)."""
+    return recover_in_child(lambda on_step: host.manager(INI, on_step=on_step), kill, record)
 
 
 @pytest.mark.filterwarnings("ignore:Using fork")  # the child never runs eventlet
@@ -282,8 +260,7 @@ def test_a_kill_at_any_step_of_the_mig_order_is_recovered_to_the_whole_layout(
         sim.sim.reboot()
     path = str(tmp_path / "steps")
     assert _child(sim, None, record=path) == 0
-    with open(path) as handle:
-        points = [(s, int(n)) for s, n in (line.split() for line in handle.read().splitlines())]
+    points = read_points(path)
     names = {s for s, _ in points}
     assert {"mig.mode_set", "mig.instance_created"} <= names, names
     assert reboot_first or "allocate.created" in names, names

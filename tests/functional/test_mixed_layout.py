@@ -25,9 +25,11 @@ from accel_agent import exception
 from accel_agent.daemon import starting
 from accel_agent.daemon.core import AgentCore
 from accel_agent.devices.gpu_layouts import GpuLayout
+from accel_agent.devices.manager import DeviceManager
 from accel_agent.simulator.profiles_nvidia import L40S_VGPU_TYPES
 from tests import ledger_sql
 from tests.configutil import make_conf
+from tests.functional.crash_points import Point, StepKiller, read_points, recover_in_child
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -310,33 +312,15 @@ def test_nvml_unavailable_is_the_reason_the_gpu_is_short(sim):
 # --- a kill at every crash point of the order ------------------------------------------
 
 
-def _child(host, kill: tuple[str, int] | None, record: str | None = None) -> int:
-    """Bring the layout up (recovery, then the converge) in a forked process
-    SIGKILLed at the ``kill`` crash point (its n-th time); ``record``: a file
-    to write every crash point reached instead.  Its exit status."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            seen: dict[str, int] = {}
-            lines: list[str] = []
+def _child(host, kill: Point | None, record: str | None = None) -> int:
+    """Bring the layout up in a forked process killed at ``kill`` (crash_points.py)."""
 
-            def on_step(step: str) -> None:
-                seen[step] = seen.get(step, 0) + 1
-                lines.append(f"{step} {seen[step]}")
-                if kill == (step, seen[step]):
-                    os.kill(os.getpid(), signal.SIGKILL)
+    def build(on_step: StepKiller) -> DeviceManager:
+        manager = host.manager(INI, on_step=on_step)
+        manager.set_policy(dataclasses.replace(manager.policy, gpu_layouts=(layout(),)))
+        return manager
 
-            manager = host.manager(INI, on_step=on_step)
-            manager.set_policy(dataclasses.replace(manager.policy, gpu_layouts=(layout(),)))
-            manager.recover()
-            if record:
-                with open(record, "w") as handle:
-                    handle.write("\n".join(lines))
-            os._exit(0)
-        except BaseException:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    return status
+    return recover_in_child(build, kill, record)
 
 
 def _crash_points(host, tmp_path, reboot_first: bool) -> list[tuple[str, int]]:
@@ -346,8 +330,7 @@ def _crash_points(host, tmp_path, reboot_first: bool) -> list[tuple[str, int]]:
         host.sim.reboot()
     path = str(tmp_path / "steps")
     assert _child(host, None, record=path) == 0
-    with open(path) as handle:
-        return [(s, int(n)) for s, n in (line.split() for line in handle.read().splitlines())]
+    return read_points(path)
 
 
 @pytest.mark.filterwarnings("ignore:Using fork")  # the child never runs eventlet
