@@ -1,22 +1,12 @@
 """What a mixed-size GPU layout (``[gpu_layout_<name>]``, issue 36) wants of
-the host now, and what drains: pure functions of the ledger, the scan and
-the configuration, so the converge, the listings, health and a release
-name the same devices (devices/layout.py's one definition of draining
-calls :func:`draining`).
+the host now: which GPUs carry one, which are short of it and why, which
+are missing.  Pure functions of the ledger, the scan and the configuration,
+so the converge, the listings and health agree.
 
 A GPU of a mixed layout carries ``count`` vGPUs of each ``(type, count)``
-it names.  Draining, as for a standing layout (docs/design.md §13):
-
-* a device of the layout (its member, held by the layout or taken by an
-  instance) of a type the GPU's layout no longer names drains;
-* a GPU with more devices of a type than its layout's count: the extras
-  drain, those instances (or claims) hold first, then the layout's own,
-  each in UUID order (so a device named draining stays named until it is
-  free, and the one an instance gives back is never named in its place).
-
-A free device is never draining (the converge takes it into the layout or
-removes it).  A device in use is never retyped, moved or removed: it keeps
-its placement (the planner's ``fixed``) until it is free.
+it names.  What drains follows the one rule of every layout
+(devices/layout_members.py).  A device in use is never retyped, moved or
+removed: it keeps its placement (the planner's ``fixed``) until it is free.
 """
 
 from __future__ import annotations
@@ -24,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from accel_agent.devices import layout_members
 
 if TYPE_CHECKING:
     from accel_agent.devices.gpu_layouts import GpuLayout
@@ -77,66 +69,6 @@ def on_mixed_gpu(policy: DevicePolicy, parent: Parent | str | None) -> bool:
         policy.gpu_layout_for(parent) is not None)
 
 
-Groups = dict[tuple[str, str], tuple[list[str], list[str]]]
-
-
-def groups(
-    snapshot: HostSnapshot,
-    policy: DevicePolicy,
-    holders: Mapping[str, str | None],
-    members: Set[str],
-    made: Mapping[str, tuple[str, str]] | None = None,
-) -> tuple[Groups, set[str]]:
-    """Per (GPU, type of its layout): (devices instances or claims hold,
-    the layout's own), each sorted; and the members of a type their GPU's
-    layout no longer names.  ``made``: uuid -> (parent, type) of devices
-    made since ``snapshot`` was read."""
-    found: Groups = {}
-    unwanted: set[str] = set()
-    if not policy.gpu_layouts:
-        return found, unwanted
-    for uuid, holder in holders.items():
-        mdev = snapshot.mdevs.get(uuid)
-        where = (mdev.parent, mdev.mdev_type) if mdev is not None else (made or {}).get(uuid)
-        if where is None:
-            continue
-        parent = snapshot.parents.get(where[0])
-        layout = policy.gpu_layout_for(parent) if parent is not None else None
-        if parent is None or layout is None:
-            continue
-        own = holder is None and uuid in members
-        if holder is None and not own:
-            continue  # free: joined or removed by the converge
-        if where[1] not in layout.types:
-            if uuid in members:
-                unwanted.add(uuid)
-            continue
-        held, layout_own = found.setdefault((parent.physical_gpu, str(where[1])), ([], []))
-        (layout_own if own else held).append(uuid)
-    for held, layout_own in found.values():
-        held.sort()
-        layout_own.sort()
-    return found, unwanted
-
-
-def draining(
-    snapshot: HostSnapshot,
-    policy: DevicePolicy,
-    holders: Mapping[str, str | None],
-    members: Set[str],
-    made: Mapping[str, tuple[str, str]] | None = None,
-) -> frozenset[str]:
-    """The devices of the mixed layouts that drain (module docstring)."""
-    found, unwanted = groups(snapshot, policy, holders, members, made)
-    drained = set(unwanted)
-    for (gpu, device_type), (held, layout_own) in found.items():
-        layout = policy.gpu_layout_for(gpu)
-        extra = len(held) + len(layout_own) - (layout.count_of(device_type) if layout else 0)
-        if extra > 0:
-            drained.update((held + layout_own)[:extra])
-    return frozenset(drained)
-
-
 def short(
     snapshot: HostSnapshot,
     policy: DevicePolicy,
@@ -149,12 +81,12 @@ def short(
     """The GPUs on the host short of their mixed layout: fewer vGPUs of a
     type than it names, or a reason the last converge left (the mode not
     set, a placement that did not read back, ...)."""
-    found, _ = groups(snapshot, policy,
-                      {u: h for u, h in holders.items() if u not in gone}, members, made)
+    found, _ = layout_members.groups(
+        snapshot, policy, {u: h for u, h in holders.items() if u not in gone}, members, made)
     out: dict[str, MixedShort] = {}
     for gpu, layout in sorted(layout_gpus(snapshot, policy).items()):
         present = sum(
-            min(layout.count_of(t), sum(len(x) for x in found.get((gpu, t), ([], []))))
+            min(layout.count_of(t), found[(gpu, t)].present if (gpu, t) in found else 0)
             for t in layout.types
         )
         wanted = sum(n for _, n in layout.vgpus)

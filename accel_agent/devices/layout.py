@@ -57,7 +57,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from accel_agent import exception
-from accel_agent.devices import gpu_layout_converge, gpu_layout_state, planning, protocol
+from accel_agent.devices import (
+    gpu_layout_converge,
+    gpu_layout_state,
+    layout_members,
+    planning,
+    protocol,
+)
 from accel_agent.devices.ledger import DeviceRecord, DeviceState, OwnerKind
 
 if TYPE_CHECKING:
@@ -161,88 +167,16 @@ def holders_of(records: Iterable[DeviceRecord]) -> tuple[dict[str, str | None], 
     return holders, frozenset(r.uuid for r in records if r.in_layout)
 
 
-Groups = dict[tuple[str, str], tuple[list[str], list[str]]]
-
-
-def _groups(
-    snapshot: HostSnapshot,
-    policy: DevicePolicy,
-    holders: Mapping[str, str | None],
-    members: Set[str],
-    made: Mapping[str, tuple[str, str]] | None = None,
-) -> tuple[Groups, set[str]]:
-    """Per (GPU, its standing type): (devices instances or claims hold, the
-    layout's own devices), each sorted; and the members of a layout on a GPU
-    that no longer wants their type.  ``made``: uuid -> (parent, type) of
-    devices made since ``snapshot`` was read (the converge's own)."""
-    groups: Groups = {}
-    unwanted: set[str] = set()
-    for uuid, holder in holders.items():
-        mdev = snapshot.mdevs.get(uuid)
-        if mdev is not None:
-            where: tuple[str, str | None] | None = (mdev.parent, mdev.mdev_type)
-        else:
-            where = (made or {}).get(uuid)
-        if where is None:
-            continue  # not on the host: nothing to drain
-        own = holder is None and uuid in members
-        if holder is None and not own:
-            continue  # free: the converge takes it into the layout or removes it now
-        parent = snapshot.parents.get(where[0])
-        if gpu_layout_state.on_mixed_gpu(policy, parent):
-            continue  # a mixed-size layout's GPU: gpu_layout_state.py's rules
-        found = policy.standing_for(parent) if parent is not None else None
-        if parent is None or found is None or found[0] != where[1]:
-            if uuid in members:
-                unwanted.add(uuid)
-            continue
-        held, layout_own = groups.setdefault((parent.physical_gpu, found[0]), ([], []))
-        (layout_own if own else held).append(uuid)
-    for held, layout_own in groups.values():
-        held.sort()
-        layout_own.sort()
-    return groups, unwanted
-
-
-def _draining(groups: Groups, unwanted: set[str], policy: DevicePolicy) -> frozenset[str]:
-    drained = set(unwanted)
-    for (_gpu, device_type), (held, layout_own) in groups.items():
-        config = policy.config_of(device_type)
-        extra = len(held) + len(layout_own) - (config.standing if config else 0)
-        if extra > 0:
-            drained.update((held + layout_own)[:extra])
-    return frozenset(drained)
-
-
 def draining_of(
     snapshot: HostSnapshot,
     policy: DevicePolicy,
     holders: Mapping[str, str | None],
     members: Set[str],
 ) -> frozenset[str]:
-    """The devices a standing layout no longer wants, removed once free.
-
-    ``holders``: the agent's settled devices, uuid -> the instance or claim
-    holding it (None: the layout holds it, or nobody); ``members``: the
-    layouts' devices (held by the layout, or taken from it by an instance).
-
-    * A member on a GPU whose configuration no longer gives its type a
-      layout (another type, ``standing = 0``) drains.
-    * A GPU with more devices of its standing type than N (a lowered N):
-      the extras drain, those instances (or claims) hold first, then the
-      layout's own, each in UUID order.  Instances first: their devices are
-      the ones that go when released, and the device an instance gives
-      back is never named in place of one already named (it joins the
-      layout after every instance's), so a device named draining stays
-      named until it is free.
-
-    A free device is never draining: the converge takes it into the layout
-    or removes it at once.  A function of the ledger, the host and the
-    configuration alone, so every reader names the same devices.  The
-    GPUs of a mixed-size layout follow the same rules per type
-    (devices/gpu_layout_state.py)."""
-    return _draining(*_groups(snapshot, policy, holders, members), policy) | (
-        gpu_layout_state.draining(snapshot, policy, holders, members))
+    """The devices the layouts (standing, mixed-size, MIG-backed) no longer
+    want, removed once free: devices/layout_members.py's one rule.
+    ``holders``/``members``: :func:`holders_of` the ledger."""
+    return layout_members.draining(snapshot, policy, holders, members)
 
 
 def missing_gpus(snapshot: HostSnapshot, policy: DevicePolicy) -> tuple[str, ...]:
@@ -275,7 +209,7 @@ def state_of(
     was read (the converge says what it did rather than scan again).
     ``reasons``: GPU -> why its mixed-size layout is not in place, as the
     last converge found it (DeviceManager.mixed_reasons)."""
-    groups, unwanted = _groups(snapshot, policy, holders, members, made)
+    groups, unwanted = layout_members.groups(snapshot, policy, holders, members, made)
     wanted: dict[str, tuple[str, int]] = {}
     for parent in snapshot.parents.values():
         found = policy.standing_for(parent)
@@ -283,8 +217,8 @@ def state_of(
             wanted.setdefault(parent.physical_gpu, found)
     short: dict[str, Short] = {}
     for gpu, (device_type, standing) in sorted(wanted.items()):
-        held, layout_own = groups.get((gpu, device_type), ([], []))
-        present = len(held) + len(layout_own)
+        kept = groups.get((gpu, device_type))
+        present = kept.present if kept is not None else 0
         if present >= standing:
             continue
         others = tuple(sorted(
@@ -297,8 +231,7 @@ def state_of(
                                              made, gone).items():
         short[gpu] = Short(mixed.layout, mixed.wanted, mixed.present, mixed.reason)
     return LayoutState(
-        draining=_draining(groups, unwanted, policy) | gpu_layout_state.draining(
-            snapshot, policy, holders, members, made),
+        draining=layout_members.drained(groups, unwanted),
         short=short,
         missing=missing_gpus(snapshot, policy),
     )

@@ -1,14 +1,14 @@
-"""What a mixed-size layout wants of a host and what drains (issue 36),
-devices/gpu_layout_state.py, and the one definition of draining that
-covers standing and mixed layouts alike (devices/layout.py), over
-snapshots of a GPU with four VFs."""
+"""What a mixed-size layout wants of a host (issue 36,
+devices/gpu_layout_state.py) and what drains (the one rule of every layout,
+devices/layout_members.py, as devices/layout.py calls it), over snapshots
+of a GPU with four VFs."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from accel_agent.devices import gpu_layout_state as state
-from accel_agent.devices import layout
+from accel_agent.devices import layout, layout_members
 from accel_agent.devices.gpu_layouts import GpuLayout
 from accel_agent.devices.policy import DevicePolicy
 from accel_agent.sysfs.model import HostSnapshot, Mdev, Parent
@@ -57,10 +57,10 @@ def test_a_type_dropped_by_a_change_drains_and_only_its_members() -> None:
     holders = {uid(0): None, uid(1): "vm-a", uid(2): None, uid(3): None}
     changed = dataclasses.replace(MIX, vgpus=((Q24, 1), (Q4, 2)))
     # vm-a's 12Q is the layout's device of a type it no longer names.
-    assert state.draining(snap, policy(changed), holders, members) == {uid(1)}
+    assert layout_members.draining(snap, policy(changed), holders, members) == {uid(1)}
     assert layout.draining_of(snap, policy(changed), holders, members) == {uid(1)}
     # Not a member (vm-a's own, never the layout's): not the layout's to drain.
-    assert state.draining(snap, policy(changed), holders, members - {uid(1)}) == set()
+    assert layout_members.draining(snap, policy(changed), holders, members - {uid(1)}) == set()
 
 
 def test_a_lowered_count_drains_instances_devices_first_in_uuid_order() -> None:
@@ -68,7 +68,7 @@ def test_a_lowered_count_drains_instances_devices_first_in_uuid_order() -> None:
     members = frozenset(uid(i) for i in range(4))
     holders = {uid(0): None, uid(1): None, uid(2): None, uid(3): "vm-b"}
     lowered = dataclasses.replace(MIX, vgpus=((Q24, 1), (Q12, 1), (Q4, 1)))
-    assert state.draining(snap, policy(lowered), holders, members) == {uid(3)}
+    assert layout_members.draining(snap, policy(lowered), holders, members) == {uid(3)}
     # The standing layouts' rules never see a mixed layout's GPU.
     assert layout.draining_of(snap, policy(lowered), holders, members) == {uid(3)}
 
