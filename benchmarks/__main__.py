@@ -42,6 +42,8 @@ TARGETS = {
     "(measured, no target)",
     "x": "start to READY with a mixed-size layout of 4 GPUs x 3 sizes, and after a reboot "
     "(measured, no target)",
+    "y": "start to READY with a MIG-backed layout of 4 H200 GPUs x 4 GPU instances, and "
+    "after a reboot (measured, no target)",
     "h": "a fleet against one Placement (make bench-fleet, not in the default run): 0 writes "
     "per agent per hour with nothing changing; the first minute after an outage under N/10 "
     "requests per second",
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument(
         "--only",
-        default="abcdefgklmnprx",
+        default="abcdefgklmnprxy",
         help="letters of the benchmarks to run (g: types/inventory on 8 NVIDIA vGPU 17+ "
         "GPUs x 48 VFs; k: (c) on a real kernel in the lab guest; "
         "l: a real live migration through the agent in the lab trixie guest; "
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "n: (a) on each host shape of benchmarks/hosttrees.py; "
         "p: where a listing's time goes; r: start to READY with a 4 x 16 standing layout; "
         "x: start to READY with a mixed-size layout of 4 GPUs x 3 sizes; "
+        "y: start to READY with a MIG-backed layout of 4 H200 GPUs; "
         "h: a fleet of agents against one Placement, ~80 min, 10 with --quick: make bench-fleet)",
     )
     parser.add_argument(
@@ -205,12 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         print("running (r) start to READY with a standing layout ...", file=sys.stderr,
               flush=True)
         out.extend(standing.report(args.quick))
-    if "x" in args.only:
-        from benchmarks import mixed_layout
+    for letter, kind in (("x", "mixed-size"), ("y", "MIG-backed")):
+        if letter in args.only:
+            from benchmarks import mixed_layout
 
-        print("running (x) start to READY with a mixed-size layout ...", file=sys.stderr,
-              flush=True)
-        out.extend(mixed_layout.report(args.quick))
+            print(f"running ({letter}) start to READY with a {kind} layout ...",
+                  file=sys.stderr, flush=True)
+            out.extend(mixed_layout.report(args.quick, letter))
     if "h" in args.only:
         from benchmarks import fleet
 

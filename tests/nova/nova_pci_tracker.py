@@ -6,7 +6,8 @@ stdin: {"node": the compute node's name, "sysfs_root": the simulated sysfs,
 "nodedevs": [libvirt node-device XML of every PCI device of the host],
 "cases": {name: {"device_spec": [values], "alias": [values], "flavor_alias":
 "<alias>:<count>", "pci_in_placement": [filter_scheduler] pci_in_placement,
-true unless given}}}, run in order in one process (Nova's imports take
+true unless given, "sysfs_root" and "nodedevs": another host's, in place of
+the top-level ones}}}, run in order in one process (Nova's imports take
 seconds).
 
 stdout, per case: {"error": null or what Nova raised, "specs": the tags of
@@ -57,10 +58,10 @@ def run_all(spec: dict[str, Any]) -> dict[str, Any]:
     from nova.tests.fixtures import libvirt as fakelibvirt
 
     objects.register_all()
-    root = spec["sysfs_root"]
+    host = {"sysfs_root": spec["sysfs_root"], "nodedevs": spec["nodedevs"]}  # the case's
 
     def device_dir(address: str, *rest: str) -> str:
-        return os.path.join(root, "bus", "pci", "devices", address, *rest)
+        return os.path.join(host["sysfs_root"], "bus", "pci", "devices", address, *rest)
 
     # nova.pci.utils' sysfs probes, on the simulated sysfs.  LibvirtFixture
     # fakes a NIC host (every device a MAC, every VF number 1); this host's
@@ -105,7 +106,7 @@ def run_all(spec: dict[str, Any]) -> dict[str, Any]:
         def listAllDevices(self, flags: int) -> list[Any]:
             if not flags & fakelibvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_PCI_DEV:
                 return []
-            return [fakelibvirt.NodeDevice(self, xml=xml) for xml in spec["nodedevs"]]
+            return [fakelibvirt.NodeDevice(self, xml=xml) for xml in host["nodedevs"]]
 
     answers = {}
     workdir = tempfile.mkdtemp(prefix="nova-pci-tier-")
@@ -116,6 +117,7 @@ def run_all(spec: dict[str, Any]) -> dict[str, Any]:
             for name, probe in probes.items():  # after the fixture's own patches
                 stack.enter_context(fixtures.MonkeyPatch(f"nova.pci.utils.{name}", probe))
             for name, case in spec["cases"].items():
+                host.update({key: case.get(key, spec[key]) for key in host})
                 CONF = conf.CONF
                 conf_fixture = conf_fixtures.ConfFixture(CONF)  # Nova's own tests' config
                 conf_fixture.setUp()
