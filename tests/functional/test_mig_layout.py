@@ -328,3 +328,49 @@ def test_a_recorded_instance_the_gpu_does_not_take_is_forgotten_and_planned_afre
         assert (gi["name"], gi["placement"]) == ("1g.18gb", [0, 1])
         assert ledger_sql.query(sim.state_dir, "SELECT start FROM gpu_instances") == [(0,)]
         assert core.health()["layout"]["short"] == {}
+
+
+def test_an_a100_keeps_its_mig_mode_over_a_reboot_and_gets_its_instances_back(tmp_path):
+    """An A100-class GPU keeps MIG mode across a reboot but, like every GPU,
+    loses its GPU instances (the simulator's nvidia-a100-mig, after NVIDIA's
+    k8s-device-plugin #225): the agent finds the mode on, does not set it
+    again, and rebuilds the instances before it re-types the VFs."""
+    skip_unless_root()
+    a100, g1, g3 = "0000:a1:00.0", "nvidia-700", "nvidia-702"
+    ini = (f"[devices]\nstanding_vf_wait = 5\nenabled_mdev_types = {g1}, {g3}\n"
+           f"enabled_gpu_layouts = a100\n[gpu_layout_a100]\ngpus = {a100}\n"
+           f"vgpus = {g1}:2, {g3}:1\nmig = 1g.5gb:2, 3g.20gb:1\n")
+    with simulated_host(tmp_path, ["nvidia-a100-mig"], gpus=1, vfs=8) as host:
+        manager = host.manager(ini)
+        conf = make_conf(ini + f"\n[DEFAULT]\nstate_dir = {host.state_dir}\n",
+                         sysfs_root=host.root)
+        try:
+            core = AgentCore(conf, manager=manager)
+
+            def a100_state() -> dict:
+                (gpu,) = [g for g in host.sim.status()["nvidia_gpus"] if g["address"] == a100]
+                return gpu
+
+            def laid_out() -> list:
+                state = a100_state()
+                names = {g["gpu_instance_id"]: g["name"] for g in state["gpu_instances"]}
+                return sorted((f"nvidia-{v['type_id']}", names[v["gpu_instance_id"]])
+                              for v in state["vgpus"])
+
+            whole = [(g1, "1g.5gb"), (g1, "1g.5gb"), (g3, "3g.20gb")]
+            core.startup()
+            assert laid_out() == whole
+            typed = {v["vf"] for v in a100_state()["vgpus"]}
+            steps: list[str] = []
+            manager.on_step = steps.append
+            host.sim.reboot()
+            assert a100_state()["mig"]["current"] is True  # the mode survived
+            assert a100_state()["gpu_instances"] == [] and a100_state()["vgpus"] == []
+            core.rescan()
+            assert laid_out() == whole
+            assert {v["vf"] for v in a100_state()["vgpus"]} == typed  # the same VFs
+            assert "mig.mode_set" not in steps, steps  # on already: not set again
+            assert "mig.instance_created" in steps, steps
+            assert core.health()["layout"]["short"] == {}
+        finally:
+            manager.ledger.close()
