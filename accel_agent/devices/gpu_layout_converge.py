@@ -153,6 +153,7 @@ def converge(m: DeviceManager, snapshot: HostSnapshot, report: LayoutReport) -> 
             report.failed[gpu] = exc.message
         else:
             m.mixed_reasons.pop(gpu, None)
+    gpu_layout_mig.release_dropped(m, snapshot)
     return len(report.created) + len(report.removed) != before
 
 

@@ -27,6 +27,13 @@ MIG-Backed vGPUs"):
    instance of its type's profile); then every vGPU of the layout must
    read back on a distinct instance of its type's profile.
 
+A GPU taken out of every MIG-backed layout (dropped from ``gpus``, its
+layout disabled or made time-sliced) keeps nothing of the agent's:
+:func:`release_dropped` destroys each GPU instance the agent recorded there
+once no vGPU uses it (its vGPUs drain first, as a layout's devices do) and
+forgets its record.  MIG mode is left as it is: turning it off is the
+operator's choice, and needs an idle GPU.
+
 Recovery calls :func:`prepare` (steps 2 and 3) before it re-types the
 recorded vGPUs of such a GPU after a reboot, a driver reload, a GPU reset
 or a VF re-enable, so their instances are there first.  What cannot be
@@ -257,3 +264,38 @@ def check_instances(
                            f"and {vgpu.parent} read back the same GPU instance "
                            f"{gi.gpu_instance_id}")
         seen[gi.gpu_instance_id] = vgpu.parent
+
+
+def release_dropped(m: DeviceManager, snapshot: HostSnapshot) -> None:
+    """The GPU instances recorded on GPUs no MIG-backed layout names any
+    more (module docstring): a free one destroyed, its record forgotten; one
+    a vGPU uses kept, recorded, until that vGPU is gone (a later converge);
+    a record whose instance is gone forgotten."""
+    for gpu in sorted({r.gpu for r in m.ledger.gpu_instances()}):
+        layout = m.policy.gpu_layout_for(gpu)
+        if layout is not None and layout.is_mig:
+            continue
+        try:
+            existing = {(g.placement.start, g.placement.size, g.profile_id): g
+                        for g in m.nvml.gpu_instances(gpu)}
+        except exception.NvmlError as exc:
+            LOG.debug("GPU %s: GPU instances of a former MIG layout not read: %s", gpu,
+                      exc.message)
+            continue
+        used = {v.gpu_instance_id for v in _vgpus_on(snapshot, gpu) if v.gpu_instance_id}
+        for record in m.ledger.gpu_instances(gpu):
+            gi = existing.get((record.start, record.size, record.profile_id))
+            if gi is None:
+                protocol.forget_gpu_instance(m, gpu, record.start)
+                continue
+            if gi.gpu_instance_id in used:
+                continue
+            try:
+                protocol.destroy_gpu_instance(m, gpu, gi)
+            except exception.NvmlError as exc:  # in use after all: a later converge
+                LOG.warning("GPU %s: GPU instance %d of the former layout %s kept: %s", gpu,
+                            gi.gpu_instance_id, record.owner, exc.message)
+                continue
+            LOG.info("GPU %s: destroyed GPU instance %d (profile %d at %s): no MIG-backed "
+                     "layout names the GPU any more", gpu, gi.gpu_instance_id, gi.profile_id,
+                     gi.placement)

@@ -374,3 +374,29 @@ def test_an_a100_keeps_its_mig_mode_over_a_reboot_and_gets_its_instances_back(tm
             assert core.health()["layout"]["short"] == {}
         finally:
             manager.ledger.close()
+
+
+def test_a_gpu_taken_out_of_every_mig_layout_keeps_nothing_of_the_agent_s(sim):
+    """The layout disabled while a guest holds one vGPU: the free vGPUs and
+    their GPU instances go; the guest's vGPU and its instance stay (it
+    drains); once the guest lets go both go, and the ledger keeps no GPU
+    instance.  MIG mode stays on (the operator's to turn off)."""
+    with agent(sim) as core:
+        core.startup()
+        assert_complete(sim, core)
+        vf, (_, gi) = next((v, p) for v, p in on_host(sim).items() if p[0] == G3)
+        with held_open(sim, vf):
+            core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=()))
+            core.rescan()
+            core.rescan()
+            assert on_host(sim) == {vf: (G3, gi)}
+            assert [g["gpu_instance_id"] for g in gpu_state(sim)["gpu_instances"]] == [gi]
+            assert ledger_sql.query(sim.state_dir, "SELECT gpu, size FROM gpu_instances") == [
+                (GPU, 4)]
+        core.rescan()
+        core.rescan()
+        assert on_host(sim) == {}
+        assert gpu_state(sim)["gpu_instances"] == []
+        assert ledger_sql.query(sim.state_dir, "SELECT gpu FROM gpu_instances") == []
+        assert ledger_sql.query(sim.state_dir, "SELECT uuid FROM mdevs") == []
+        assert gpu_state(sim)["mig"]["current"] is True
