@@ -166,7 +166,8 @@ class MixedHarness(KillHarness):
         known = self.known.get(f"{timing}/{self.scene}")
         if delay is None or not known:
             return delay, None
-        first = sorted(s for s in known if s in ORDER and not self.stats.step_kills[s])
+        order = self.device_model.steps  # this model's ORDER
+        first = sorted(s for s in known if s in order and not self.stats.step_kills[s])
         if first:  # a step of the order this operation passes here, never killed yet
             return None, f"{self.rng.choice(first)}:1"
         if self.rng.random() >= AT_STEP:
