@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 from accel_agent import exception
 from accel_agent.devices import gpu_layout_fit, mig_plan, protocol
 from accel_agent.devices import gpu_layout_state as state
+from accel_agent.devices.ledger import DeviceState
 from accel_agent.nvml.types import Placement
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ def ensure_instances(
     try:
         needed = gpu_layout_fit.mig_needed(nvml, gpu, layout)
         existing = nvml.gpu_instances(gpu)
+        recorded = _recorded(m, snapshot, gpu)
     except (exception.MigLayoutInvalid, exception.LayoutCannotFit) as exc:
         raise MigShort(f"{state.DOES_NOT_FIT}: {exc.message}") from None
     except exception.NvmlNotAvailable as exc:
@@ -127,6 +129,11 @@ def ensure_instances(
     # An instance a vGPU holds stays where it is; free ones stay while the
     # layout needs one of their profile, the others go.
     room = {n.profile.profile_id: n.count for n in needed}
+    for profile_id, count in recorded.items():
+        # More vGPUs of a profile recorded than a shrunk layout names (held
+        # by instances, they drain): after a wipe their instances are
+        # rebuilt for recovery to re-type them on, not forgotten as surplus.
+        room[profile_id] = max(room.get(profile_id, 0), count)
     for gi in existing:
         if gi.gpu_instance_id in used:
             room[gi.profile_id] = room.get(gi.profile_id, 0) - 1
@@ -180,6 +187,24 @@ def ensure_instances(
     for planned in plan.new:
         _create(m, gpu, layout, planned.profile_id, planned.placement)
     return nvml.gpu_instances(gpu)
+
+
+def _recorded(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> dict[int, int]:
+    """GPU instance profile id -> the vGPUs of a MIG-backed type the ledger
+    records on ``gpu`` (typed, or after a reboot, a driver reload or a VF
+    enable not yet again: recovery re-types each on an instance of its
+    profile)."""
+    profile_of = {f"{gpu_layout_fit.TYPE_PREFIX}{t.type_id}": t.gpu_instance_profile_id
+                  for t in m.nvml.vgpu_types(gpu)}
+    recorded: dict[int, int] = {}
+    for record in m.ledger.all():
+        parent = snapshot.parents.get(record.parent)
+        if parent is None or parent.physfn != gpu or record.state is not DeviceState.PRESENT:
+            continue
+        profile_id = profile_of.get(str(record.device_type))
+        if profile_id is not None:
+            recorded[profile_id] = recorded.get(profile_id, 0) + 1
+    return recorded
 
 
 def _create(

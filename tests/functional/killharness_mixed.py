@@ -171,7 +171,8 @@ class MixedHarness(KillHarness):
             # machine (most kills land before an answer) could end a run
             # with a point of the order never learnt, so never killed.
             return None, None
-        first = sorted(s for s in known if s in ORDER and not self.stats.step_kills[s])
+        order = self.device_model.steps  # this model's ORDER
+        first = sorted(s for s in known if s in order and not self.stats.step_kills[s])
         if first:  # a step of the order this operation passes here, never killed yet
             return None, f"{self.rng.choice(first)}:1"
         if self.rng.random() >= AT_STEP:

@@ -215,6 +215,32 @@ def test_a_layout_change_drains_and_never_destroys_an_instance_in_use(sim):
         assert core.health()["layout"]["short"] == {}
 
 
+def test_held_vgpus_beyond_a_shrunk_layout_get_their_instances_back_after_a_reboot(sim):
+    """An instance holds two H200X-1-18C, the layout shrinks to one (they
+    drain), the host reboots: recovery rebuilds a GPU instance for every
+    recorded vGPU and re-types them all, instead of rebuilding only the
+    layout's one 1g.18gb and failing on the others (found by the
+    random-kill harness's MIG model)."""
+    smaller = GpuLayout("mig", (GPU,), ((G1, 1), (G3, 1)), "agent",
+                        (("1g.18gb", 1), ("3g.71gb", 1)))
+    with agent(sim) as core:
+        core.startup()
+        held = core.devices.allocate("vm-1", 2, device_type=G1).uuids
+        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=(smaller,)))
+        core.rescan()
+        vfs = {u: p for u, p in ledger_sql.query(sim.state_dir, "SELECT uuid, parent FROM mdevs")}
+        sim.sim.reboot()
+        core.rescan()
+        placed = on_host(sim)
+        assert [placed.get(vfs[u], ("missing",))[0] for u in held] == [G1, G1], placed
+        # Every recorded vGPU back on its VF, each on its own instance of its profile.
+        assert set(placed) == set(vfs.values())
+        instances = {g["gpu_instance_id"]: g["name"] for g in gpu_state(sim)["gpu_instances"]}
+        assert sorted(gi for _, gi in placed.values()) == sorted(instances)
+        assert all(instances[gi] == PROFILE[t] for t, gi in placed.values())
+        assert core.health()["layout"]["short"] == {}
+
+
 def test_recorded_instances_are_rebuilt_where_the_ledger_has_them(sim):
     """An instance recorded at 6:1 (where an earlier plan put it) is made
     there again, not where a fresh plan would (0:1), at the start and after

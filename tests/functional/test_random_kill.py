@@ -18,6 +18,7 @@ from tests.functional.killharness import (
     DeviceModel,
     KillHarness,
 )
+from tests.functional.killharness_mig import MIG, MigHarness
 from tests.functional.killharness_mixed import MIXED, MixedHarness
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
@@ -37,6 +38,9 @@ KILLS_STANDING = int(os.environ.get("ACCEL_KILLS_STANDING", "12"))
 # The mixed-size layout model (issue 36): a run also goes on until a child
 # was killed at each crash point of the order (killharness_mixed.ORDER).
 KILLS_MIXED = int(os.environ.get("ACCEL_KILLS_MIXED", "8"))
+# The MIG model (issue 37): also killed at each crash point of the MIG order
+# (killharness_mig.ORDER), between GPU instance creation and typing included.
+KILLS_MIG = int(os.environ.get("ACCEL_KILLS_MIG", "8"))
 # A fixed seed makes the sequence of operations and delays repeatable; the
 # instants still vary with the machine's load, which is the point.
 SEED = int(os.environ.get("ACCEL_KILL_SEED", "20261124"))
@@ -47,15 +51,15 @@ STOP_ON_VIOLATION = os.environ.get("ACCEL_KILL_STOP_ON_VIOLATION") == "1"
 @pytest.mark.parametrize(
     ("model", "kills"),
     [(MDEV, KILLS), (VFIO, KILLS_VFIO), (ATTACH, KILLS_ATTACH), (STANDING, KILLS_STANDING),
-     (MIXED, KILLS_MIXED)],
-    ids=["mdev", "nvidia_vfio", "attach", "standing", "mixed"],
+     (MIXED, KILLS_MIXED), (MIG, KILLS_MIG)],
+    ids=["mdev", "nvidia_vfio", "attach", "standing", "mixed", "mig"],
 )
 def test_random_sigkills_then_recover_keep_every_promise(tmp_path, model: DeviceModel, kills):
     skip_unless_root()
     lines: list[str] = []
     with simulated_host(tmp_path, list(model.profiles), **model.host_options) as host:
-        harness = (MixedHarness if model is MIXED else KillHarness)(host, SEED, lines.append,
-                                                                     model)
+        harness = (MigHarness if model is MIG else MixedHarness if model is MIXED
+                   else KillHarness)(host, SEED, lines.append, model)
         stats = harness.run(kills, stop_on_violation=STOP_ON_VIOLATION)
     summary = stats.to_dict()
     print(summary)

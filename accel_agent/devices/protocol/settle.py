@@ -189,6 +189,7 @@ def create_gpu_instance(m: DeviceManager, gpu: str, profile_id: int,
                  if g.profile_id == profile_id and g.placement == placement), None)
     if made is not None:
         record_gpu_instance(m, gpu, made, owner)
+        step(m, "mig.instance_recorded")  # made and recorded, no type written on it yet
     return made
 
 
