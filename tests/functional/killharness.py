@@ -1059,17 +1059,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="write one line per iteration here")
     parser.add_argument("--json", help="write the summary as JSON here")
     parser.add_argument(
-        "--model", choices=sorted([*MODELS, "mixed"]), default="mdev",
+        "--model", choices=sorted([*MODELS, "mixed", "mig"]), default="mdev",
         help="the device model under test (default mdev; nvidia_vfio: vGPU 17+ VFs; "
         "attach: mdevs and SR-IOV VFs attached together; standing: standing layouts; "
-        "mixed: a mixed-size layout, killed at every step of its order too)",
+        "mixed: a mixed-size layout, killed at every step of its order too; mig: a "
+        "MIG-backed layout, likewise)",
     )
     args = parser.parse_args(argv)
-    from tests.functional import killharness_mixed
+    from tests.functional import killharness_mig, killharness_mixed
     from tests.functional.simhost import simulated_host
 
-    model = {**MODELS, killharness_mixed.MIXED.name: killharness_mixed.MIXED}[args.model]
-    harness = killharness_mixed.MixedHarness if model is killharness_mixed.MIXED else KillHarness
+    ordered = {killharness_mixed.MIXED.name: (killharness_mixed.MIXED,
+                                              killharness_mixed.MixedHarness),
+               killharness_mig.MIG.name: (killharness_mig.MIG, killharness_mig.MigHarness)}
+    model, harness = ordered.get(args.model) or (MODELS[args.model], KillHarness)
 
     def run(tmp: Path, seed: int, log: Callable[[str], None]) -> Any:
         with simulated_host(tmp, list(model.profiles), **model.host_options) as host:
