@@ -77,7 +77,13 @@ from typing import Any
 from accel_agent import exception
 from accel_agent.simulator.profiles_nvidia import H200_MIG_PROFILES, H200_VGPU_TYPES
 from tests.functional.killharness import DeviceModel, Outcome, typed_vfs
-from tests.functional.killharness_mixed import MixedHarness, read_placements
+from tests.functional.killharness_mixed import (
+    OPERATIONS,
+    SCHEDULE,
+    MixedHarness,
+    MixedModel,
+    read_placements,
+)
 
 G1, G3 = "nvidia-1414", "nvidia-1418"  # H200X-1-18C, H200X-3-71C
 GPUS = ("0000:61:00.0", "0000:62:00.0")
@@ -92,19 +98,14 @@ PROFILES = {p.profile_id: p for p in H200_MIG_PROFILES}
 SECTION = "gpu_layout_mig"
 ORDER = ("mig.mode_set", "mig.instance_created", "mig.instance_recorded",
          "mig.instance_destroyed", "allocate.intent", "allocate.created", "allocate.assigned")
-OPERATIONS = ("layout", "allocate", "release", "release --remove", "recover")
-SCHEDULE = ("layout", "allocate", "recover", "release --remove", "recover", "allocate",
-            "release", "layout", "recover")
 # What the driver undoes before a recover, with the share of each.
 SCENES = (("reboot", 0.4), ("driver reload", 0.15), ("vfs re-enabled", 0.2),
           ("first start", 0.1), ("vanished", 0.15))
 
 
 @dataclass(frozen=True)
-class MigModel(DeviceModel):
-    @property
-    def lays_out(self) -> bool:
-        return True
+class MigModel(MixedModel):
+    """The mixed model's operations and schedule over a MIG-backed layout."""
 
     def conf_with(self, mix: int) -> str:
         vgpus = ", ".join(f"{t}:{n}" for t, n in LAYOUTS[mix])
