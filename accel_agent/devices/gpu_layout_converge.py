@@ -112,14 +112,30 @@ def prepare_for_recovery(
     """Before recovery types the recorded vGPUs it re-creates: the mode of
     each GPU of a mixed layout they are on (a type written first would lock
     the GPU to one size); for a MIG-backed layout, MIG mode and the GPU
-    instances (gpu_layout_mig.prepare).  Returns the GPUs whose mode is not on: their
+    instances (gpu_layout_mig.prepare), and on a GPU taken out of every MIG
+    layout the instances its guests' vGPUs still need
+    (gpu_layout_mig.prepare_recorded).  Returns the GPUs whose mode is not on: their
     vGPUs wait (the converge says why in health)."""
     gpus = {
         parent.physfn for r in records
         if (parent := snapshot.parents.get(r.parent)) is not None
         and state.on_mixed_gpu(m.policy, parent)
     }
+    # A GPU out of every MIG layout whose instances a guest's vGPU kept
+    # recorded (gpu_layout_mig.release_dropped): they are rebuilt too.
+    with_instances = {r.gpu for r in m.ledger.gpu_instances()}
+    formerly_mig = {
+        parent.physfn for r in records
+        if (parent := snapshot.parents.get(r.parent)) is not None
+        and parent.physfn in with_instances and parent.physfn not in gpus
+    }
     not_ready: set[str] = set()
+    for gpu in sorted(g for g in formerly_mig if g):
+        try:
+            gpu_layout_mig.prepare_recorded(m, snapshot, gpu)
+        except gpu_layout_mig.MigShort as short:
+            not_ready.add(gpu)
+            LOG.warning("GPU %s: its recorded vGPUs wait: %s", gpu, short.reason)
     for gpu in sorted(g for g in gpus if g):
         reason = ensure_mode(m, snapshot, gpu)
         if reason is not None:

@@ -169,7 +169,7 @@ def ensure_instances(
             protocol.forget_gpu_instance(m, gpu, recorded.start)
             continue
         try:
-            made = _create(m, gpu, layout, recorded.profile_id, place)
+            made = _create(m, gpu, layout.section, recorded.profile_id, place)
         except MigShort as short:
             # A record the GPU no longer takes (another profile table, a
             # hand-edited ledger): forgotten, and the instance planned afresh.
@@ -185,7 +185,7 @@ def ensure_instances(
     except exception.MigPlacementsDoNotFit as exc:
         raise MigShort(f"{state.DOES_NOT_FIT}: {exc.message}") from None
     for planned in plan.new:
-        _create(m, gpu, layout, planned.profile_id, planned.placement)
+        _create(m, gpu, layout.section, planned.profile_id, planned.placement)
     return nvml.gpu_instances(gpu)
 
 
@@ -208,12 +208,13 @@ def _recorded(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> dict[int, i
 
 
 def _create(
-    m: DeviceManager, gpu: str, layout: GpuLayout, profile_id: int, placement: Placement
+    m: DeviceManager, gpu: str, owner: str, profile_id: int, placement: Placement
 ) -> GpuInstance:
-    """One GPU instance created, read back and recorded as the layout's."""
+    """One GPU instance created, read back and recorded as ``owner``'s (a
+    layout's section)."""
     where = f"profile {profile_id}@{placement}"
     try:
-        made = protocol.create_gpu_instance(m, gpu, profile_id, placement, layout.section)
+        made = protocol.create_gpu_instance(m, gpu, profile_id, placement, owner)
     except exception.NvmlError as exc:
         raise MigShort(f"{state.GI_READ_BACK}: {where} could not be created: "
                        f"{exc.message}") from None
@@ -289,6 +290,25 @@ def check_instances(
                            f"and {vgpu.parent} read back the same GPU instance "
                            f"{gi.gpu_instance_id}")
         seen[gi.gpu_instance_id] = vgpu.parent
+
+
+def prepare_recorded(m: DeviceManager, snapshot: HostSnapshot, gpu: str) -> None:
+    """What recovery needs on a GPU no MIG-backed layout names any more but
+    whose GPU instances are still recorded (a guest's vGPU kept them,
+    :func:`release_dropped`): after a reboot, a driver reload or a VF enable
+    wiped them, MIG mode and those instances come back at their recorded
+    placements, so the guest's vGPUs are re-typed, not lost.  They go once
+    free, as before.  Raises :class:`MigShort`."""
+    ensure_mode(m, snapshot, gpu)
+    try:
+        existing = {(g.placement.start, g.placement.size, g.profile_id)
+                    for g in m.nvml.gpu_instances(gpu)}
+    except exception.NvmlError as exc:
+        raise MigShort(f"{state.NVML_UNAVAILABLE}: {exc.message}") from None
+    for record in m.ledger.gpu_instances(gpu):
+        if (record.start, record.size, record.profile_id) not in existing:
+            _create(m, gpu, record.owner, record.profile_id,
+                    Placement(record.start, record.size))
 
 
 def release_dropped(m: DeviceManager, snapshot: HostSnapshot) -> None:

@@ -255,11 +255,11 @@ def state_of_records(
 
 
 def has_layouts(m: DeviceManager) -> bool:
-    """Any standing or mixed-size layout configured, or any device a former
-    one holds."""
+    """Any standing or mixed-size layout configured, or any device or GPU
+    instance a former one left (they go once free: the converge does it)."""
     return any(t.standing > 0 for t in m.policy.types) or bool(m.policy.gpu_layouts) or bool(
         m.ledger.by_owner(LAYOUT_OWNER, OwnerKind.STANDING)
-    )
+    ) or bool(m.ledger.gpu_instances())
 
 
 def converge(m: DeviceManager) -> LayoutReport:

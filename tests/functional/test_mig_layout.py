@@ -426,3 +426,31 @@ def test_a_gpu_taken_out_of_every_mig_layout_keeps_nothing_of_the_agent_s(sim):
         assert ledger_sql.query(sim.state_dir, "SELECT gpu FROM gpu_instances") == []
         assert ledger_sql.query(sim.state_dir, "SELECT uuid FROM mdevs") == []
         assert gpu_state(sim)["mig"]["current"] is True
+
+
+def test_a_guest_s_vgpu_on_a_gpu_taken_out_of_every_mig_layout_survives_a_reboot(sim):
+    """An instance holds a MIG-backed vGPU, its GPU is taken out of every
+    layout, the host reboots (instances and mode wiped): recovery sets MIG
+    mode and rebuilds the recorded instance, so the instance's vGPU comes
+    back (before, it was lost: no free instance to type it on).  Once the
+    instance releases it, vGPU and instance go."""
+    with agent(sim) as core:
+        core.startup()
+        (held,) = core.devices.allocate("vm-1", 1, device_type=G1).uuids
+        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=()))
+        core.rescan()
+        core.rescan()
+        (vf,) = on_host(sim)
+        sim.sim.reboot()
+        assert on_host(sim) == {} and gpu_state(sim)["gpu_instances"] == []
+        core.rescan()
+        assert on_host(sim)[vf][0] == G1  # the instance's vGPU, back on its VF
+        assert [g["name"] for g in gpu_state(sim)["gpu_instances"]] == ["1g.18gb"]
+        assert ledger_sql.query(sim.state_dir, "SELECT uuid, parent FROM mdevs") == [(held, vf)]
+        assert core.health()["status"] != "degraded", core.health()
+        core.devices.release("vm-1", remove=True)
+        core.rescan()
+        core.rescan()
+        assert on_host(sim) == {}
+        assert gpu_state(sim)["gpu_instances"] == []
+        assert ledger_sql.query(sim.state_dir, "SELECT gpu FROM gpu_instances") == []
