@@ -57,6 +57,7 @@ from accel_agent.nvml.types import Placement
 if TYPE_CHECKING:
     from accel_agent.devices.gpu_layouts import GpuLayout
     from accel_agent.devices.layout import LayoutReport
+    from accel_agent.devices.ledger import GpuInstanceRecord
     from accel_agent.devices.manager import DeviceManager
     from accel_agent.nvml.types import GpuInstance
     from accel_agent.sysfs.model import HostSnapshot, Mdev
@@ -316,7 +317,10 @@ def release_dropped(m: DeviceManager, snapshot: HostSnapshot) -> None:
     more (module docstring): a free one destroyed, its record forgotten; one
     a vGPU uses kept, recorded, until that vGPU is gone (a later converge);
     a record whose instance is gone forgotten."""
-    for gpu in sorted({r.gpu for r in m.ledger.gpu_instances()}):
+    recorded_on: dict[str, list[GpuInstanceRecord]] = {}
+    for record in m.ledger.gpu_instances():
+        recorded_on.setdefault(record.gpu, []).append(record)
+    for gpu, records in sorted(recorded_on.items()):
         layout = m.policy.gpu_layout_for(gpu)
         if layout is not None and layout.is_mig:
             continue
@@ -328,7 +332,7 @@ def release_dropped(m: DeviceManager, snapshot: HostSnapshot) -> None:
                       exc.message)
             continue
         used = {v.gpu_instance_id for v in _vgpus_on(snapshot, gpu) if v.gpu_instance_id}
-        for record in m.ledger.gpu_instances(gpu):
+        for record in records:
             gi = existing.get((record.start, record.size, record.profile_id))
             if gi is None:
                 protocol.forget_gpu_instance(m, gpu, record.start)

@@ -82,6 +82,7 @@ from tests.functional.killharness_mixed import (
     SCHEDULE,
     MixedHarness,
     MixedModel,
+    layout_conf,
     read_placements,
 )
 
@@ -108,12 +109,9 @@ class MigModel(MixedModel):
     """The mixed model's operations and schedule over a MIG-backed layout."""
 
     def conf_with(self, mix: int) -> str:
-        vgpus = ", ".join(f"{t}:{n}" for t, n in LAYOUTS[mix])
         mig = ", ".join(f"{PROFILES[PROFILE_ID[t]].name}:{n}" for t, n in LAYOUTS[mix])
-        return (f"[devices]\nenabled_mdev_types = {G1}, {G3}\n"
-                "enabled_gpu_layouts = mig\n"
-                f"[{SECTION}]\ngpus = {', '.join(GPUS)}\nvgpus = {vgpus}\nmig = {mig}\n"
-                "[libvirt]\nuri =\n")
+        return layout_conf((G1, G3), SECTION.removeprefix("gpu_layout_"), GPUS, LAYOUTS[mix],
+                           f"mig = {mig}\n")
 
 
 MIG = MigModel("mig", ("nvidia-h200",), {"gpus": len(GPUS), "vfs": 8}, G1,

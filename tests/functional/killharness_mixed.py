@@ -97,11 +97,18 @@ class MixedModel(DeviceModel):
         return True
 
     def conf_with(self, mix: int) -> str:
-        vgpus = ", ".join(f"{t}:{n}" for t, n in MIXES[mix])
-        return (f"[devices]\nenabled_mdev_types = {Q12}, {Q8}, {Q4}\n"
-                "enabled_gpu_layouts = mix\n"
-                f"[gpu_layout_mix]\ngpus = {', '.join(GPUS)}\nvgpus = {vgpus}\n"
-                "[libvirt]\nuri =\n")
+        return layout_conf((Q12, Q8, Q4), "mix", GPUS, MIXES[mix])
+
+
+def layout_conf(types: tuple[str, ...], name: str, gpus: tuple[str, ...],
+                vgpus: tuple[tuple[str, int], ...], extra: str = "") -> str:
+    """The children's config file: ``types`` enabled, one layout ``name``
+    of ``vgpus`` on ``gpus`` (``extra``: more lines of its section), no libvirt."""
+    counts = ", ".join(f"{t}:{n}" for t, n in vgpus)
+    return (f"[devices]\nenabled_mdev_types = {', '.join(types)}\n"
+            f"enabled_gpu_layouts = {name}\n"
+            f"[gpu_layout_{name}]\ngpus = {', '.join(gpus)}\nvgpus = {counts}\n{extra}"
+            "[libvirt]\nuri =\n")
 
 
 MIXED = MixedModel("mixed", ("nvidia-vfio",), {"gpus": len(GPUS), "vfs": 8}, Q4,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 from collections.abc import Iterator
 
 import pytest
@@ -24,7 +23,13 @@ from accel_agent.daemon.core import AgentCore
 from accel_agent.devices.gpu_layouts import GpuLayout
 from tests import ledger_sql
 from tests.configutil import make_conf
-from tests.functional.crash_points import Point, read_points, recover_in_child
+from tests.functional.crash_points import (
+    Point,
+    assert_nothing_leaked_and_settled,
+    kill_bring_up_at,
+    points_of_a_bring_up,
+    recover_in_child,
+)
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -241,17 +246,25 @@ def test_held_vgpus_beyond_a_shrunk_layout_get_their_instances_back_after_a_rebo
         assert core.health()["layout"]["short"] == {}
 
 
+@contextlib.contextmanager
+def one_1g_recorded_at(host, start: int) -> Iterator[AgentCore]:
+    """:func:`agent` with a layout of one 1g.18gb vGPU and a ledger that
+    records its GPU instance (profile 19) at ``start``."""
+    from accel_agent.devices.ledger import GpuInstanceRecord
+
+    one = GpuLayout("mig", (GPU,), ((G1, 1),), "agent", (("1g.18gb", 1),))
+    with agent(host) as core:
+        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=(one,)))
+        core.devices.ledger.record_gpu_instance(
+            GpuInstanceRecord(GPU, start, 1, 19, "gpu_layout_mig"))
+        yield core
+
+
 def test_recorded_instances_are_rebuilt_where_the_ledger_has_them(sim):
     """An instance recorded at 6:1 (where an earlier plan put it) is made
     there again, not where a fresh plan would (0:1), at the start and after
     a reboot: the ledger says what recovery rebuilds."""
-    from accel_agent.devices.ledger import GpuInstanceRecord
-
-    one = GpuLayout("mig", (GPU,), ((G1, 1),), "agent", (("1g.18gb", 1),))
-    with agent(sim) as core:
-        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=(one,)))
-        core.devices.ledger.record_gpu_instance(
-            GpuInstanceRecord(GPU, 6, 1, 19, "gpu_layout_mig"))
+    with one_1g_recorded_at(sim, 6) as core:
         core.startup()
         for _ in range(2):
             ((gi,),) = [gpu_state(sim)["gpu_instances"]]
@@ -280,13 +293,7 @@ def test_a_kill_at_any_step_of_the_mig_order_is_recovered_to_the_whole_layout(
     created, the first intent, type and assignment; after a reboot each
     rebuilt instance): the next start brings the GPU to its whole layout,
     nothing leaked, and a second recovery changes nothing."""
-    sim.reset()
-    if reboot_first:
-        assert _child(sim, None) == 0
-        sim.sim.reboot()
-    path = str(tmp_path / "steps")
-    assert _child(sim, None, record=path) == 0
-    points = read_points(path)
+    points = points_of_a_bring_up(sim, _child, str(tmp_path / "steps"), reboot_first)
     names = {s for s, _ in points}
     assert {"mig.mode_set", "mig.instance_created"} <= names, names
     assert reboot_first or "allocate.created" in names, names
@@ -294,21 +301,11 @@ def test_a_kill_at_any_step_of_the_mig_order_is_recovered_to_the_whole_layout(
     # own steps are proven at each of their points by the mixed-size test
     # (tests/functional/test_mixed_layout.py), and CI time is dear.
     for kill in [(s, n) for s, n in points if s.startswith("mig.") or n == 1]:
-        sim.reset()
-        if reboot_first:
-            assert _child(sim, None) == 0
-            sim.sim.reboot()
-        assert _child(sim, kill) == signal.SIGKILL, kill
+        kill_bring_up_at(sim, _child, kill, reboot_first)
         with agent_on(sim) as core:
             core.startup()
             assert_complete(sim, core)
-            rows = ledger_sql.rows(sim.state_dir)
-            assert {r.parent for r in rows} == set(on_host(sim)), kill  # nothing leaked
-            assert {(r.state, r.intent_id) for r in rows} == {("present", None)}, kill
-            before = on_host(sim)
-            report = core.devices.recover()
-            assert (report.recreated, report.layout_made, report.layout_removed) == ([], [], [])
-            assert on_host(sim) == before
+            assert_nothing_leaked_and_settled(sim, core, on_host, kill)
 
 
 def test_a_mig_layout_that_does_not_fit_is_short_and_makes_nothing(sim):
@@ -342,13 +339,7 @@ def test_mig_is_never_enabled_on_a_gpu_with_a_vgpu_on_it(sim):
 def test_a_recorded_instance_the_gpu_does_not_take_is_forgotten_and_planned_afresh(sim):
     """A record at a placement its profile does not have (1g.18gb at 7:1):
     NVML refuses it, the record goes, the layout is planned as if new."""
-    from accel_agent.devices.ledger import GpuInstanceRecord
-
-    one = GpuLayout("mig", (GPU,), ((G1, 1),), "agent", (("1g.18gb", 1),))
-    with agent(sim) as core:
-        core.devices.set_policy(dataclasses.replace(core.devices.policy, gpu_layouts=(one,)))
-        core.devices.ledger.record_gpu_instance(
-            GpuInstanceRecord(GPU, 7, 1, 19, "gpu_layout_mig"))
+    with one_1g_recorded_at(sim, 7) as core:
         core.startup()
         ((gi,),) = [gpu_state(sim)["gpu_instances"]]
         assert (gi["name"], gi["placement"]) == ("1g.18gb", [0, 1])

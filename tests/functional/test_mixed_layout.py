@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +28,14 @@ from accel_agent.devices.manager import DeviceManager
 from accel_agent.simulator.profiles_nvidia import L40S_VGPU_TYPES
 from tests import ledger_sql
 from tests.configutil import make_conf
-from tests.functional.crash_points import Point, StepKiller, read_points, recover_in_child
+from tests.functional.crash_points import (
+    Point,
+    StepKiller,
+    assert_nothing_leaked_and_settled,
+    kill_bring_up_at,
+    points_of_a_bring_up,
+    recover_in_child,
+)
 from tests.functional.privsep_fixture import skip_unless_root
 from tests.functional.simhost import simulated_host
 
@@ -323,16 +329,6 @@ def _child(host, kill: Point | None, record: str | None = None) -> int:
     return recover_in_child(build, kill, record)
 
 
-def _crash_points(host, tmp_path, reboot_first: bool) -> list[tuple[str, int]]:
-    host.reset()
-    if reboot_first:
-        assert _child(host, None) == 0
-        host.sim.reboot()
-    path = str(tmp_path / "steps")
-    assert _child(host, None, record=path) == 0
-    return read_points(path)
-
-
 @pytest.mark.filterwarnings("ignore:Using fork")  # the child never runs eventlet
 @pytest.mark.parametrize("reboot_first", [False, True], ids=["first-start", "after-reboot"])
 def test_a_kill_at_any_step_of_the_order_is_recovered_to_the_whole_layout(
@@ -343,27 +339,16 @@ def test_a_kill_at_any_step_of_the_order_is_recovered_to_the_whole_layout(
     each re-created type and placement): the next start brings the GPU to its
     whole layout, every placement as recorded and read back, nothing leaked,
     and a second recovery changes nothing."""
-    points = _crash_points(sim, tmp_path, reboot_first)
+    points = points_of_a_bring_up(sim, _child, str(tmp_path / "steps"), reboot_first)
     names = {s for s, _ in points}
     order = {"layout.mode_set", "recover.typed" if reboot_first else "allocate.typed"}
     assert order <= names, names
     for kill in points:
-        sim.reset()
-        if reboot_first:
-            assert _child(sim, None) == 0
-            sim.sim.reboot()
-        assert _child(sim, kill) == signal.SIGKILL, kill
+        kill_bring_up_at(sim, _child, kill, reboot_first)
         with agent_on(sim) as core:
             core.startup()
             assert_complete(sim)
-            typed = set(on_host(sim))
-            rows = ledger_sql.rows(sim.state_dir)
-            assert {r.parent for r in rows} == typed, kill  # nothing leaked, nothing lost
-            assert {(r.state, r.intent_id) for r in rows} == {("present", None)}, kill
-            before = on_host(sim)
-            report = core.devices.recover()
-            assert (report.recreated, report.layout_made, report.layout_removed) == ([], [], [])
-            assert on_host(sim) == before
+            assert_nothing_leaked_and_settled(sim, core, on_host, kill)
 
 
 def test_a_destination_claim_takes_a_layout_vgpu_on_its_planned_placement(sim):
