@@ -220,6 +220,32 @@ def test_a_layout_change_drains_and_never_destroys_an_instance_in_use(sim):
         assert core.health()["layout"]["short"] == {}
 
 
+def test_a_shrink_keeps_the_instances_vgpus_use_not_the_first_free_ones(sim):
+    """1g.18gb:3 -> 1g.18gb:1 while a guest holds the 1g vGPU on the last
+    of the three instances: it drains, the layout keeps one of its own, the
+    third vGPU goes, then its instance: the two instances kept are the two
+    the vGPUs use.  Keeping the lowest numbered would mean destroying the
+    guest's, which NVML refuses, and the GPU would stay short."""
+    smaller = GpuLayout("mig", (GPU,), ((G1, 1), (G3, 1)), "agent",
+                        (("1g.18gb", 1), ("3g.71gb", 1)))
+    with agent(sim) as core:
+        core.startup()
+        vf, gi = max(((v, p[1]) for v, p in on_host(sim).items() if p[0] == G1),
+                     key=lambda item: item[1])
+        with held_open(sim, vf):
+            core.devices.set_policy(dataclasses.replace(core.devices.policy,
+                                                        gpu_layouts=(smaller,)))
+            core.rescan()
+            core.rescan()
+            assert on_host(sim)[vf] == (G1, gi)
+            used = sorted(p[1] for p in on_host(sim).values() if p[0] == G1)
+            assert len(used) == 2 and gi in used
+            ones = [g["gpu_instance_id"] for g in gpu_state(sim)["gpu_instances"]
+                    if g["name"] == "1g.18gb"]
+            assert sorted(ones) == used
+            assert core.health()["layout"]["short"] == {}
+
+
 def test_held_vgpus_beyond_a_shrunk_layout_get_their_instances_back_after_a_reboot(sim):
     """An instance holds two H200X-1-18C, the layout shrinks to one (they
     drain), the host reboots: recovery rebuilds a GPU instance for every
