@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,14 +228,9 @@ class MigHarness(MixedHarness):
                     handle.write("0")
                 self.host.sim.enable_vfs(gpu)
         elif scene == "first start":
-            self.host.sim.reboot()
-            shutil.rmtree(self.host.state_dir, ignore_errors=True)
-            self.model.holdings.clear()
-            self.wiped = True
+            self._first_start()
         else:
-            recorded = sorted(self.before)
-            if recorded:  # one vGPU untyped behind the agent's back
-                self.device_model.vanish(self.host, self.rng.choice(recorded))
+            self._vanish_one()
         return {}
 
     # -- the promises ---------------------------------------------------------------------

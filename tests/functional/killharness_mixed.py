@@ -249,16 +249,23 @@ class MixedHarness(KillHarness):
             self.host.sim.driver_reload()
             self.host.sim.enable_vfs("ALL")
         elif draw < 0.8:
-            # A first start: a new host (no ledger), the layout made from nothing.
-            self.host.sim.reboot()
-            shutil.rmtree(self.host.state_dir, ignore_errors=True)
-            self.model.holdings.clear()
-            self.wiped = True
+            self._first_start()
         else:
-            recorded = sorted(self.before)
-            if recorded:  # one vGPU untyped behind the agent's back
-                self.device_model.vanish(self.host, self.rng.choice(recorded))
+            self._vanish_one()
         return {}
+
+    def _first_start(self) -> None:
+        """A first start: a new host (no ledger), the layout made from nothing."""
+        self.host.sim.reboot()
+        shutil.rmtree(self.host.state_dir, ignore_errors=True)
+        self.model.holdings.clear()
+        self.wiped = True
+
+    def _vanish_one(self) -> None:
+        """One recorded vGPU untyped behind the agent's back."""
+        recorded = sorted(self.before)
+        if recorded:
+            self.device_model.vanish(self.host, self.rng.choice(recorded))
 
     # -- the promises ---------------------------------------------------------------------
 
